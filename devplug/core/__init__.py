@@ -1,0 +1,1 @@
+"""devplug's device-neutral core: hook contract, plugin manager, device resolution, Trainer."""

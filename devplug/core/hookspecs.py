@@ -1,0 +1,181 @@
+"""The hook contract between devplug's core and its plugins.
+
+Two kinds of plugin implement these hooks:
+
+- a **device plugin** returns one or more :class:`~devplug.core.records.DeviceSpec` from
+  ``devplug_register_devices``; once a device is resolved, only the plugin that registered it (plus
+  device-neutral plugins) sees the operational hooks, so a device plugin never has to ask "is this my
+  device?";
+- a **device-neutral plugin** registers no device and may implement (or wrap, with
+  ``@devplug.hookimpl(wrapper=True)``) any operational hook for every device: profilers, loggers,
+  a different optimizer policy.
+
+The core ships a fallback plugin (``devplug.core.fallback``) implementing every first-result hook
+with plain, device-neutral PyTorch, registered so that it runs last. A device plugin therefore only
+needs ``devplug_register_devices`` and the hooks where its device differs.
+
+Every operational hook receives ``device``, the resolved :class:`~devplug.core.records.Device`.
+Pluggy lets an implementation accept only the arguments it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pluggy
+import torch
+
+from devplug.core.records import (
+    CollectiveSetup,
+    Device,
+    DeviceSpec,
+    LaunchInfo,
+    LoaderChoice,
+    LoaderOptions,
+    MemoryStats,
+    OptimizerChoice,
+    Phase,
+    PrecisionPlan,
+)
+
+PROJECT = "devplug"
+hookspec = pluggy.HookspecMarker(PROJECT)
+
+#: Hooks called on the resolved device plugin plus device-neutral plugins only.
+OPERATIONAL_HOOKS = (
+    "devplug_device_setup",
+    "devplug_to_device",
+    "devplug_optimizer",
+    "devplug_precision",
+    "devplug_region",
+    "devplug_mark_step",
+    "devplug_collective_setup",
+    "devplug_dataloader",
+    "devplug_synchronize",
+    "devplug_memory_stats",
+    "devplug_compile",
+)
+
+
+@hookspec
+def devplug_register_devices() -> Iterable[DeviceSpec] | DeviceSpec | None:
+    """Announce the device types this plugin serves.
+
+    Called once on every plugin right after plugin loading (``devplug devices`` and device resolution
+    both start here). Return a :class:`DeviceSpec`, an iterable of them, or ``None`` for a
+    device-neutral plugin. Must be cheap and must not import a vendor stack: availability belongs in
+    ``DeviceSpec.probe``, which runs only when needed. Not first-result: every plugin answers.
+    """
+
+
+@hookspec
+def devplug_device_setup(device: Device) -> None:
+    """Prepare the process for ``device`` once it has been chosen.
+
+    Called once per Trainer, after resolution and before anything is placed on the device: the place
+    to import a vendor runtime (``habana_frameworks.torch.core``), set ``torch.cuda.set_device``, enable
+    TF32 and so on. Returns nothing. Not first-result: every implementation runs.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_to_device(device: Device, obj: Any) -> Any:
+    """Move ``obj`` to ``device`` and return the moved object.
+
+    ``obj`` is a ``torch.nn.Module``, a tensor, or a nested batch (lists, tuples, dicts, namedtuples,
+    with tensors and other leaves that are returned unchanged). Modules are moved in place and
+    returned; tensors are copied (``non_blocking`` where the source is pinned). Called by
+    ``Trainer.setup``, ``Trainer.to_device`` and for every batch a loader yields off the device.
+    First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_optimizer(
+    device: Device, name: str, params: Any, options: dict[str, Any]
+) -> OptimizerChoice | None:
+    """Build the fastest optimizer for ``name`` (``"adam"``, ``"adamw"``, ``"sgd"``, …) on ``device``.
+
+    ``params`` is what ``torch.optim`` accepts (an iterable of parameters or of parameter groups);
+    ``options`` are the author's keyword arguments (``lr``, ``betas``, ``weight_decay``, …) to map
+    faithfully onto the implementation chosen. Return an :class:`OptimizerChoice` naming the
+    implementation, or ``None`` to let the next plugin (ultimately the core's fallback, plain
+    ``torch.optim``) decide. First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
+    """Plan mixed precision for ``precision`` (one of ``PRECISIONS``) on ``device``.
+
+    Called once per Trainer. ``"auto"`` must be resolved to the best setting the device supports.
+    Return a :class:`PrecisionPlan` (autocast context factory, grad scaler or ``None``, optional module
+    conversion and optimizer-step context), or raise ``devplug.PrecisionError`` when the device
+    cannot run the setting. ``None`` defers to the next plugin. First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_region(device: Device, name: str) -> Any:
+    """Return a context manager that marks a named region of the step for profilers.
+
+    Called around ``"forward"`` (``Trainer.autocast``), ``"backward"`` and ``"optimizer_step"``.
+    Return a context manager (e.g. an NVTX range) or ``None`` for no marking. First-result.
+    """
+
+
+@hookspec
+def devplug_mark_step(device: Device, phase: Phase) -> None:
+    """Mark a step boundary for devices that execute lazily.
+
+    Called by the Trainer right after ``backward`` (``Phase.BACKWARD``) and right after each optimizer
+    step (``Phase.OPTIMIZER_STEP``). A lazy-mode device flushes its accumulated graph here (Gaudi:
+    ``htcore.mark_step()``); eager devices do nothing. Must not synchronize with the host. Not
+    first-result: every implementation runs (so a neutral plugin can count steps).
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup | None:
+    """Prepare ``device`` for a multi-process job and name its collective backend.
+
+    Called once, before ``torch.distributed.init_process_group``, only when ``launch.world_size > 1``.
+    May have side effects the device needs (select the local device, import a collective library).
+    Return a :class:`CollectiveSetup` with the backend, DDP defaults and extra init arguments.
+    First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice | None:
+    """Build a data loader over ``source`` that keeps ``device`` fed.
+
+    ``source`` is a ``torch.utils.data.Dataset`` or an :class:`~devplug.core.records.ImageFolderSource`.
+    ``options`` carries batch size, shuffling, workers, pinning, and the rank and world size to shard
+    by. Return a :class:`LoaderChoice`, or ``None`` to defer (the core's fallback builds a
+    ``torch.utils.data.DataLoader``). First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_synchronize(device: Device) -> bool | None:
+    """Wait until all work queued on ``device`` has finished; return True when handled.
+
+    Called at log points and before timing measurements only, never in the steady-state step.
+    First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_memory_stats(device: Device) -> MemoryStats | None:
+    """Report memory use of ``device`` as :class:`MemoryStats`, or ``None`` if unknown. First-result."""
+
+
+@hookspec(firstresult=True)
+def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> Any:
+    """Compile ``module`` for ``device`` (``torch.compile`` with the device's backend) and return it.
+
+    Called by ``Trainer.setup`` when compilation is enabled. ``options`` are passed on to the
+    compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. First-result.
+    """

@@ -1,0 +1,238 @@
+"""Typed records that hooks return and receive.
+
+Every hook in :mod:`devplug.core.hookspecs` speaks in these small attrs classes rather than loose
+tuples or dicts, so a plugin author gets a named field (and a validation error naming it) instead
+of a positional surprise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+import torch
+
+#: Version of the hook contract. A plugin may declare ``DEVPLUG_CONTRACT = "<major>.<minor>"``; a plugin
+#: declaring another major version is reported and skipped.
+CONTRACT_VERSION = "1.0"
+
+_NAME_RE = r"^[a-z][a-z0-9_]*$"
+
+
+def _nullcontext() -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+@attrs.frozen
+class Availability:
+    """Answer of a device probe: usable or not, and if not, why and how to fix it."""
+
+    available: bool
+    reason: str = ""
+    fix: str = ""
+
+    @classmethod
+    def yes(cls) -> Availability:
+        """An available device."""
+        return cls(True)
+
+    @classmethod
+    def no(cls, reason: str, fix: str = "") -> Availability:
+        """An unavailable device with the reason and, ideally, what to do about it."""
+        return cls(False, reason, fix)
+
+
+@attrs.frozen
+class DeviceSpec:
+    """One device type a plugin serves, as returned by ``devplug_register_devices``.
+
+    ``name`` is what users type (``--device NAME``); ``torch_type`` is the torch device type tensors
+    live on (defaults to ``name``; a plugin may serve a device named ``"mydev"`` on ``"cpu"``).
+    ``probe`` is called lazily, only when availability matters, and must not raise (if it does, the
+    device is reported unavailable with the exception as the reason). ``count`` tells how many devices
+    of this type the process can see. ``priority`` orders ``"auto"``: highest available wins.
+    """
+
+    name: str = attrs.field(validator=attrs.validators.matches_re(_NAME_RE))
+    description: str
+    priority: int
+    probe: Callable[[], Availability]
+    count: Callable[[], int] = lambda: 1
+    torch_type: str = attrs.field(default=None)
+
+    @torch_type.validator
+    def _check_torch_type(self, _attr: attrs.Attribute, value: str | None) -> None:
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"DeviceSpec.torch_type must be a str, got {value!r}")
+
+    def __attrs_post_init__(self) -> None:
+        if self.torch_type is None:
+            object.__setattr__(self, "torch_type", self.name)
+
+
+@attrs.frozen
+class Device:
+    """The device a Trainer runs on, passed as ``device`` to every operational hook.
+
+    ``options`` carries device options from the Trainer configuration (for example
+    ``channels_last`` or ``bucket_cap_mb``); plugins read what they know and ignore the rest.
+    """
+
+    spec: DeviceSpec
+    index: int | None
+    plugin_name: str
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The devplug device name, e.g. ``"cpu"``."""
+        return self.spec.name
+
+    @property
+    def torch_device(self) -> torch.device:
+        """The ``torch.device`` tensors are placed on."""
+        return torch.device(self.spec.torch_type, self.index) if self.index is not None else torch.device(
+            self.spec.torch_type
+        )
+
+    def __str__(self) -> str:
+        return self.name if self.index is None else f"{self.name}:{self.index}"
+
+
+@attrs.frozen
+class OptimizerChoice:
+    """An optimizer a plugin built, and a human-readable name of the implementation chosen.
+
+    ``implementation`` reads like a constructor, e.g. ``"torch.optim.Adam(fused=True)"`` or
+    ``"apex.optimizers.FusedAdam"``; ``reason`` says why a faster one was not used, if so.
+    """
+
+    optimizer: torch.optim.Optimizer
+    implementation: str
+    reason: str = ""
+
+
+class Phase(str, enum.Enum):
+    """Points in a training step at which ``devplug_mark_step`` is called."""
+
+    BACKWARD = "backward"
+    OPTIMIZER_STEP = "optimizer_step"
+
+
+#: Precision names understood by devplug, in the conventions PyTorch users already know.
+PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed")
+
+
+@attrs.frozen
+class PrecisionPlan:
+    """How a device runs one precision setting.
+
+    - ``name``: the resolved setting (never ``"auto"``), e.g. ``"bf16-mixed"``.
+    - ``autocast``: a factory for the context entered around forward and loss.
+    - ``scaler``: a grad scaler (``torch.amp.GradScaler``-like) or ``None``.
+    - ``convert_module``: applied once to each module in ``Trainer.setup`` (e.g. Habana HMP), or ``None``.
+    - ``optimizer_step_context``: a factory for a context entered around every optimizer step
+      (e.g. ``hmp.disable_casts()``), or ``None``.
+    - ``description``: what the plugin did and why, for summaries.
+    """
+
+    name: str
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = _nullcontext
+    scaler: Any = None
+    convert_module: Callable[[torch.nn.Module], torch.nn.Module] | None = None
+    optimizer_step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    description: str = ""
+
+
+@attrs.frozen
+class LaunchInfo:
+    """Where this process sits in a distributed job, as read from the launcher's environment."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    launcher: str = "none"
+
+    @property
+    def distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.world_size > 1
+
+
+@attrs.frozen
+class CollectiveSetup:
+    """How a device joins a process group and wraps modules for data parallelism.
+
+    ``backend`` is a torch.distributed backend name (``"gloo"``, ``"nccl"``, ``"hccl"``, …);
+    ``ddp_kwargs`` are defaults for ``DistributedDataParallel`` that user options override;
+    ``init_kwargs`` are extra keyword arguments for ``init_process_group``.
+    """
+
+    backend: str
+    ddp_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
+    init_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ImageFolderSource:
+    """An image folder to load, described rather than opened, so a device plugin can pick a decoder.
+
+    Images are resized (short side) and center-cropped to ``image_size`` and normalized with
+    ``mean``/``std`` on the 0..1 scale (the defaults map to [-1, 1]). Batches are ``(images, labels)``.
+    """
+
+    root: str
+    image_size: int = attrs.field(validator=attrs.validators.gt(0))
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+
+@attrs.frozen
+class LoaderOptions:
+    """What the author asked of a data loader; plugins honour what applies to them."""
+
+    batch_size: int = attrs.field(validator=attrs.validators.gt(0))
+    shuffle: bool = False
+    drop_last: bool = False
+    num_workers: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    pin_memory: bool = False
+    persistent_workers: bool = True
+    prefetch_factor: int | None = 2
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+    collate_fn: Callable[..., Any] | None = None
+    sampler: Any = None
+
+
+@attrs.frozen
+class LoaderChoice:
+    """A data loader a plugin built.
+
+    ``loader`` is iterable over batches; ``implementation`` names it (``"torch DataLoader"``,
+    ``"DALI"``, ``"HabanaDataLoader"``); ``on_device`` is True when batches already live on the
+    device (so the Trainer does not move them again); ``sampler`` is the sampler whose ``set_epoch``
+    the Trainer calls each epoch, if any; ``reason`` says why a faster loader was not used.
+    """
+
+    loader: Iterable[Any]
+    implementation: str
+    on_device: bool = False
+    sampler: Any = None
+    reason: str = ""
+
+
+@attrs.frozen
+class MemoryStats:
+    """Device memory use in bytes; ``None`` where the device does not report a figure."""
+
+    allocated: int | None = None
+    reserved: int | None = None
+    peak_allocated: int | None = None
+    total: int | None = None

@@ -1,0 +1,40 @@
+"""Walking nested batches: apply a function to every tensor in lists, tuples, dicts and namedtuples."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Return ``obj`` with ``fn`` applied to every tensor inside it; other leaves are kept as they are."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    if isinstance(obj, Mapping):
+        return type(obj)({k: map_tensors(v, fn) for k, v in obj.items()})  # type: ignore[call-arg]
+    return obj
+
+
+def move_to(obj: Any, device: torch.device, *, memory_format: torch.memory_format | None = None) -> Any:
+    """Move a module (in place), a tensor or a nested batch to ``device``.
+
+    Tensor copies are non-blocking when the source is in pinned memory, so they overlap with compute.
+    """
+    if isinstance(obj, torch.nn.Module):
+        if memory_format is not None:
+            return obj.to(device=device, memory_format=memory_format)
+        return obj.to(device)
+
+    def _move(t: torch.Tensor) -> torch.Tensor:
+        out = t.to(device, non_blocking=t.is_pinned())
+        if memory_format is not None and out.dim() == 4:
+            out = out.contiguous(memory_format=memory_format)
+        return out
+
+    return map_tensors(obj, _move)

@@ -1,0 +1,110 @@
+"""Hook implementations of the CPU plugin."""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from devplug.core.fallback import autocast_plan, torch_optimizer_class
+from devplug.core.hookimpl import hookimpl
+from devplug.core.records import (
+    Availability,
+    CollectiveSetup,
+    Device,
+    DeviceSpec,
+    LaunchInfo,
+    MemoryStats,
+    OptimizerChoice,
+    PrecisionPlan,
+)
+
+#: Optimizers that torch implements with a fused CPU kernel in recent releases.
+FUSED_CANDIDATES = ("adam", "adamw", "sgd", "adagrad")
+
+
+@hookimpl
+def devplug_register_devices() -> DeviceSpec:
+    """The host CPU: always available, lowest built-in priority."""
+    return DeviceSpec(
+        name="cpu",
+        description="host CPU (PyTorch eager, fused optimizers, bf16 autocast on CPUs with native bf16)",
+        priority=0,
+        probe=Availability.yes,
+        count=lambda: 1,
+    )
+
+
+@functools.cache
+def supports_fused(name: str) -> bool:
+    """True when the installed torch builds ``name`` with ``fused=True`` for CPU parameters."""
+    if name not in FUSED_CANDIDATES:
+        return False
+    param = torch.nn.Parameter(torch.zeros(1))
+    try:
+        torch_optimizer_class(name)([param], lr=0.1, fused=True)
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return True
+
+
+@hookimpl
+def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice | None:
+    """torch's fused CPU kernel where available, else leave it to the default implementation."""
+    key = name.lower()
+    if "fused" in options or "foreach" in options or not supports_fused(key):
+        return None
+    cls = torch_optimizer_class(key)
+    return OptimizerChoice(cls(params, fused=True, **options), f"torch.optim.{cls.__name__}(fused=True)")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """CPU feature flags from /proc/cpuinfo (empty where it does not exist)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return frozenset(flags)
+
+
+def has_native_bf16() -> bool:
+    """True when the CPU computes bf16 natively (x86 AMX or AVX512-BF16, Arm BF16)."""
+    flags = cpu_flags()
+    if flags & {"amx_bf16", "avx512_bf16"}:
+        return True
+    return platform.machine().lower() in ("aarch64", "arm64") and "bf16" in flags
+
+
+@hookimpl
+def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
+    """``auto`` → bf16-mixed on CPUs with native bf16, else 32-true. No grad scaler is needed on CPU."""
+    if precision == "auto":
+        precision = "bf16-mixed" if has_native_bf16() else "32-true"
+    return autocast_plan(device, precision)
+
+
+@hookimpl
+def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup:
+    """gloo; DDP keeps its own defaults on CPU."""
+    return CollectiveSetup(backend="gloo")
+
+
+@hookimpl
+def devplug_memory_stats(device: Device) -> MemoryStats:
+    """Resident memory of this process (peak as reported by the OS)."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if platform.system() == "Darwin" else 1024)
+    except (ImportError, OSError):
+        peak = None
+    return MemoryStats(peak_allocated=peak)
