@@ -130,13 +130,13 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "") -
         shuffle=options.shuffle if sampler is None else False,
         sampler=sampler,
         num_workers=workers,
-        pin_memory=options.pin_memory,
+        pin_memory=bool(options.pin_memory),
         drop_last=options.drop_last,
         collate_fn=options.collate_fn,
         generator=generator,
         **kwargs,
     )
-    implementation = f"torch DataLoader(workers={workers}, pin_memory={options.pin_memory})"
+    implementation = f"torch DataLoader(workers={workers}, pin_memory={bool(options.pin_memory)})"
     return LoaderChoice(loader=loader, implementation=implementation, sampler=sampler, reason=reason)
 
 

@@ -201,7 +201,7 @@ class LoaderOptions:
     shuffle: bool = False
     drop_last: bool = False
     num_workers: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    pin_memory: bool = False
+    pin_memory: bool | None = None  # None: the device plugin decides (True where pinning helps)
     persistent_workers: bool = True
     prefetch_factor: int | None = 2
     seed: int = 0

@@ -1,0 +1,112 @@
+"""The Trainer's configuration: one attrs class, every field validated, errors naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from devplug.core.errors import ConfigError
+from devplug.core.records import PRECISIONS
+
+NONFINITE_POLICIES = ("raise", "warn", "ignore")
+
+
+def _optional(validator: Any) -> Any:
+    return attrs.validators.optional(validator)
+
+
+def _positive_int(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+def _non_negative_int(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be an integer >= 0, got {value!r}")
+
+
+def _precision(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{attribute.name} must be one of {', '.join(PRECISIONS)} (or a plugin's own), got {value!r}")
+
+
+def _bool(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{attribute.name} must be True or False, got {value!r}")
+
+
+def _optional_bool(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None:
+        _bool(inst, attribute, value)
+
+
+@attrs.frozen(kw_only=True)
+class TrainerConfig:
+    """Everything a :class:`~devplug.Trainer` can be told.
+
+    - ``device``: ``"auto"``, a device name, or ``NAME:INDEX``; ``None`` reads ``$DEVPLUG_DEVICE``, then auto.
+    - ``precision``: ``"auto"``, ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, or a name a plugin knows.
+    - ``log_dir``: TensorBoard directory (nothing is written when ``None``).
+    - ``log_every``: steps between log points, the only places values are read back from the device.
+    - ``progress``: show a tqdm progress bar (rank 0 only), refreshed at log points.
+    - ``seed``: seeds Python, torch and every rank identically, so replicas start equal.
+    - ``compile`` / ``compile_options``: ``torch.compile`` through the device plugin.
+    - ``channels_last``: convolution-friendly memory layout where the device plugin supports it.
+    - ``nonfinite``: what a NaN/inf logged value does: ``"raise"``, ``"warn"`` or ``"ignore"``.
+    - ``bucket_cap_mb``, ``broadcast_buffers``, ``gradient_as_bucket_view``, ``find_unused_parameters``,
+      ``static_graph``: DistributedDataParallel options over the plugin's defaults (``None`` keeps them).
+    - ``device_options``: free-form options for the device plugin (see each plugin's docs).
+    """
+
+    device: str | None = attrs.field(default=None, validator=_optional(attrs.validators.instance_of(str)))
+    precision: str = attrs.field(default="auto", validator=_precision)
+    log_dir: str | None = attrs.field(default=None, converter=attrs.converters.optional(str))
+    log_every: int = attrs.field(default=50, validator=_positive_int)
+    progress: bool = attrs.field(default=True, validator=_bool)
+    seed: int | None = attrs.field(default=None, validator=_optional(_non_negative_int))
+    compile: bool = attrs.field(default=False, validator=_bool)
+    compile_options: Mapping[str, Any] = attrs.field(factory=dict)
+    channels_last: bool = attrs.field(default=False, validator=_bool)
+    nonfinite: str = attrs.field(default="raise", validator=attrs.validators.in_(NONFINITE_POLICIES))
+    bucket_cap_mb: int | None = attrs.field(default=None, validator=_optional(_positive_int))
+    broadcast_buffers: bool | None = attrs.field(default=None, validator=_optional_bool)
+    gradient_as_bucket_view: bool | None = attrs.field(default=None, validator=_optional_bool)
+    find_unused_parameters: bool = attrs.field(default=False, validator=_bool)
+    static_graph: bool = attrs.field(default=False, validator=_bool)
+    device_options: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @classmethod
+    def build(cls, **values: Any) -> TrainerConfig:
+        """Build a config, turning any invalid or unknown field into a :class:`ConfigError`."""
+        known = {a.name for a in attrs.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown Trainer option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(known))}"
+            )
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid Trainer configuration: {exc}") from exc
+
+    def ddp_overrides(self) -> dict[str, Any]:
+        """DDP options the author set explicitly (the plugin's defaults fill in the rest)."""
+        overrides: dict[str, Any] = {
+            "find_unused_parameters": self.find_unused_parameters,
+            "static_graph": self.static_graph,
+        }
+        for name in ("bucket_cap_mb", "broadcast_buffers", "gradient_as_bucket_view"):
+            value = getattr(self, name)
+            if value is not None:
+                overrides[name] = value
+        return overrides
+
+    def plugin_options(self) -> dict[str, Any]:
+        """Options handed to the device plugin as ``Device.options``."""
+        options = dict(self.device_options)
+        options.setdefault("channels_last", self.channels_last)
+        if self.bucket_cap_mb is not None:
+            options.setdefault("bucket_cap_mb", self.bucket_cap_mb)
+        return options

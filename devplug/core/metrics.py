@@ -1,0 +1,96 @@
+"""Logged values kept on the device between log points, and throughput measured honestly.
+
+``log()`` only appends detached device tensors: no host-device synchronisation. At a log point the
+pending values are averaged on the device, (optionally) reduced across ranks, and copied to the host
+in a single transfer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class MetricBuffer:
+    """Scalars accumulated on the device between log points."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, list[torch.Tensor | float]] = {}
+
+    def add(self, name: str, value: Any) -> None:
+        """Remember one value (a tensor stays where it is; numbers are kept as floats)."""
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"logged value {name!r} must be a scalar, got shape {tuple(value.shape)}")
+            self._values.setdefault(name, []).append(value.detach().reshape(()))
+        else:
+            self._values.setdefault(name, []).append(float(value))
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def flush(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
+        """Mean of each name since the last flush, read back in one transfer; clears the buffer."""
+        if not self._values:
+            return {}
+        names = sorted(self._values)
+        means: list[torch.Tensor] = []
+        device = next(
+            (v.device for vs in self._values.values() for v in vs if isinstance(v, torch.Tensor)),
+            torch.device("cpu"),
+        )
+        for name in names:
+            values = self._values[name]
+            tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(v) for v in values]
+            stacked = torch.stack([t.to(device=device, dtype=torch.float32) for t in tensors])
+            means.append(stacked.mean())
+        packed = torch.stack(means)
+        if reduce is not None:
+            packed = reduce(packed)
+        self._values.clear()
+        return dict(zip(names, packed.tolist(), strict=True))
+
+
+def nonfinite(values: dict[str, float]) -> list[str]:
+    """Names whose value is NaN or infinite."""
+    return [k for k, v in values.items() if not math.isfinite(v)]
+
+
+class Throughput:
+    """Samples per second between log points and over the whole run (device synchronised first)."""
+
+    def __init__(self) -> None:
+        self.samples_total = 0
+        self.samples_since = 0
+        self._start: float | None = None
+        self._last: float | None = None
+        self.seconds_total = 0.0
+
+    def start(self) -> None:
+        """Start the clock (called at the first batch)."""
+        if self._start is None:
+            self._start = self._last = time.perf_counter()
+
+    def add(self, samples: int) -> None:
+        """Count samples of one batch (host-side bookkeeping only)."""
+        self.start()
+        self.samples_total += samples
+        self.samples_since += samples
+
+    def lap(self) -> float:
+        """Samples/s since the previous lap; the caller synchronises the device first."""
+        now = time.perf_counter()
+        assert self._last is not None and self._start is not None
+        rate = self.samples_since / max(now - self._last, 1e-9)
+        self.seconds_total = now - self._start
+        self._last, self.samples_since = now, 0
+        return rate
+
+    @property
+    def mean_rate(self) -> float:
+        """Samples/s over the run so far (0 before the first lap)."""
+        return self.samples_total / self.seconds_total if self.seconds_total > 0 else 0.0
