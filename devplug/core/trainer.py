@@ -76,17 +76,22 @@ class DeviceLoader:
     def __iter__(self) -> Iterator[Any]:
         trainer = self.trainer
         self._prepare_epoch(trainer.epoch)
-        skip = trainer._batches_in_epoch
         move = None if self.choice.on_device else trainer.to_device
-        for index, batch in enumerate(self.choice.loader):
-            if index < skip:
-                continue
-            if trainer._max_steps is not None and trainer.global_step >= trainer._max_steps:
+        batches = iter(self.choice.loader)
+        for _ in range(trainer._batches_in_epoch):  # resumed mid-epoch: skip what was already trained on
+            if next(batches, _END) is _END:
+                return
+        while trainer._max_steps is None or trainer.global_step < trainer._max_steps:
+            batch = next(batches, _END)
+            if batch is _END:
                 return
             if move is not None:
                 batch = move(batch)
             trainer._begin_iteration(_batch_size(batch))
             yield batch
+
+
+_END = object()
 
 
 class Trainer:
@@ -482,6 +487,7 @@ class Trainer:
             "modules": {k: m.state_dict() for k, m in self.modules.items()},
             "optimizers": {k: c.optimizer.state_dict() for k, c in self.optimizers.items()},
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "loader_seeds": [loader.seed for loader in self.loaders],
             "rng": ckpt.rng_state(self._device_module()),
         }
 
@@ -520,6 +526,9 @@ class Trainer:
         self.global_step = int(state["global_step"])
         self.epoch = int(state["epoch"])
         self._batches_in_epoch = int(state["batches_in_epoch"])
+        # the data order continues as it was, even if the resumed run was given another seed
+        for loader, seed in zip(self.loaders, state.get("loader_seeds", []), strict=False):
+            loader.seed = int(seed)
         ckpt.restore_rng_state(state["rng"], self._device_module())
         return dict(state.get("extra") or {})
 

@@ -1,0 +1,238 @@
+"""The fastest optimizer for a name on CUDA: NVIDIA apex's fused optimizers, torch ``fused=True``, foreach.
+
+Order of preference:
+
+1. ``apex.optimizers.FusedAdam`` (``"adam"``, ``"adamw"``), ``FusedSGD`` (``"sgd"``), ``FusedLAMB``
+   (``"lamb"``) when *NVIDIA* apex is importable. The ``apex`` on PyPI is an unrelated package, so a
+   module named ``apex`` only counts when it has ``apex.optimizers``.
+2. torch's fused CUDA kernel (``fused=True``) for the optimizers that have one.
+3. torch's multi-tensor implementation (``foreach=True``).
+
+Author options are mapped faithfully: apex gets torch's defaults for the options both share (so
+``"adamw"`` keeps torch's ``weight_decay=0.01``), FusedAdam's ``adam_w_mode`` says Adam or AdamW, and an
+option apex cannot honour (``amsgrad=True``, ``maximize=True``, explicit ``fused``/``foreach``) sends
+the request to torch with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from devplug.core.errors import OptimizerError
+from devplug.core.fallback import torch_optimizer_class
+from devplug.core.records import OptimizerChoice
+
+#: apex class for each optimizer name.
+APEX_CLASSES: dict[str, str] = {"adam": "FusedAdam", "adamw": "FusedAdam", "sgd": "FusedSGD", "lamb": "FusedLAMB"}
+
+#: Optimizers with a fused CUDA kernel in torch (``fused=True``).
+TORCH_FUSED: tuple[str, ...] = ("adam", "adamw", "sgd", "adagrad")
+
+#: Options apex accepts besides the ones it shares with torch (passed through unchanged).
+_APEX_ONLY: dict[str, frozenset[str]] = {
+    "FusedAdam": frozenset({"bias_correction", "set_grad_none", "capturable", "master_weights"}),
+    "FusedSGD": frozenset({"wd_after_momentum", "materialize_master_grads", "set_grad_none"}),
+}
+
+#: torch options apex shares, per apex class.
+_SHARED: dict[str, frozenset[str]] = {
+    "FusedAdam": frozenset({"lr", "betas", "eps", "weight_decay"}),
+    "FusedSGD": frozenset({"lr", "momentum", "dampening", "weight_decay", "nesterov"}),
+}
+
+#: torch options apex does not have, accepted only at their torch default.
+_TORCH_ONLY_DEFAULTS: dict[str, Any] = {"amsgrad": False, "maximize": False, "differentiable": False}
+
+INSTALL_APEX = (
+    "build NVIDIA apex with its CUDA extensions for fused optimizers: "
+    "APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip install -v --no-build-isolation ./apex (see docs/devices/cuda.md)"
+)
+
+
+@attrs.frozen
+class ApexStatus:
+    """Whether NVIDIA apex's optimizers can be used: the ``apex.optimizers`` module, or why not."""
+
+    optimizers: Any = None
+    reason: str = ""
+
+    @property
+    def available(self) -> bool:
+        """True when ``apex.optimizers`` imported."""
+        return self.optimizers is not None
+
+
+def find_apex() -> ApexStatus:
+    """Import NVIDIA apex's ``apex.optimizers`` if it is there; otherwise say why it is not usable.
+
+    Not cached, so installing apex (or a test inserting a stand-in) takes effect at once. Importing a
+    module that is already imported is a dictionary look-up.
+    """
+    try:
+        importlib.import_module("apex")
+    except ModuleNotFoundError as exc:
+        if exc.name == "apex":
+            return ApexStatus(reason="NVIDIA apex is not installed")
+        return ApexStatus(reason=f"a package named 'apex' is installed but does not import ({exc}); "
+                                 "it is probably PyPI's unrelated 'apex', not NVIDIA apex")
+    except Exception as exc:  # PyPI's apex is old Python 2 code: SyntaxError, ImportError, ...
+        return ApexStatus(reason=f"a package named 'apex' is installed but does not import "
+                                 f"({type(exc).__name__}: {exc}); it is probably PyPI's unrelated 'apex', "
+                                 "not NVIDIA apex")
+    try:
+        module = importlib.import_module("apex.optimizers")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("apex.optimizers", "apex"):
+            return ApexStatus(reason="the installed 'apex' is not NVIDIA apex: it has no apex.optimizers "
+                                     "(PyPI's 'apex' is an unrelated package; uninstall it)")
+        return ApexStatus(reason=f"NVIDIA apex is installed but apex.optimizers does not import: {exc}")
+    except Exception as exc:
+        return ApexStatus(reason=f"NVIDIA apex is installed but apex.optimizers does not import "
+                                 f"({type(exc).__name__}: {exc})")
+    return ApexStatus(optimizers=module)
+
+
+@functools.cache
+def _torch_defaults(cls: type) -> dict[str, Any]:
+    return {
+        name: p.default
+        for name, p in inspect.signature(cls).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
+def apex_arguments(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """apex keyword arguments equivalent to torch optimizer ``name`` with ``options``.
+
+    Returns ``(kwargs, "")``, or ``(None, reason)`` when apex cannot honour an option. Shared options
+    start from torch's defaults, so the optimizer behaves as ``torch.optim`` would.
+    """
+    key = name.lower()
+    cls_name = APEX_CLASSES[key]
+    if cls_name == "FusedLAMB":  # no torch counterpart: the options are FusedLAMB's own
+        return dict(options), ""
+    for explicit in ("fused", "foreach"):
+        if explicit in options:
+            return None, f"the options ask for torch's {explicit} implementation ({explicit}={options[explicit]!r})"
+    torch_cls = torch_optimizer_class(key)
+    defaults = _torch_defaults(torch_cls)
+    kwargs: dict[str, Any] = {k: defaults[k] for k in _SHARED[cls_name] if k in defaults}
+    decoupled = key == "adamw"
+    for option, value in options.items():
+        if option in _SHARED[cls_name] or option in _APEX_ONLY[cls_name]:
+            kwargs[option] = value
+        elif option == "decoupled_weight_decay" and key == "adam":
+            decoupled = bool(value)
+        elif option in _TORCH_ONLY_DEFAULTS and value == _TORCH_ONLY_DEFAULTS[option]:
+            continue
+        else:
+            return None, f"apex.optimizers.{cls_name} has no equivalent of {option}={value!r}"
+    if cls_name == "FusedAdam":
+        kwargs["adam_w_mode"] = decoupled
+    # The Trainer zeroes gradients with set_to_none=True; apex's FusedSGD defaults to zero-filling.
+    kwargs.setdefault("set_grad_none", True)
+    return kwargs, ""
+
+
+@functools.cache
+def with_set_to_none(cls: type) -> type:
+    """``cls`` itself when its ``zero_grad`` accepts ``set_to_none``; else a subclass whose one does.
+
+    apex's fused optimizers define ``zero_grad(self)`` without torch's ``set_to_none`` argument, which
+    the Trainer (and most training loops) pass.
+    """
+    if "set_to_none" in inspect.signature(cls.zero_grad).parameters:
+        return cls
+
+    def zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+        """Reset gradients: to ``None`` (default) or, with ``set_to_none=False``, to zero."""
+        if set_to_none:
+            for group in self.param_groups:
+                for param in group["params"]:
+                    param.grad = None
+        else:
+            torch.optim.Optimizer.zero_grad(self, set_to_none=False)
+
+    namespace = {"zero_grad": zero_grad, "__module__": __name__, "__doc__": cls.__doc__,
+                 "__qualname__": cls.__qualname__}
+    return type(cls.__name__, (cls,), namespace)
+
+
+def _describe(prefix: str, kwargs: Mapping[str, Any]) -> str:
+    if not kwargs:
+        return prefix
+    return prefix + "(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+
+
+def build_apex(name: str, params: list[Any], options: Mapping[str, Any], apex: ApexStatus) -> OptimizerChoice | str:
+    """An apex optimizer for ``name``, or the reason (a string) it cannot be used."""
+    cls_name = APEX_CLASSES.get(name.lower())
+    if cls_name is None:
+        return f"apex has no fused {name!r}"
+    if not apex.available:
+        return apex.reason
+    cls = getattr(apex.optimizers, cls_name, None)
+    if cls is None:
+        return f"this NVIDIA apex has no apex.optimizers.{cls_name}"
+    kwargs, reason = apex_arguments(name, options)
+    if kwargs is None:
+        return reason
+    try:
+        optimizer = with_set_to_none(cls)(params, **kwargs)
+    except RuntimeError as exc:  # e.g. "apex.optimizers.FusedAdam requires cuda extensions"
+        return (f"apex.optimizers.{cls_name} could not be built ({exc}); "
+                "apex was probably built without its CUDA extensions (APEX_CUDA_EXT=1)")
+    shown = {"adam_w_mode": kwargs["adam_w_mode"]} if cls_name == "FusedAdam" else {}
+    return OptimizerChoice(optimizer, _describe(f"apex.optimizers.{cls_name}", shown))
+
+
+def build_torch(name: str, params: list[Any], options: Mapping[str, Any], reason: str = "") -> OptimizerChoice:
+    """torch's fastest CUDA implementation of ``name``: ``fused=True``, else ``foreach=True``, else default."""
+    key = name.lower()
+    cls = torch_optimizer_class(key)
+    accepted = inspect.signature(cls).parameters
+    base = f"torch.optim.{cls.__name__}"
+    if "fused" in options or "foreach" in options:  # the author chose: respect it
+        chosen = {k: options[k] for k in ("fused", "foreach") if k in options}
+        return OptimizerChoice(cls(params, **options), _describe(base, chosen), reason)
+    if key in TORCH_FUSED and "fused" in accepted and not options.get("differentiable", False):
+        return OptimizerChoice(cls(params, fused=True, **options), f"{base}(fused=True)", reason)
+    if "foreach" in accepted:
+        return OptimizerChoice(cls(params, foreach=True, **options), f"{base}(foreach=True)", reason)
+    return OptimizerChoice(cls(params, **options), base, reason)
+
+
+def build_optimizer(
+    name: str, params: Any, options: Mapping[str, Any], *, use_apex: bool = True, apex: ApexStatus | None = None
+) -> OptimizerChoice:
+    """Build the fastest CUDA optimizer for ``name``; the choice names the implementation and why.
+
+    ``use_apex=False`` skips apex (device option ``apex=False``). ``apex`` is the result of
+    :func:`find_apex` (looked up when ``None``). Raises :class:`OptimizerError` for a name neither apex
+    nor torch provides.
+    """
+    params = list(params)  # it may be a generator and an apex attempt must not consume it
+    key = name.lower()
+    reason = ""
+    if key in APEX_CLASSES:
+        if use_apex:
+            status = apex if apex is not None else find_apex()
+            built = build_apex(key, params, options, status)
+            if isinstance(built, OptimizerChoice):
+                return built
+            reason = built
+        else:
+            reason = "apex disabled by the device option apex=False"
+    if key == "lamb":
+        raise OptimizerError(
+            f"optimizer 'lamb' needs NVIDIA apex (apex.optimizers.FusedLAMB) on CUDA, and {reason}. "
+            f"To fix: {INSTALL_APEX}"
+        )
+    return build_torch(key, params, options, reason)

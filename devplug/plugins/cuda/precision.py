@@ -1,0 +1,79 @@
+"""Mixed precision on CUDA (AMP) and TF32.
+
+- ``"16-mixed"``: ``torch.autocast("cuda", float16)`` and a ``torch.amp.GradScaler("cuda")``, whose state the
+  Trainer saves in checkpoints.
+- ``"bf16-mixed"``: ``torch.autocast("cuda", bfloat16)``, no scaler (bf16 has fp32's exponent range).
+- ``"auto"``: bf16-mixed on GPUs with native bf16 (Ampere, compute capability 8.0, and newer), else 16-mixed.
+- ``"32-true"``: fp32; on Ampere and newer its matmuls and convolutions use TF32 tensor cores unless the
+  device option ``tf32`` is False (see :func:`configure_tf32`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from devplug.core.fallback import autocast_plan
+from devplug.core.records import Device, PrecisionPlan
+
+#: First compute capability with TF32 and native bf16 tensor cores (Ampere).
+AMPERE = (8, 0)
+
+
+def native_bf16() -> bool:
+    """True when the current GPU computes bf16 natively (not emulated); False without a GPU."""
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch before 2.3 has no including_emulation
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def resolve_precision(precision: str, *, bf16: bool | None = None) -> str:
+    """``"auto"`` → ``"bf16-mixed"`` when ``bf16`` (default: :func:`native_bf16`), else ``"16-mixed"``."""
+    if precision != "auto":
+        return precision
+    if bf16 is None:
+        bf16 = native_bf16()
+    return "bf16-mixed" if bf16 else "16-mixed"
+
+
+def plan_precision(device: Device, precision: str, *, bf16: bool | None = None) -> PrecisionPlan:
+    """The CUDA precision plan for ``precision`` (``"auto"`` resolved as :func:`resolve_precision` says)."""
+    requested = precision
+    name = resolve_precision(precision, bf16=bf16)
+    plan = autocast_plan(device, name)  # 16-mixed gets torch.amp.GradScaler("cuda"), bf16 none
+    notes = []
+    if requested == "auto":
+        notes.append("auto: " + ("GPU has native bf16" if name == "bf16-mixed" else "no native bf16 on this GPU"))
+    if name == "bf16-mixed" and requested != "auto":
+        native = bf16 if bf16 is not None else (native_bf16() if torch.cuda.is_available() else None)
+        if native is False:
+            notes.append("bf16 is emulated on GPUs older than Ampere and slow; prefer 16-mixed")
+    if name == "32-true" and device.options.get("tf32", True):
+        notes.append("TF32 matmul/cuDNN on Ampere and newer")
+    description = plan.description + (f" ({'; '.join(notes)})" if notes else "")
+    return PrecisionPlan(
+        name=plan.name,
+        autocast=plan.autocast,
+        scaler=plan.scaler,
+        convert_module=plan.convert_module,
+        optimizer_step_context=plan.optimizer_step_context,
+        description=description,
+    )
+
+
+def configure_tf32(enabled: bool, capability: tuple[int, int]) -> str:
+    """Turn TF32 for fp32 matmuls and cuDNN convolutions on (Ampere and newer) or off; say what was done.
+
+    Uses ``torch.set_float32_matmul_precision`` and ``torch.backends.cudnn.allow_tf32``: recent torch
+    raises when these are read after the per-backend ``fp32_precision`` API was used to set them, and
+    inductor still reads them, so the long-standing API is the safe one.
+    """
+    if not enabled:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = False
+        return "TF32 off (device option tf32=False)"
+    if tuple(capability) < AMPERE:
+        return f"TF32 not available (compute capability {capability[0]}.{capability[1]} is older than Ampere)"
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+    return "TF32 on for fp32 matmuls and cuDNN convolutions"

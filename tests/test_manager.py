@@ -1,0 +1,182 @@
+"""Plugin loading: built-ins and entry points, broken plugins, conflicts, blocking, autoload."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import devplug
+from devplug.core.devices import DeviceRegistry
+from devplug.core.errors import PluginConflictError
+from devplug.core.manager import create_plugin_manager
+from devplug.core.records import Availability, DeviceSpec
+
+GOOD_PLUGIN = """
+import devplug
+
+@devplug.hookimpl
+def devplug_register_devices():
+    return devplug.DeviceSpec(name="toyaccel", description="toy accelerator on the CPU", priority=5,
+                              probe=devplug.Availability.yes, torch_type="cpu")
+"""
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch, install_distribution):
+    """Install a distribution into a temporary target and put it on sys.path."""
+
+    def _install(name: str, source: str, entry_points: dict[str, str]):
+        target = install_distribution(tmp_path / f"site-{name}", name, source, entry_points)
+        monkeypatch.syspath_prepend(str(target))
+        for mod in [m for m in sys.modules if m.startswith(name.replace("-", "_"))]:
+            monkeypatch.delitem(sys.modules, mod)
+        return target
+
+    return _install
+
+
+def test_builtin_plugins_register_their_devices():
+    registry = DeviceRegistry(create_plugin_manager(autoload=False))
+    assert set(registry.names()) >= {"cpu", "cuda", "hpu"}
+    assert registry.devices["cpu"].distribution == "devplug (built-in)"
+    assert registry.names().index("hpu") < registry.names().index("cuda") < registry.names().index("cpu")
+
+
+def test_installed_entry_point_is_discovered_with_its_distribution(installed):
+    installed("toy-accel-plugin", GOOD_PLUGIN, {"toyaccel": "toy_accel_plugin"})
+    pm = create_plugin_manager()
+    registry = DeviceRegistry(pm)
+    entry = registry.devices["toyaccel"]
+    assert entry.distribution == "toy-accel-plugin 0.3.1"
+    assert registry.resolve("auto").name == "toyaccel"  # priority 5 beats cpu (0); cuda/hpu unavailable here
+    trainer = devplug.Trainer(device="toyaccel", precision="32-true", progress=False, plugin_manager=pm)
+    assert trainer.torch_device.type == "cpu"
+
+
+def test_autoload_disabled_skips_entry_points(installed, monkeypatch):
+    installed("toy-accel-plugin", GOOD_PLUGIN, {"toyaccel": "toy_accel_plugin"})
+    monkeypatch.setenv("DEVPLUG_DISABLE_PLUGIN_AUTOLOAD", "1")
+    registry = DeviceRegistry(create_plugin_manager())
+    assert "toyaccel" not in registry.names()
+    assert "cpu" in registry.names()
+
+
+def test_plugin_that_fails_to_import_is_reported_and_skipped(installed, caplog):
+    installed("broken-import", "raise ImportError('needs libfoo.so')\n", {"broken": "broken_import"})
+    pm = create_plugin_manager()
+    [failure] = pm.failures
+    assert failure.name == "broken"
+    assert failure.distribution == "broken-import 0.3.1"
+    assert "needs libfoo.so" in failure.error
+    assert "broken-import 0.3.1" in caplog.text
+    assert DeviceRegistry(pm).resolve("cpu").name == "cpu"
+
+
+def test_plugin_with_bad_hook_signature_is_reported_and_skipped(installed):
+    source = """
+import devplug
+
+@devplug.hookimpl
+def devplug_mark_step(device, phase, unexpected_argument):
+    pass
+"""
+    installed("bad-signature", source, {"badsig": "bad_signature"})
+    pm = create_plugin_manager()
+    assert [f.name for f in pm.failures] == ["badsig"]
+    assert "unexpected_argument" in pm.failures[0].error
+    assert pm.get_plugin("badsig") is None
+
+
+def test_plugin_with_unknown_hook_is_reported_and_skipped():
+    class Typo:
+        @devplug.hookimpl
+        def devplug_mark_stpe(self, device):  # misspelt hook name
+            pass
+
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("typo", Typo())])
+    assert [f.name for f in pm.failures] == ["typo"]
+    assert "devplug_mark_stpe" in pm.failures[0].error
+    assert DeviceRegistry(pm).resolve("cpu").name == "cpu"
+
+
+def test_incompatible_contract_version_is_reported_and_skipped():
+    class Future:
+        DEVPLUG_CONTRACT = "2.0"
+
+        @devplug.hookimpl
+        def devplug_register_devices(self):
+            return DeviceSpec(name="future", description="", priority=1, probe=Availability.yes)
+
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("future", Future())])
+    assert "contract '2.0'" in pm.failures[0].error
+    assert "future" not in DeviceRegistry(pm).names()
+
+
+def test_registration_that_raises_is_reported_and_skipped():
+    class Raises:
+        @devplug.hookimpl
+        def devplug_register_devices(self):
+            raise RuntimeError("driver query failed")
+
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("raises", Raises())])
+    registry = DeviceRegistry(pm)
+    assert "driver query failed" in pm.failures[0].error
+    assert registry.resolve("cpu").name == "cpu"
+
+
+def test_two_plugins_claiming_one_device_conflict_names_both_distributions(installed):
+    installed("cpu-turbo", GOOD_PLUGIN.replace('"toyaccel"', '"cpu"'), {"cputurbo": "cpu_turbo"})
+    pm = create_plugin_manager()
+    with pytest.raises(PluginConflictError) as info:
+        DeviceRegistry(pm)
+    message = str(info.value)
+    assert "devplug (built-in)" in message and "cpu-turbo 0.3.1" in message
+    assert "DEVPLUG_BLOCK_PLUGINS" in message
+
+
+def test_blocking_one_side_resolves_the_conflict(installed, monkeypatch):
+    installed("cpu-turbo", GOOD_PLUGIN.replace('"toyaccel"', '"cpu"'), {"cputurbo": "cpu_turbo"})
+    monkeypatch.setenv("DEVPLUG_BLOCK_PLUGINS", "cpu, hpu")
+    registry = DeviceRegistry(create_plugin_manager())
+    assert registry.devices["cpu"].distribution == "cpu-turbo 0.3.1"
+    assert "hpu" not in registry.names()
+
+
+def test_operational_hooks_reach_only_the_resolved_device_plugin_and_neutral_plugins():
+    calls = []
+
+    class OtherDevice:
+        @devplug.hookimpl
+        def devplug_register_devices(self):
+            return DeviceSpec(name="other", description="", priority=1, probe=Availability.yes, torch_type="cpu")
+
+        @devplug.hookimpl
+        def devplug_mark_step(self, device, phase):
+            calls.append(("other", phase))
+
+    class Counter:
+        @devplug.hookimpl
+        def devplug_mark_step(self, device, phase):
+            calls.append(("neutral", device.name, phase))
+
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("other", OtherDevice()), ("counter", Counter())])
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, plugin_manager=pm)
+    model = trainer.setup(__import__("torch").nn.Linear(2, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    trainer.backward(model(__import__("torch").ones(1, 2)).sum())
+    trainer.step(opt)
+    assert calls == [("neutral", "cpu", devplug.Phase.BACKWARD), ("neutral", "cpu", devplug.Phase.OPTIMIZER_STEP)]
+
+
+def test_neutral_wrapper_can_change_one_behaviour_of_a_builtin_device():
+    class PlainOptimizerPolicy:
+        @devplug.hookimpl(wrapper=True)
+        def devplug_optimizer(self, device, name, params, options):
+            choice = yield
+            return devplug.OptimizerChoice(choice.optimizer, choice.implementation + " [audited]")
+
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("policy", PlainOptimizerPolicy())])
+    trainer = devplug.Trainer(device="cpu", progress=False, plugin_manager=pm)
+    opt = trainer.optimizer("adam", trainer.setup(__import__("torch").nn.Linear(2, 1)).parameters(), lr=1e-3)
+    assert trainer.optimizer_implementation(opt).endswith("[audited]")
