@@ -131,7 +131,7 @@ def devplug_mark_step(device: Device, phase: Phase) -> None:
 
     Called by the Trainer right after ``backward`` (``Phase.BACKWARD``) and right after each optimizer
     step (``Phase.OPTIMIZER_STEP``). A lazy-mode device flushes its accumulated graph here (Gaudi:
-    ``htcore.mark_step()``); eager devices do nothing. Must not synchronize with the host. Not
+    ``htcore.mark_step()``); eager devices do nothing. Must not synchronize with the host. Returns nothing. Not
     first-result: every implementation runs (so a neutral plugin can count steps).
     """
 
@@ -169,7 +169,11 @@ def devplug_synchronize(device: Device) -> bool | None:
 
 @hookspec(firstresult=True)
 def devplug_memory_stats(device: Device) -> MemoryStats | None:
-    """Report memory use of ``device`` as :class:`MemoryStats`, or ``None`` if unknown. First-result."""
+    """Report memory use of ``device``.
+
+    Called for summaries and reports, never in the step. Returns :class:`MemoryStats`, or ``None`` when
+    the device reports nothing. First-result.
+    """
 
 
 @hookspec(firstresult=True)
