@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check devplug tests examples benchmarks
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q $(ARGS)
 
 demo: $(STAMP)
@@ -32,7 +32,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py $(ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check devplug tests examples benchmarks
+	$(PY) -m ruff check .
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

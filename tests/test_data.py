@@ -40,7 +40,7 @@ def test_image_folder_source_loads_normalized_batches_on_the_device(tmp_path):
     trainer = devplug.Trainer(device="cpu", progress=False)
     loader = trainer.dataloader(devplug.ImageFolderSource(str(tmp_path / "imgs"), image_size=16), batch_size=4,
                                 num_workers=0)
-    images, labels = next(iter(loader))
+    images, _labels = next(iter(loader))
     assert images.shape == (4, 3, 16, 16) and images.dtype == torch.float32
     assert images.min() >= -1 and images.max() <= 1
     assert images.device == trainer.torch_device

@@ -130,7 +130,7 @@ def test_bad_config_values_name_the_field(options, field):
 
 
 def test_unknown_precision_is_a_clear_error():
-    with pytest.raises(devplug.PrecisionError, match="'fp8-magic'.*32-true"):
+    with pytest.raises(devplug.PrecisionError, match=r"'fp8-magic'.*32-true"):
         devplug.Trainer(device="cpu", precision="fp8-magic")
 
 
