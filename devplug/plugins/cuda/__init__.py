@@ -1,23 +1,38 @@
-"""Built-in CUDA device plugin (placeholder registration; the full plugin is issue 4)."""
+"""Built-in CUDA device plugin: apex/torch fused optimizers, AMP (fp16 + GradScaler, bf16), TF32, NCCL, DALI.
 
-import torch
+Modules, one job each: :mod:`.probe` (is a GPU usable, and why not), :mod:`.optimizers` (apex or torch
+fused), :mod:`.precision` (AMP plans, TF32), :mod:`.dali` (DALI image-folder loader), :mod:`.plugin`
+(the hook implementations). Neither apex nor DALI is imported when the plugin is registered.
+"""
 
-from devplug.core.hookimpl import hookimpl
-from devplug.core.records import Availability, DeviceSpec
+from devplug.plugins.cuda.plugin import (
+    devplug_collective_setup,
+    devplug_compile,
+    devplug_dataloader,
+    devplug_device_setup,
+    devplug_mark_step,
+    devplug_memory_stats,
+    devplug_optimizer,
+    devplug_precision,
+    devplug_region,
+    devplug_register_devices,
+    devplug_synchronize,
+    devplug_to_device,
+)
 
 DEVPLUG_CONTRACT = "1.0"
 
-
-def _probe() -> Availability:
-    if torch.version.cuda is None:
-        return Availability.no("this torch build has no CUDA support", "install a CUDA build of torch")
-    if not torch.cuda.is_available():
-        return Availability.no("no CUDA device or driver found", "install the NVIDIA driver on a machine with a GPU")
-    return Availability.yes()
-
-
-@hookimpl
-def devplug_register_devices() -> DeviceSpec:
-    """NVIDIA GPUs through CUDA."""
-    return DeviceSpec(name="cuda", description="NVIDIA GPU (CUDA)", priority=50, probe=_probe,
-                      count=torch.cuda.device_count)
+__all__ = [
+    "devplug_collective_setup",
+    "devplug_compile",
+    "devplug_dataloader",
+    "devplug_device_setup",
+    "devplug_mark_step",
+    "devplug_memory_stats",
+    "devplug_optimizer",
+    "devplug_precision",
+    "devplug_region",
+    "devplug_register_devices",
+    "devplug_synchronize",
+    "devplug_to_device",
+]

@@ -1,22 +1,39 @@
-"""Built-in Gaudi (HPU) device plugin (placeholder registration; the full plugin is issue 5)."""
+"""Built-in Intel Gaudi (HPU) device plugin.
 
-import importlib.util
+Lazy-mode ``htcore.mark_step()`` after backward and after each optimizer step (nothing in eager mode,
+where ``torch.compile(backend="hpu_backend")`` applies), ``hpex`` ``FusedAdamW``/``FusedSGD``, bf16
+autocast or Habana Mixed Precision, HCCL with Habana's DDP defaults, ``HabanaDataLoader`` for image
+folders, and ``torch.hpu`` synchronization and memory statistics. Nothing from the Intel Gaudi stack
+is imported until a Gaudi device is probed or selected. See ``docs/devices/hpu.md``.
 
-from devplug.core.hookimpl import hookimpl
-from devplug.core.records import Availability, DeviceSpec
+Modules: ``probe`` (availability), ``mode`` (lazy/eager, step marking, compile), ``optimizers``,
+``precision``, ``distributed``, ``data``, ``stats``, ``runtime`` (process-wide state), ``plugin`` (hooks).
+"""
+
+from devplug.plugins.hpu.plugin import (
+    devplug_collective_setup,
+    devplug_compile,
+    devplug_dataloader,
+    devplug_device_setup,
+    devplug_mark_step,
+    devplug_memory_stats,
+    devplug_optimizer,
+    devplug_precision,
+    devplug_register_devices,
+    devplug_synchronize,
+)
 
 DEVPLUG_CONTRACT = "1.0"
 
-
-def _probe() -> Availability:
-    if importlib.util.find_spec("habana_frameworks") is None:
-        return Availability.no("habana_frameworks is not installed", "install the Intel Gaudi software stack")
-    import habana_frameworks.torch.hpu as hpu
-
-    return Availability.yes() if hpu.is_available() else Availability.no("no Gaudi device found")
-
-
-@hookimpl
-def devplug_register_devices() -> DeviceSpec:
-    """Intel Gaudi accelerators."""
-    return DeviceSpec(name="hpu", description="Intel Gaudi (HPU)", priority=100, probe=_probe)
+__all__ = [
+    "devplug_collective_setup",
+    "devplug_compile",
+    "devplug_dataloader",
+    "devplug_device_setup",
+    "devplug_mark_step",
+    "devplug_memory_stats",
+    "devplug_optimizer",
+    "devplug_precision",
+    "devplug_register_devices",
+    "devplug_synchronize",
+]

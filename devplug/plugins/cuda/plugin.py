@@ -1,0 +1,196 @@
+"""Hook implementations of the CUDA plugin.
+
+The core routes operational hooks here only when the resolved device is ``cuda``, so no hook asks
+"is this my device?". Device options read (``Trainer(device_options={...})`` unless noted):
+
+- ``channels_last`` (Trainer option ``channels_last``): channels_last modules and 4-D batches.
+- ``tf32`` (default True): TF32 matmuls and cuDNN convolutions on Ampere and newer.
+- ``apex`` (default True): use NVIDIA apex's fused optimizers when apex is installed.
+- ``profile`` (default False): NVTX ranges around forward, backward and optimizer step.
+- ``dali`` (default True): DALI for image folders when DALI is installed.
+- ``pin_memory`` (default True): pin host batches of the torch DataLoader when the author did not say.
+- ``cuda_graphs`` (default False): ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) when compiling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import attrs
+import torch
+
+from devplug.core.data import torch_dataloader
+from devplug.core.errors import DevplugError
+from devplug.core.fallback import TORCH_OPTIMIZERS
+from devplug.core.hookimpl import hookimpl
+from devplug.core.records import (
+    CollectiveSetup,
+    Device,
+    DeviceSpec,
+    ImageFolderSource,
+    LaunchInfo,
+    LoaderChoice,
+    LoaderOptions,
+    MemoryStats,
+    OptimizerChoice,
+    Phase,
+    PrecisionPlan,
+)
+from devplug.core.tree import move_to
+from devplug.plugins.cuda.dali import build_dali_loader, dali_status
+from devplug.plugins.cuda.optimizers import build_optimizer
+from devplug.plugins.cuda.precision import configure_tf32, plan_precision
+from devplug.plugins.cuda.probe import compute_capability, device_count, probe
+
+log = logging.getLogger("devplug")
+
+_reported: set[str] = set()
+
+
+def report_once(message: str) -> None:
+    """Log ``message`` at INFO level the first time it is seen in this process."""
+    if message not in _reported:
+        _reported.add(message)
+        log.info("%s", message)
+
+
+def forget_reports() -> None:
+    """Forget which messages :func:`report_once` has logged (tests)."""
+    _reported.clear()
+
+
+@hookimpl
+def devplug_register_devices() -> DeviceSpec:
+    """NVIDIA GPUs through CUDA; available when torch sees a GPU, else the reason why not."""
+    return DeviceSpec(
+        name="cuda",
+        description="NVIDIA GPU (CUDA): apex/torch fused optimizers, AMP fp16/bf16 with TF32, NCCL, DALI",
+        priority=50,
+        probe=probe,
+        count=device_count,
+    )
+
+
+@hookimpl
+def devplug_device_setup(device: Device) -> None:
+    """Select the GPU (``torch.cuda.set_device``) and turn TF32 on (Ampere+) unless ``tf32=False``."""
+    if device.index is not None:
+        torch.cuda.set_device(device.index)
+    index = torch.cuda.current_device()
+    capability = compute_capability(index)
+    tf32 = configure_tf32(bool(device.options.get("tf32", True)), capability)
+    log.info("cuda:%d is %s (compute capability %d.%d); %s", index, torch.cuda.get_device_name(index),
+             *capability, tf32)
+
+
+@hookimpl
+def devplug_to_device(device: Device, obj: Any) -> Any:
+    """``.to("cuda")``, non-blocking from pinned memory; channels_last when the option is set."""
+    memory_format = torch.channels_last if device.options.get("channels_last") else None
+    return move_to(obj, device.torch_device, memory_format=memory_format)
+
+
+@hookimpl
+def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice | None:
+    """apex FusedAdam/FusedSGD/FusedLAMB when NVIDIA apex is there, else torch fused, else foreach.
+
+    Names neither apex nor ``torch.optim`` provide are left to other plugins (``None``).
+    """
+    if name.lower() not in TORCH_OPTIMIZERS:
+        return None
+    return build_optimizer(name, params, options, use_apex=bool(device.options.get("apex", True)))
+
+
+@hookimpl
+def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
+    """fp16 autocast + GradScaler("cuda"), bf16 autocast, or fp32; ``auto`` → bf16 where native."""
+    return plan_precision(device, precision)
+
+
+@hookimpl
+def devplug_region(device: Device, name: str) -> Any:
+    """An NVTX range named ``name`` when the device option ``profile`` is on; no marking otherwise."""
+    if device.options.get("profile"):
+        return torch.cuda.nvtx.range(name)
+    return contextlib.nullcontext()
+
+
+@hookimpl
+def devplug_mark_step(device: Device, phase: Phase) -> None:
+    """Nothing: CUDA executes eagerly (ranges for profilers come from ``devplug_region``)."""
+
+
+def local_device_index(device: Device, launch: LaunchInfo) -> int:
+    """The GPU this process drives: an explicit ``cuda:N``, else the launcher's local rank.
+
+    When each process sees fewer GPUs than the local rank (a launcher that sets
+    ``CUDA_VISIBLE_DEVICES`` per process), the local rank is folded onto the visible ones.
+    """
+    if device.index is not None:
+        return device.index
+    count = device_count()
+    return launch.local_rank % count if 0 < count <= launch.local_rank else launch.local_rank
+
+
+@hookimpl
+def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup:
+    """nccl; ``torch.cuda.set_device(local_rank)``; DDP ``device_ids=[local_rank]``."""
+    index = local_device_index(device, launch)
+    torch.cuda.set_device(index)
+    return CollectiveSetup(backend="nccl", ddp_kwargs={"device_ids": [index], "output_device": index})
+
+
+@hookimpl
+def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice:
+    """DALI for image folders when DALI is installed, else the torch DataLoader with pinned memory."""
+    if options.pin_memory is None:
+        options = attrs.evolve(options, pin_memory=bool(device.options.get("pin_memory", True)))
+    if not isinstance(source, ImageFolderSource):
+        return torch_dataloader(source, options)
+    if not device.options.get("dali", True):
+        reason = "DALI disabled by the device option dali=False"
+    else:
+        reason = dali_status()
+        if not reason:
+            device_id = device.index
+            if device_id is None and torch.cuda.is_available():
+                device_id = torch.cuda.current_device()
+            try:
+                return build_dali_loader(source, options, device_id,
+                                         channels_last=bool(device.options.get("channels_last")))
+            except DevplugError:  # a missing or empty folder: the torch loader would say the same
+                raise
+            except Exception as exc:  # a DALI that imports but cannot run here must not stop training
+                reason = f"the DALI pipeline could not be built ({type(exc).__name__}: {exc})"
+    report_once(f"cuda: loading {source.root} with the torch DataLoader, not DALI: {reason}")
+    return torch_dataloader(source, options, reason=reason)
+
+
+@hookimpl
+def devplug_synchronize(device: Device) -> bool:
+    """``torch.cuda.synchronize`` on the device."""
+    torch.cuda.synchronize(device.torch_device)
+    return True
+
+
+@hookimpl
+def devplug_memory_stats(device: Device) -> MemoryStats:
+    """Allocated, reserved and peak allocated bytes from the caching allocator, and the GPU's total."""
+    where = device.torch_device
+    return MemoryStats(
+        allocated=torch.cuda.memory_allocated(where),
+        reserved=torch.cuda.memory_reserved(where),
+        peak_allocated=torch.cuda.max_memory_allocated(where),
+        total=torch.cuda.get_device_properties(where).total_memory,
+    )
+
+
+@hookimpl
+def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> Any:
+    """``torch.compile``; the device option ``cuda_graphs`` selects ``mode="reduce-overhead"``."""
+    options = dict(options)
+    if device.options.get("cuda_graphs") and "mode" not in options:
+        options["mode"] = "reduce-overhead"
+    return torch.compile(module, **options)

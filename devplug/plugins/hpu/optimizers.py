@@ -1,0 +1,136 @@
+"""Habana's fused optimizers for "adamw", "adam" and "sgd", with the author's options mapped faithfully.
+
+``habana_frameworks.torch.hpex.optimizers`` has ``FusedAdamW(params, lr=1e-3, betas=(0.9, 0.999),
+eps=1e-6, weight_decay=0.0, bias_correction=True)`` and ``FusedSGD(params, lr, momentum=0,
+weight_decay=0, dampening=0, nesterov=False)``; they update every parameter of a group in one kernel
+launch instead of one per tensor. Their defaults differ from torch's (eps 1e-6 vs 1e-8, AdamW's
+weight decay 0.0 vs 1e-2), so every option the author left out is filled in from the *torch*
+optimizer's defaults: asking for "adamw" gives torch's AdamW, only faster.
+
+There is no fused Adam. Adam's ``weight_decay`` adds ``wd * param`` to the gradient (L2), AdamW's
+decays the weights directly (decoupled); the two differ whenever the decay is not zero. So "adam" runs
+on ``FusedAdamW(weight_decay=0)``, which is exactly Adam, when its weight decay is 0 (the default) or
+when it asks for ``decoupled_weight_decay=True`` (torch's own spelling of AdamW); Adam with L2 weight
+decay stays ``torch.optim.Adam``, with the reason. So does any option the fused kernels lack
+(``amsgrad``, ``maximize``, ...). Options that only steer torch's own kernels (``foreach``, ``fused``,
+``capturable``) do not apply to Habana's and are dropped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from devplug.core.fallback import torch_optimizer_class
+from devplug.core.records import Device, OptimizerChoice
+from devplug.plugins.hpu import runtime
+
+HPEX_OPTIMIZERS = "habana_frameworks.torch.hpex.optimizers"
+#: torch options that choose among torch's own kernels; they mean nothing to a Habana fused optimizer.
+TORCH_KERNEL_HINTS = ("foreach", "fused", "capturable")
+
+
+@attrs.frozen
+class FusedMapping:
+    """A Habana fused optimizer and the torch options it implements, for one optimizer name."""
+
+    hpex_class: str
+    options: tuple[str, ...]
+
+
+MAPPINGS: dict[str, FusedMapping] = {
+    "adamw": FusedMapping("FusedAdamW", ("lr", "betas", "eps", "weight_decay")),
+    "adam": FusedMapping("FusedAdamW", ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay")),
+    "sgd": FusedMapping("FusedSGD", ("lr", "momentum", "dampening", "weight_decay", "nesterov")),
+}
+
+
+def torch_defaults(cls: type[torch.optim.Optimizer]) -> dict[str, Any]:
+    """The keyword defaults of a torch optimizer's constructor."""
+    return {
+        name: p.default
+        for name, p in inspect.signature(cls.__init__).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
+def _groups(params: list[Any]) -> list[Mapping[str, Any]]:
+    return [p for p in params if isinstance(p, Mapping)]
+
+
+def _unsupported(name: str, options: Mapping[str, Any], groups: list[Mapping[str, Any]],
+                 defaults: Mapping[str, Any]) -> str:
+    """Why the fused optimizer cannot run these options faithfully ("" when it can)."""
+    mapping = MAPPINGS[name]
+    changed = {
+        key: value
+        for key, value in options.items()
+        if key not in mapping.options and key not in TORCH_KERNEL_HINTS and value != defaults.get(key, object())
+    }
+    for group in groups:
+        changed.update(
+            (key, value)
+            for key, value in group.items()
+            if key in defaults and key not in mapping.options and key not in TORCH_KERNEL_HINTS
+            and value != defaults[key]
+        )
+    if changed:
+        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(changed.items()))
+        return f"{mapping.hpex_class} has no equivalent of {shown}"
+    if name == "adam" and not options.get("decoupled_weight_decay", False):
+        decays = [options.get("weight_decay", 0)] + [g["weight_decay"] for g in groups if "weight_decay" in g]
+        if any(d != 0 for d in decays):
+            return (
+                "Adam's weight_decay is an L2 term added to the gradient, while FusedAdamW decays weights "
+                "decoupled (AdamW), a different algorithm; ask for 'adamw' to get the fused kernel"
+            )
+    return ""
+
+
+def _fused_kwargs(name: str, options: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    keys = [k for k in MAPPINGS[name].options if k != "decoupled_weight_decay"]
+    return {key: options.get(key, defaults[key]) for key in keys}
+
+
+def _torch_choice(cls: type[torch.optim.Optimizer], params: list[Any], options: dict[str, Any],
+                  reason: str) -> OptimizerChoice:
+    return OptimizerChoice(cls(params, **options), f"torch.optim.{cls.__name__}", reason=reason)
+
+
+def build_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice | None:
+    """A Habana fused optimizer for "adamw", "adam" or "sgd"; ``None`` for other names (torch decides).
+
+    Falls back to the torch optimizer, with the reason, when the options need something the fused
+    kernels lack or when ``habana_frameworks.torch.hpex.optimizers`` cannot be imported.
+    """
+    key = name.lower()
+    if key not in MAPPINGS:
+        return None
+    params = list(params)
+    cls = torch_optimizer_class(key)
+    defaults = torch_defaults(cls)
+    reason = _unsupported(key, options, _groups(params), defaults)
+    if reason:
+        runtime.log_once(f"optimizer {name!r}: {reason}; using torch.optim.{cls.__name__}")
+        return _torch_choice(cls, params, options, reason)
+    hpex_class = MAPPINGS[key].hpex_class
+    try:
+        fused = getattr(importlib.import_module(HPEX_OPTIMIZERS), hpex_class)
+    except (ImportError, AttributeError) as exc:
+        reason = (
+            f"{HPEX_OPTIMIZERS}.{hpex_class} is not available ({type(exc).__name__}: {exc}); "
+            "install the Intel Gaudi PyTorch packages for fused optimizers"
+        )
+        runtime.log_once(f"optimizer {name!r}: {reason}; using torch.optim.{cls.__name__}", logging.WARNING)
+        return _torch_choice(cls, params, options, reason)
+    kwargs = _fused_kwargs(key, options, defaults)
+    implementation = f"{HPEX_OPTIMIZERS}.{hpex_class}"
+    if key == "adam":
+        implementation += f"(weight_decay={kwargs['weight_decay']}) as Adam"
+    return OptimizerChoice(fused(params, **kwargs), implementation)

@@ -1,0 +1,91 @@
+"""Hook implementations of the Gaudi (HPU) plugin; each delegates to the module that owns the topic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from devplug.core.hookimpl import hookimpl
+from devplug.core.records import (
+    CollectiveSetup,
+    Device,
+    DeviceSpec,
+    LaunchInfo,
+    LoaderChoice,
+    LoaderOptions,
+    MemoryStats,
+    OptimizerChoice,
+    Phase,
+    PrecisionPlan,
+)
+from devplug.plugins.hpu import data, distributed, mode, optimizers, probe, stats
+from devplug.plugins.hpu import precision as precision_plans
+
+
+@hookimpl
+def devplug_register_devices() -> DeviceSpec:
+    """Intel Gaudi accelerators: highest built-in priority, probed only when availability matters."""
+    return DeviceSpec(
+        name="hpu",
+        description="Intel Gaudi (HPU): lazy-mode mark_step or eager + torch.compile, FusedAdamW/FusedSGD, "
+        "bf16 autocast or HMP, HCCL, HabanaDataLoader",
+        priority=100,
+        probe=probe.probe,
+        count=probe.device_count,
+        torch_type=probe.TORCH_DEVICE_TYPE,
+    )
+
+
+@hookimpl
+def devplug_device_setup(device: Device) -> None:
+    """Import ``habana_frameworks.torch.core`` (htcore) and settle lazy or eager mode."""
+    mode.activate(device)
+
+
+@hookimpl
+def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice | None:
+    """``FusedAdamW`` for "adamw" and "adam", ``FusedSGD`` for "sgd"; torch's otherwise, with the reason."""
+    return optimizers.build_optimizer(device, name, params, options)
+
+
+@hookimpl
+def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
+    """bf16 autocast for "auto"/"bf16-mixed", HMP for "hmp" (or the ``hmp`` device option), fp32 for "32-true"."""
+    return precision_plans.plan_precision(device, precision)
+
+
+@hookimpl
+def devplug_mark_step(device: Device, phase: Phase) -> None:
+    """``htcore.mark_step()`` after backward and after each optimizer step in lazy mode; nothing in eager."""
+    mode.mark_step(device, phase)
+
+
+@hookimpl
+def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup:
+    """HCCL through ``initialize_distributed_hpu()``, with Gaudi's DDP defaults and no ``device_ids``."""
+    return distributed.collective_setup(device, launch)
+
+
+@hookimpl
+def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice:
+    """``HabanaDataLoader`` for image folders when installed, else torch's loader; pinned memory by default."""
+    return data.build_loader(device, source, options)
+
+
+@hookimpl
+def devplug_synchronize(device: Device) -> bool:
+    """``torch.hpu.synchronize()``."""
+    return stats.synchronize(device)
+
+
+@hookimpl
+def devplug_memory_stats(device: Device) -> MemoryStats:
+    """Memory figures from ``torch.hpu``."""
+    return stats.memory_stats(device)
+
+
+@hookimpl
+def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module:
+    """``torch.compile(backend="hpu_backend")`` in eager mode; unchanged in lazy mode."""
+    return mode.compile_module(device, module, options)

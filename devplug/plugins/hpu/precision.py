@@ -1,0 +1,134 @@
+"""Mixed precision on Gaudi: bf16 autocast, or Habana Mixed Precision (HMP) where the stack ships it.
+
+- ``"auto"`` and ``"bf16-mixed"``: ``torch.autocast(device_type="hpu", dtype=torch.bfloat16)`` around
+  forward and loss, Intel's recommended method. bf16 keeps fp32's exponent range, so no grad scaler.
+- ``"hmp"`` (a precision name), or ``device_options={"hmp": ...}`` with ``"auto"``/``"bf16-mixed"``:
+  ``habana_frameworks.torch.hpex.hmp``. ``hmp.convert(opt_level, bf16_file_path, fp32_file_path,
+  isVerbose)`` patches torch functions process-wide to cast their inputs (once per process, in
+  ``PrecisionPlan.convert_module``), and every optimizer step runs inside ``hmp.disable_casts()`` so
+  the update stays in fp32. Intel deprecated HMP (announced for removal in release 1.13) in favour of
+  autocast; asking for it where the stack no longer has it is a :class:`PrecisionError`.
+  The ``hmp`` option is ``True``, an opt level (``"O1"``, ``"O2"``), or a mapping with ``opt_level``,
+  ``bf16_ops``, ``fp32_ops`` (a file of op names, one a line, or a list of names) and ``verbose``.
+- ``"32-true"``: fp32. ``"16-mixed"``: a :class:`PrecisionError` (fp16 with loss scaling is a GPU recipe).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import attrs
+import torch
+
+from devplug.core.errors import PrecisionError
+from devplug.core.fallback import autocast_plan
+from devplug.core.records import Device, PrecisionPlan
+from devplug.plugins.hpu import runtime
+
+HMP_MODULE = "habana_frameworks.torch.hpex.hmp"
+HMP_OPT_LEVELS = ("O1", "O2")
+
+
+@attrs.frozen
+class HmpSettings:
+    """Arguments for ``hmp.convert``: op lists are file paths, lists of op names, or ``None`` (HMP's own)."""
+
+    opt_level: str = "O1"
+    bf16_ops: str | os.PathLike[str] | list[str] | None = None
+    fp32_ops: str | os.PathLike[str] | list[str] | None = None
+    verbose: bool = False
+
+    @classmethod
+    def parse(cls, value: Any) -> HmpSettings:
+        """Settings from the ``hmp`` device option (``True``, an opt level, or a mapping)."""
+        if value is True or value is None:
+            settings = cls()
+        elif isinstance(value, str):
+            settings = cls(opt_level=value)
+        elif isinstance(value, Mapping):
+            unknown = sorted(set(value) - {"opt_level", "bf16_ops", "fp32_ops", "verbose"})
+            if unknown:
+                raise PrecisionError(
+                    f"unknown HMP setting(s) {', '.join(unknown)}; use opt_level, bf16_ops, fp32_ops, verbose"
+                )
+            settings = cls(**value)
+        else:
+            raise PrecisionError(f"device option hmp={value!r}: use True, 'O1', 'O2' or a mapping of HMP settings")
+        if settings.opt_level not in HMP_OPT_LEVELS:
+            raise PrecisionError(f"HMP opt_level must be 'O1' or 'O2', got {settings.opt_level!r}")
+        return settings
+
+
+def _op_file(ops: str | os.PathLike[str] | list[str] | None, folder: Path, name: str) -> str:
+    """The path ``hmp.convert`` reads an op list from ("" for HMP's built-in list)."""
+    if ops is None:
+        return ""
+    if isinstance(ops, (str, os.PathLike)):
+        return os.fspath(ops)
+    path = folder / name
+    path.write_text("\n".join(ops) + "\n")
+    return str(path)
+
+
+def _convert_once(hmp: ModuleType, settings: HmpSettings) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    def convert_module(module: torch.nn.Module) -> torch.nn.Module:
+        """Run ``hmp.convert`` the first time (it patches torch for the whole process); return ``module``."""
+        rt = runtime.state()
+        if not rt.hmp_converted:
+            with tempfile.TemporaryDirectory(prefix="devplug-hmp-") as folder:
+                hmp.convert(
+                    opt_level=settings.opt_level,
+                    bf16_file_path=_op_file(settings.bf16_ops, Path(folder), "bf16_ops.txt"),
+                    fp32_file_path=_op_file(settings.fp32_ops, Path(folder), "fp32_ops.txt"),
+                    isVerbose=settings.verbose,
+                )
+            rt.hmp_converted = True
+        return module
+
+    return convert_module
+
+
+def hmp_plan(settings: HmpSettings) -> PrecisionPlan:
+    """HMP: convert once, no autocast, ``hmp.disable_casts()`` around every optimizer step."""
+    try:
+        hmp = importlib.import_module(HMP_MODULE)
+    except ImportError as exc:
+        raise PrecisionError(
+            f"HMP was asked for, but the installed Intel Gaudi software has no {HMP_MODULE} ({exc}); Intel "
+            "deprecated HMP for torch.autocast: use precision='bf16-mixed' (or 'auto') instead"
+        ) from exc
+    return PrecisionPlan(
+        name="bf16-mixed",
+        convert_module=_convert_once(hmp, settings),
+        optimizer_step_context=hmp.disable_casts,
+        description=f"Habana Mixed Precision (hmp.convert opt_level={settings.opt_level}, "
+        "hmp.disable_casts() around optimizer steps)",
+    )
+
+
+def plan_precision(device: Device, precision: str) -> PrecisionPlan:
+    """The precision plan for ``precision`` on a Gaudi device (see the module docstring)."""
+    hmp_option = device.options.get("hmp")
+    if precision == "16-mixed":
+        raise PrecisionError(
+            "precision='16-mixed' (fp16 with a grad scaler) is a GPU recipe; Gaudi trains in bf16, which needs "
+            "no loss scaling: use precision='bf16-mixed' (or 'auto')"
+        )
+    if precision == "hmp" or (hmp_option not in (None, False) and precision in ("auto", "bf16-mixed")):
+        return hmp_plan(HmpSettings.parse(hmp_option))
+    if hmp_option not in (None, False):
+        raise PrecisionError(f"device option hmp={hmp_option!r} needs precision 'auto', 'bf16-mixed' or 'hmp', "
+                             f"not {precision!r}")
+    if precision in ("auto", "bf16-mixed"):
+        return autocast_plan(device, "bf16-mixed")
+    if precision == "32-true":
+        return autocast_plan(device, "32-true")
+    raise PrecisionError(
+        f"precision {precision!r} is not one of auto, 32-true, bf16-mixed, hmp (the settings Gaudi runs)"
+    )

@@ -1,0 +1,52 @@
+"""Process-wide state of the Gaudi plugin: the runtime handle, the execution mode, one-time actions.
+
+Everything here is filled in lazily, once a Gaudi device has been selected; nothing is imported from
+the Intel Gaudi stack when this module is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import attrs
+
+log = logging.getLogger("devplug.plugins.hpu")
+
+
+@attrs.define
+class HpuRuntime:
+    """What the plugin learned about the Gaudi runtime in this process.
+
+    - ``htcore``: ``habana_frameworks.torch.core``, imported by ``devplug_device_setup``.
+    - ``lazy``: True in lazy mode (graphs flushed by ``htcore.mark_step()``), False in eager mode.
+    - ``hmp_converted``: ``hmp.convert`` has patched torch (it must run once per process).
+    - ``said``: messages already logged by :func:`log_once`.
+    """
+
+    htcore: Any = None
+    lazy: bool | None = None
+    hmp_converted: bool = False
+    said: set[str] = attrs.field(factory=set)
+
+
+_runtime = HpuRuntime()
+
+
+def state() -> HpuRuntime:
+    """The plugin's process-wide state."""
+    return _runtime
+
+
+def reset() -> None:
+    """Forget everything learned (tests; a real process keeps one Gaudi runtime for its lifetime)."""
+    global _runtime
+    _runtime = HpuRuntime()
+
+
+def log_once(message: str, level: int = logging.INFO) -> None:
+    """Log ``message`` at ``level`` the first time it comes up in this process."""
+    said = _runtime.said
+    if message not in said:
+        said.add(message)
+        log.log(level, "%s", message)

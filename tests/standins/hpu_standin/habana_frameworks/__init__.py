@@ -1,0 +1,1 @@
+"""Stand-in for Intel's ``habana_frameworks`` namespace (tests only; see the README next to it)."""

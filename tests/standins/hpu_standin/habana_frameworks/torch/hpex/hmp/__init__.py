@@ -1,0 +1,37 @@
+"""Stand-in for ``habana_frameworks.torch.hpex.hmp``, Habana Mixed Precision (deprecated by Intel).
+
+``convert`` is the real signature; the real one patches torch functions process-wide so listed ops cast
+their inputs to bf16 or fp32. The stand-in records the call with the op lists it was given (read from
+the files, as the real one does) and patches nothing. ``disable_casts`` records entering and leaving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import hpu_standin_calls
+
+
+def _ops(path: str) -> list[str] | None:
+    return Path(path).read_text().splitlines() if path else None
+
+
+def convert(opt_level: str = "O1", bf16_file_path: str = "", fp32_file_path: str = "", isVerbose: bool = False) -> None:
+    """Insert bf16/fp32 casts in front of torch ops, per optimization level and op lists."""
+    assert opt_level in ("O1", "O2"), "Optlevel should be either O1 or O2"
+    hpu_standin_calls.record(
+        "hmp.convert", opt_level=opt_level, bf16_ops=_ops(bf16_file_path), fp32_ops=_ops(fp32_file_path),
+        isVerbose=isVerbose,
+    )
+
+
+@contextlib.contextmanager
+def disable_casts() -> Iterator[None]:
+    """A context in which HMP inserts no casts (around ``optimizer.step()``)."""
+    hpu_standin_calls.record("hmp.disable_casts.enter")
+    try:
+        yield
+    finally:
+        hpu_standin_calls.record("hmp.disable_casts.exit")

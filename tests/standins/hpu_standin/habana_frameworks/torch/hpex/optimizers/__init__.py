@@ -1,0 +1,113 @@
+"""Stand-in for ``habana_frameworks.torch.hpex.optimizers``: ``FusedAdamW`` and ``FusedSGD``.
+
+Signatures and defaults are the real ones (note ``FusedAdamW``'s ``eps=1e-6`` and ``weight_decay=0.0``,
+which differ from ``torch.optim.AdamW``'s). The update rules are the real ones too, computed with
+plain torch ops on whatever device the parameters are on; every construction and step is recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import hpu_standin_calls
+import torch
+from torch.optim import Optimizer
+from torch.optim.optimizer import required
+
+
+class FusedAdamW(Optimizer):
+    """AdamW with decoupled weight decay, all parameters of a group updated by one fused kernel."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.parameter.Parameter],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        bias_correction: bool = True,
+    ) -> None:
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr} - should be >= 0.0")
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter: {betas} - should be in [0.0, 1.0[")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps} - should be >= 0.0")
+        hpu_standin_calls.record(
+            "FusedAdamW", lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+            bias_correction=bias_correction,
+        )
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One optimization step over every parameter group."""
+        hpu_standin_calls.record("FusedAdamW.step")
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            group["step"] = group.get("step", 0) + 1
+            beta1, beta2 = group["betas"]
+            step_size = group["lr"]
+            if group["bias_correction"]:
+                step_size *= math.sqrt(1.0 - beta2 ** group["step"]) / (1.0 - beta1 ** group["step"])
+            for p in params:
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
+                p.mul_(1.0 - group["weight_decay"] * group["lr"])
+                p.addcdiv_(exp_avg, exp_avg_sq.sqrt().add_(group["eps"]), value=-step_size)
+        return loss
+
+
+class FusedSGD(Optimizer):
+    """SGD with momentum, all parameters of a group updated by one fused kernel."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.parameter.Parameter],
+        lr: float = required,
+        momentum: float = 0,
+        weight_decay: float = 0,
+        dampening: float = 0,
+        nesterov: bool = False,
+    ) -> None:
+        if lr is required or lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        hpu_standin_calls.record(
+            "FusedSGD", lr=lr, momentum=momentum, weight_decay=weight_decay, dampening=dampening, nesterov=nesterov
+        )
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, dampening=dampening, nesterov=nesterov)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One optimization step over every parameter group."""
+        hpu_standin_calls.record("FusedSGD.step")
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                d_p = p.grad.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else p.grad
+                if group["momentum"]:
+                    state = self.state[p]
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = d_p.clone()
+                    else:
+                        state["momentum_buffer"].mul_(group["momentum"]).add_(d_p, alpha=1 - group["dampening"])
+                    buf = state["momentum_buffer"]
+                    d_p = d_p.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
+                p.add_(d_p, alpha=-group["lr"])
+        return loss

@@ -1,0 +1,56 @@
+"""Stand-in for ``habana_frameworks.torch.hpu`` (``torch.hpu`` once the bridge is loaded).
+
+The device count comes from ``$HPU_STANDIN_DEVICES`` (default 1). Memory figures are fixed numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import hpu_standin_calls
+
+_LIMIT = 96 * 2**30
+_IN_USE = 3 * 2**20
+_MAX_IN_USE = 5 * 2**20
+
+
+def is_available() -> bool:
+    """True when at least one Gaudi device is visible."""
+    return device_count() > 0
+
+
+def device_count() -> int:
+    """The number of visible Gaudi devices."""
+    return int(os.environ.get("HPU_STANDIN_DEVICES", "1"))
+
+
+def synchronize() -> None:
+    """Wait for all queued work on the device (stand-in: record the call)."""
+    hpu_standin_calls.record("hpu.synchronize")
+
+
+def memory_stats(device: Any = None) -> dict[str, int]:
+    """The allocator's statistics: ``Limit``, ``InUse``, ``MaxInUse`` and counters."""
+    return {"Limit": _LIMIT, "InUse": _IN_USE, "MaxInUse": _MAX_IN_USE, "NumAllocs": 0, "NumFrees": 0}
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes currently allocated by tensors."""
+    return memory_stats(device)["InUse"]
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak bytes allocated by tensors."""
+    return memory_stats(device)["MaxInUse"]
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes managed by the allocator (the bridge reports its limit)."""
+    return memory_stats(device)["Limit"]
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) device memory in bytes."""
+    stats = memory_stats(device)
+    return stats["Limit"] - stats["InUse"], stats["Limit"]
