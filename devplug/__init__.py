@@ -35,6 +35,7 @@ from devplug.core.records import (
     Phase,
     PrecisionPlan,
 )
+from devplug.core.schedules import LRSchedule, scale_lr
 from devplug.core.trainer import Trainer
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "DeviceUnavailableError",
     "DevplugError",
     "ImageFolderSource",
+    "LRSchedule",
     "LaunchInfo",
     "LoaderChoice",
     "LoaderOptions",
@@ -65,4 +67,5 @@ __all__ = [
     "UnknownDeviceError",
     "__version__",
     "hookimpl",
+    "scale_lr",
 ]

@@ -1,25 +1,125 @@
-"""The ``devplug`` command: list device plugins and what they can do here."""
+"""The ``devplug`` command: list device plugins and what they can do here; check a plugin's contract."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+import attrs
 
 from devplug._version import __version__
 from devplug.core.devices import DeviceRegistry
 from devplug.core.errors import DevplugError
-from devplug.core.manager import DevplugPluginManager, get_plugin_manager
+from devplug.core.manager import (
+    BUILTIN_DISTRIBUTION,
+    ENV_BLOCK,
+    ENV_DISABLE_AUTOLOAD,
+    DevplugPluginManager,
+    get_plugin_manager,
+)
+from devplug.core.records import CONTRACT_VERSION
+
+#: How ``devplug devices --verbose`` marks a hook implementation's pluggy options.
+_HOOK_OPTIONS = ("wrapper", "hookwrapper", "tryfirst", "trylast")
 
 
-def _hooks_of(pm: DevplugPluginManager, plugin_name: str) -> list[str]:
-    plugin = pm.get_plugin(plugin_name)
-    return sorted(caller.name for caller in pm.get_hookcallers(plugin) or [])
+@attrs.frozen
+class PluginInfo:
+    """What ``devplug devices --verbose`` says about one loaded plugin."""
+
+    name: str
+    distribution: str
+    version: str
+    contract: str
+    devices: tuple[str, ...]
+    hooks: tuple[str, ...]
+
+    @property
+    def kind(self) -> str:
+        """``"device plugin (cpu)"``, ``"device-neutral"`` or ``"core fallback"``."""
+        if self.devices:
+            return f"device plugin ({', '.join(self.devices)})"
+        return "core fallback" if self.name == "devplug.fallback" else "device-neutral"
+
+
+def _split_distribution(distribution: str, plugin: Any) -> tuple[str, str]:
+    """``"name version"`` (as the manager records entry points) → (name, version)."""
+    if distribution == BUILTIN_DISTRIBUTION:
+        return "devplug", f"{__version__} (built-in)"
+    name, _, version = distribution.rpartition(" ")
+    if name and version[:1].isdigit():
+        return name, version
+    own = getattr(plugin, "__version__", None)
+    return distribution, str(own) if own else "-"
+
+
+def _contract_of(plugin: Any, distribution: str) -> str:
+    """The contract version a plugin declares (devplug's own undeclared modules speak the current one)."""
+    declared = getattr(plugin, "DEVPLUG_CONTRACT", None)
+    if declared is None:
+        return CONTRACT_VERSION if distribution == BUILTIN_DISTRIBUTION else "undeclared"
+    return str(declared)
+
+
+def _hooks_of(pm: DevplugPluginManager, plugin: Any) -> tuple[str, ...]:
+    """Hook names ``plugin`` implements, each with its pluggy options, e.g. ``devplug_mark_step [wrapper]``."""
+    hooks = []
+    for caller in sorted(pm.get_hookcallers(plugin) or [], key=lambda c: c.name):
+        options = [
+            opt
+            for impl in caller.get_hookimpls()
+            if impl.plugin is plugin
+            for opt in _HOOK_OPTIONS
+            if getattr(impl, opt, False)
+        ]
+        hooks.append(caller.name + (f" [{', '.join(options)}]" if options else ""))
+    return tuple(hooks)
+
+
+def plugin_infos(pm: DevplugPluginManager, registry: DeviceRegistry | None = None) -> list[PluginInfo]:
+    """Every registered plugin in load order, with its distribution, version, contract, devices and hooks."""
+    registry = registry or DeviceRegistry(pm)
+    devices_of: dict[str, list[str]] = {}
+    for name in registry.names():
+        devices_of.setdefault(registry.devices[name].plugin_name, []).append(name)
+    infos = []
+    for plugin_name, plugin in pm.list_name_plugin():
+        if plugin is None:  # blocked
+            continue
+        distribution, version = _split_distribution(pm.distribution_of(plugin_name), plugin)
+        infos.append(
+            PluginInfo(
+                name=plugin_name,
+                distribution=distribution,
+                version=version,
+                contract=_contract_of(plugin, pm.distribution_of(plugin_name)),
+                devices=tuple(devices_of.get(plugin_name, ())),
+                hooks=_hooks_of(pm, plugin),
+            )
+        )
+    return infos
+
+
+def _table(rows: list[tuple[str, ...]], indent: str = "") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def _autoload_disabled() -> bool:
+    return os.environ.get(ENV_DISABLE_AUTOLOAD, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def devices_report(pm: DevplugPluginManager | None = None, *, verbose: bool = False) -> str:
-    """The text ``devplug devices`` prints: every device, where it came from, available or why not."""
+    """The text ``devplug devices`` prints: every device, where it came from, available or why not.
+
+    With ``verbose``, also each device's description and, per plugin, its distribution and version,
+    the hook contract it declares, and the hooks it implements (with pluggy options such as
+    ``wrapper`` or ``tryfirst``).
+    """
     pm = pm or get_plugin_manager()
     registry = DeviceRegistry(pm)
     rows = [("DEVICE", "PRIORITY", "STATUS", "COUNT", "PLUGIN", "FROM")]
@@ -29,8 +129,7 @@ def devices_report(pm: DevplugPluginManager | None = None, *, verbose: bool = Fa
         status = "available" if availability.available else "unavailable"
         rows.append((name, str(entry.spec.priority), status, str(entry.count()), entry.plugin_name,
                      entry.distribution))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = _table(rows)
     notes = []
     for name in registry.names():
         entry = registry.devices[name]
@@ -45,14 +144,36 @@ def devices_report(pm: DevplugPluginManager | None = None, *, verbose: bool = Fa
     available = registry.available_names()
     lines += ["", f"'auto' selects: {available[0] if available else 'nothing (no device available)'}"]
     if verbose:
-        lines += ["", "Plugins:"]
-        for plugin_name, _plugin in sorted(pm.list_name_plugin(), key=lambda item: str(item[0])):
-            hooks = ", ".join(_hooks_of(pm, plugin_name)) or "none"
-            lines.append(f"  {plugin_name} ({pm.distribution_of(plugin_name)}): {hooks}")
+        lines += ["", "Plugins (load order; operational hooks reach the chosen device's plugin, "
+                      "the device-neutral plugins and the core fallback):"]
+        infos = plugin_infos(pm, registry)
+        table = _table([("PLUGIN", "KIND", "DISTRIBUTION", "VERSION", "CONTRACT")]
+                       + [(i.name, i.kind, i.distribution, i.version, i.contract) for i in infos], indent="  ")
+        lines.append(table[0])
+        for info, row in zip(infos, table[1:], strict=True):
+            lines.append(row)
+            lines.append(f"      hooks: {', '.join(info.hooks) or 'none'}")
+        if pm.blocked_names:
+            lines += ["", f"Blocked plugins ({ENV_BLOCK} or blocked=): {', '.join(sorted(pm.blocked_names))}"]
+        if _autoload_disabled():
+            lines += ["", f"Entry-point plugins were not loaded: {ENV_DISABLE_AUTOLOAD} is set."]
     if pm.failures:
         lines += ["", "Plugins that failed to load (skipped):"]
         lines += [f"  {failure}" for failure in pm.failures]
     return "\n".join(lines)
+
+
+def check_report(device: str, *, run_compiled: bool = False) -> tuple[str, bool]:
+    """Run the conformance kit against ``device``; return the report and whether every check passed."""
+    from devplug.testing.checks import run_checks  # lazy: only this command needs the kit
+
+    results = run_checks(device, get_plugin_manager(), run_compiled=run_compiled)
+    failed = [r for r in results if r.outcome == "failed"]
+    skipped = [r for r in results if r.outcome == "not applicable"]
+    lines = [str(r) for r in results]
+    lines += ["", f"{len(results) - len(failed) - len(skipped)} passed, {len(failed)} failed, "
+                  f"{len(skipped)} not applicable on this machine"]
+    return "\n".join(lines), not failed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"devplug {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     devices = sub.add_parser("devices", help="list device plugins, availability and why not")
-    devices.add_argument("-v", "--verbose", action="store_true", help="also show each plugin's hooks and origin")
+    devices.add_argument("-v", "--verbose", action="store_true",
+                         help="also show each plugin's distribution, version, contract and hooks")
+    check = sub.add_parser("check", help="run the plugin conformance checks against a device")
+    check.add_argument("device", help="a device name as `devplug devices` lists it")
+    check.add_argument("--run-compiled", action="store_true",
+                       help="also run the module devplug_compile returns (slow with inductor)")
     return parser
 
 
@@ -76,7 +202,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "devices":
             print(devices_report(verbose=args.verbose))
+        elif args.command == "check":
+            report, ok = check_report(args.device, run_compiled=args.run_compiled)
+            print(report)
+            return 0 if ok else 1
     except DevplugError as exc:
+        print(f"devplug: error: {exc}", file=sys.stderr)
+        return 2
+    except AssertionError as exc:  # the kit's ConformanceError when the device is not registered at all
         print(f"devplug: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -1,11 +1,18 @@
 """Joining a process group and wrapping modules in DistributedDataParallel, as the device plugin says.
 
-Only imported when the launcher reports more than one process.
+Only imported when the launcher reports more than one process. Nothing here runs in the steady-state
+step: the process group is joined once, modules are wrapped once, and metrics are reduced only at log
+points (:func:`mean_across_ranks`). DDP's own gradient all-reduce, overlapped with backward, is the
+only communication of a training step.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
+import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -13,45 +20,157 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from devplug.core.records import CollectiveSetup
+from devplug.core.errors import ConfigError
+from devplug.core.records import CollectiveSetup, LaunchInfo
 
 if TYPE_CHECKING:
+    from devplug.core.config import TrainerConfig
     from devplug.core.trainer import Trainer
 
 log = logging.getLogger("devplug")
 
+#: How long ranks wait for each other in ``init_process_group`` and collectives before failing.
+DEFAULT_TIMEOUT = timedelta(minutes=10)
+
+
+def init_method(launch: LaunchInfo, env: Mapping[str, str] | None = None) -> str:
+    """The rendezvous URL for ``init_process_group``.
+
+    ``env://`` when ``MASTER_ADDR`` and ``MASTER_PORT`` are in the environment (torchrun sets them, and
+    under torch elastic ``env://`` reuses the agent's store); otherwise ``tcp://`` to the address the
+    launcher implies (first SLURM node, ``MASTER_ADDR`` given to ``mpirun``, or this host).
+    """
+    env = os.environ if env is None else env
+    if "MASTER_ADDR" in env and "MASTER_PORT" in env:
+        return "env://"
+    host = f"[{launch.master_addr}]" if ":" in launch.master_addr else launch.master_addr
+    return f"tcp://{host}:{launch.master_port}"
+
+
+def elastic_store(launch: LaunchInfo, env: Mapping[str, str] | None = None,
+                  timeout: timedelta = DEFAULT_TIMEOUT) -> dist.Store | None:
+    """Under torch elastic's shared agent store, this restart attempt's own view of that store.
+
+    torchrun (c10d rendezvous) keeps one TCPStore for the whole job and tells workers to use it
+    (``TORCHELASTIC_USE_AGENT_STORE=True``); the process group's keys from before a restart are still in
+    it, so a restarted rank can read a dead peer's address and fail to connect. Prefixing the keys with
+    the run id and ``TORCHELASTIC_RESTART_COUNT`` gives every attempt a clean namespace. Returns ``None``
+    when the agent store is not in use (then ``env://`` or ``tcp://`` is used as usual).
+
+    The restart count is the same on every rank when all workers run under one agent (one node). With
+    several nodes, an agent restarts for a membership change without counting it; set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` for multi-node elastic jobs (docs/distributed.md).
+    """
+    env = os.environ if env is None else env
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        return None
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), launch.world_size, is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"devplug/{run_id}/attempt{attempt}", store)
+
 
 def init_process_group(trainer: Trainer) -> CollectiveSetup:
-    """Ask the device plugin for its collective setup and join the default process group."""
+    """Ask the device plugin for its collective setup and join the default process group.
+
+    The plugin's hook runs first (it may select the local device or import a collective library);
+    its ``init_kwargs`` override devplug's defaults (backend, rank, world size, rendezvous, a 10-minute
+    timeout). A process group the author already initialised is kept as it is.
+    """
     launch = trainer.launch
     setup = trainer.hooks.devplug_collective_setup(launch=launch)
-    if not dist.is_initialized():
-        kwargs: dict[str, Any] = {
-            "backend": setup.backend,
-            "rank": launch.rank,
-            "world_size": launch.world_size,
-            "init_method": f"tcp://{launch.master_addr}:{launch.master_port}"
-            if launch.launcher != "torchrun"
-            else "env://",
-            "timeout": timedelta(minutes=10),
-        }
-        kwargs.update(setup.init_kwargs)
-        dist.init_process_group(**kwargs)
-    log.info("rank %d/%d joined process group (%s, %s)", launch.rank, launch.world_size, setup.backend,
-             launch.launcher)
+    if not isinstance(setup, CollectiveSetup):
+        raise ConfigError(
+            f"device {trainer.device} cannot train on several processes: its plugin "
+            f"{trainer.device.plugin_name!r} returned no collective setup (got {setup!r})"
+        )
+    if dist.is_initialized():
+        log.info("rank %d/%d: using the process group initialised by the caller (%s)", dist.get_rank(),
+                 dist.get_world_size(), dist.get_backend())
+        if dist.get_world_size() != launch.world_size or dist.get_rank() != launch.rank:
+            raise ConfigError(
+                f"the existing process group has rank {dist.get_rank()} of {dist.get_world_size()}, but the "
+                f"{launch.launcher} launcher says rank {launch.rank} of {launch.world_size}"
+            )
+        return setup
+    kwargs: dict[str, Any] = {
+        "backend": setup.backend,
+        "rank": launch.rank,
+        "world_size": launch.world_size,
+        "timeout": DEFAULT_TIMEOUT,
+    }
+    kwargs.update(setup.init_kwargs)
+    if "init_method" not in kwargs and "store" not in kwargs:
+        store = elastic_store(launch, timeout=kwargs["timeout"])
+        if store is not None:
+            kwargs["store"] = store
+        else:
+            kwargs["init_method"] = init_method(launch)
+    dist.init_process_group(**kwargs)
+    how = kwargs.get("init_method") or "the elastic agent's store"
+    log.info("rank %d/%d (local %d/%d) joined the process group: %s via %s, launched by %s", launch.rank,
+             launch.world_size, launch.local_rank, launch.local_world_size, setup.backend, how, launch.launcher)
     return setup
 
 
-def wrap_ddp(trainer: Trainer, module: torch.nn.Module) -> DistributedDataParallel:
-    """Wrap ``module`` in DDP with the plugin's defaults overridden by the author's options."""
-    assert trainer.collective is not None
-    kwargs = dict(trainer.collective.ddp_kwargs)
-    kwargs.update(trainer.config.ddp_overrides())
+@functools.cache
+def _ddp_parameters() -> frozenset[str]:
+    return frozenset(inspect.signature(DistributedDataParallel.__init__).parameters)
+
+
+def _normalise(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Spell buffer syncing the way the installed torch does.
+
+    devplug (and seed 001) call it ``broadcast_buffers``; torch 2.13 deprecated that name for
+    ``forward_sync_buffers`` (buffers are still broadcast once at wrap time, so replicas start equal).
+    """
+    options = dict(options)
+    new, old = "forward_sync_buffers", "broadcast_buffers"
+    if new in _ddp_parameters() and old in options:
+        options[new] = options.pop(old)
+    elif new not in _ddp_parameters() and new in options:
+        options[old] = options.pop(new)
+    return options
+
+
+def ddp_options(collective: CollectiveSetup, config: TrainerConfig) -> dict[str, Any]:
+    """DistributedDataParallel keyword arguments: the plugin's defaults, then the author's options.
+
+    ``bucket_cap_mb``, ``broadcast_buffers`` and ``gradient_as_bucket_view`` override the plugin only
+    when the author set them; ``find_unused_parameters`` and ``static_graph`` always come from the
+    config (see :meth:`TrainerConfig.ddp_overrides`). ``broadcast_buffers`` is passed as
+    ``forward_sync_buffers`` to a torch that has deprecated the old name.
+    """
+    kwargs = _normalise(collective.ddp_kwargs)
+    kwargs.update(_normalise(config.ddp_overrides()))
+    return kwargs
+
+
+def wrap_ddp(trainer: Trainer, module: torch.nn.Module) -> torch.nn.Module:
+    """Wrap ``module`` in DDP with the plugin's defaults overridden by the author's options.
+
+    A module with no trainable parameter (a frozen feature extractor, an EMA copy) has no gradient to
+    synchronise and is returned unwrapped.
+    """
+    if trainer.collective is None:
+        raise ConfigError("wrap_ddp needs a joined process group (Trainer with a world size above 1)")
+    if not any(p.requires_grad for p in module.parameters()):
+        log.info("%s has no trainable parameters: not wrapped in DistributedDataParallel", type(module).__name__)
+        return module
+    kwargs = ddp_options(trainer.collective, trainer.config)
+    log.debug("DistributedDataParallel(%s, %s)", type(module).__name__, kwargs)
     return DistributedDataParallel(module, **kwargs)
 
 
 def mean_across_ranks(values: torch.Tensor) -> torch.Tensor:
-    """Average a tensor of metrics over all ranks (called at log points only)."""
+    """Average a tensor of metrics over all ranks (called at log points only, never in the step)."""
     values = values.clone()
     dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values / dist.get_world_size()
+
+
+def destroy_process_group() -> None:
+    """Leave the default process group if one is joined (end of training)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -7,6 +7,8 @@ a hook takes precedence. It lets a third-party device plugin implement only what
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -46,6 +48,20 @@ def torch_optimizer_class(name: str) -> type[torch.optim.Optimizer]:
         known = ", ".join(n for n, c in TORCH_OPTIMIZERS.items() if c)
         raise OptimizerError(f"unknown optimizer {name!r}; torch provides: {known}")
     return getattr(torch.optim, cls_name)
+
+
+@functools.cache
+def torch_optimizer_defaults(cls: type[torch.optim.Optimizer]) -> dict[str, Any]:
+    """The keyword defaults of a torch optimizer's constructor, e.g. ``{"lr": 0.001, "betas": ...}``.
+
+    Plugins mapping an author's options onto a vendor optimizer start from these, so an option the author
+    left out behaves as it would in ``torch.optim``.
+    """
+    return {
+        name: p.default
+        for name, p in inspect.signature(cls).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
 
 
 @hookimpl(trylast=True)

@@ -22,14 +22,6 @@ from devplug.core.records import LaunchInfo
 DEFAULT_PORT = 29500
 LOOPBACK = "127.0.0.1"
 
-#: The variables each launcher sets, in the order :func:`detect_launch` tries them.
-LAUNCHER_VARIABLES: dict[str, tuple[str, ...]] = {
-    "torchrun": ("RANK", "WORLD_SIZE"),
-    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-    "mpich": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
-    "slurm": ("SLURM_PROCID", "SLURM_NTASKS"),
-}
-
 _BRACKET = re.compile(r"\[([^\]]*)\]")
 _TASKS = re.compile(r"^\s*(\d+)\s*(?:\(\s*x\s*(\d+)\s*\))?\s*$")
 
@@ -123,10 +115,11 @@ def expand_tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
-def _slurm_local_world_size(env: Mapping[str, str], world_size: int, nodelist: str | None) -> int:
+def _slurm_local_world_size(env: Mapping[str, str], world_size: int, local_rank: int, nodelist: str | None) -> int:
     """Tasks on this node: the step's tasks-per-node entry for ``SLURM_NODEID``.
 
-    Without a tasks-per-node variable, the world size spread evenly over the step's nodes.
+    Without a tasks-per-node variable (srun always sets one), an estimate: the world size spread
+    evenly over the step's nodes, and at least ``local_rank + 1``.
     """
     for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"):
         spec = env.get(name, "").strip()
@@ -137,7 +130,7 @@ def _slurm_local_world_size(env: Mapping[str, str], world_size: int, nodelist: s
     nodes = _int(env, "SLURM_STEP_NUM_NODES", 0) or _int(env, "SLURM_NNODES", 0)
     if not nodes and nodelist:
         nodes = len(expand_slurm_nodelist(nodelist))
-    return max(1, -(-world_size // max(nodes, 1)))
+    return max(1, local_rank + 1, -(-world_size // max(nodes, 1)))
 
 
 def _port(env: Mapping[str, str]) -> int:
@@ -253,14 +246,16 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         # `srun --pty bash` is a one-task step, and a python started there is a single process.
         world_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
         world = _int(env, world_var)
+        local_rank = _int(env, "SLURM_LOCALID", 0)
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        master = env.get("MASTER_ADDR", "").strip() or (first_slurm_host(nodelist) if nodelist else LOOPBACK)
         return _validate(
             LaunchInfo(
                 rank=_int(env, "SLURM_PROCID"),
                 world_size=world,
-                local_rank=_int(env, "SLURM_LOCALID", 0),
-                local_world_size=_slurm_local_world_size(env, world, nodelist),
-                master_addr=env.get("MASTER_ADDR", "").strip() or (first_slurm_host(nodelist) if nodelist else LOOPBACK),
+                local_rank=local_rank,
+                local_world_size=_slurm_local_world_size(env, world, local_rank, nodelist),
+                master_addr=master,
                 master_port=_port(env),
                 launcher="slurm",
             ),

@@ -26,7 +26,7 @@ import attrs
 import torch
 
 from devplug.core.errors import OptimizerError
-from devplug.core.fallback import torch_optimizer_class
+from devplug.core.fallback import torch_optimizer_class, torch_optimizer_defaults
 from devplug.core.records import OptimizerChoice
 
 #: apex class for each optimizer name.
@@ -99,15 +99,6 @@ def find_apex() -> ApexStatus:
     return ApexStatus(optimizers=module)
 
 
-@functools.cache
-def _torch_defaults(cls: type) -> dict[str, Any]:
-    return {
-        name: p.default
-        for name, p in inspect.signature(cls).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }
-
-
 def apex_arguments(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """apex keyword arguments equivalent to torch optimizer ``name`` with ``options``.
 
@@ -122,7 +113,7 @@ def apex_arguments(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any
         if explicit in options:
             return None, f"the options ask for torch's {explicit} implementation ({explicit}={options[explicit]!r})"
     torch_cls = torch_optimizer_class(key)
-    defaults = _torch_defaults(torch_cls)
+    defaults = torch_optimizer_defaults(torch_cls)
     kwargs: dict[str, Any] = {k: defaults[k] for k in _SHARED[cls_name] if k in defaults}
     decoupled = key == "adamw"
     for option, value in options.items():

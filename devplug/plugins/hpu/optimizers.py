@@ -19,7 +19,6 @@ decay stays ``torch.optim.Adam``, with the reason. So does any option the fused 
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import attrs
 import torch
 
-from devplug.core.fallback import torch_optimizer_class
+from devplug.core.fallback import torch_optimizer_class, torch_optimizer_defaults
 from devplug.core.records import Device, OptimizerChoice
 from devplug.plugins.hpu import runtime
 
@@ -49,15 +48,6 @@ MAPPINGS: dict[str, FusedMapping] = {
     "adam": FusedMapping("FusedAdamW", ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay")),
     "sgd": FusedMapping("FusedSGD", ("lr", "momentum", "dampening", "weight_decay", "nesterov")),
 }
-
-
-def torch_defaults(cls: type[torch.optim.Optimizer]) -> dict[str, Any]:
-    """The keyword defaults of a torch optimizer's constructor."""
-    return {
-        name: p.default
-        for name, p in inspect.signature(cls.__init__).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }
 
 
 def _groups(params: list[Any]) -> list[Mapping[str, Any]]:
@@ -114,7 +104,7 @@ def build_optimizer(device: Device, name: str, params: Any, options: dict[str, A
         return None
     params = list(params)
     cls = torch_optimizer_class(key)
-    defaults = torch_defaults(cls)
+    defaults = torch_optimizer_defaults(cls)
     reason = _unsupported(key, options, _groups(params), defaults)
     if reason:
         runtime.log_once(f"optimizer {name!r}: {reason}; using torch.optim.{cls.__name__}")

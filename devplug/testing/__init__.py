@@ -1,0 +1,58 @@
+"""The devplug conformance kit: checks a device plugin's hooks the way devplug's core uses them.
+
+Plugin authors run it in their own test suite::
+
+    from devplug.testing import DeviceConformance
+
+    class TestMyDevice(DeviceConformance):
+        device_name = "mydev"
+
+or without pytest::
+
+    from devplug.testing import run_checks
+    for result in run_checks("mydev"):
+        print(result)
+
+or from the shell: ``devplug check mydev``.
+
+Only test suites import this package (``import devplug`` does not); :class:`DeviceConformance` needs
+pytest and is imported on first use, so :func:`run_checks` works without pytest installed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from devplug.testing.checks import (
+    STANDARD_OPTIMIZERS,
+    CheckResult,
+    ConformanceError,
+    DeviceUnderTest,
+    NotApplicable,
+    all_checks,
+    open_device,
+    run_checks,
+)
+
+if TYPE_CHECKING:
+    from devplug.testing.conformance import DeviceConformance
+
+__all__ = [
+    "STANDARD_OPTIMIZERS",
+    "CheckResult",
+    "ConformanceError",
+    "DeviceConformance",
+    "DeviceUnderTest",
+    "NotApplicable",
+    "all_checks",
+    "open_device",
+    "run_checks",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DeviceConformance":
+        from devplug.testing.conformance import DeviceConformance
+
+        return DeviceConformance
+    raise AttributeError(f"module 'devplug.testing' has no attribute {name!r}")

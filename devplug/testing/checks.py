@@ -1,0 +1,672 @@
+"""The conformance checks, as plain functions (no pytest needed).
+
+Each ``check_*`` function takes a :class:`DeviceUnderTest`, exercises one part of the hook contract
+exactly the way devplug's core uses it, and either returns a short description of what it saw or
+raises :class:`ConformanceError` (an ``AssertionError``) naming the device, the plugin, its
+distribution and what to change. A check that cannot run here (the device is not available on this
+machine, ``torch.distributed`` is missing) raises :class:`NotApplicable` instead.
+
+:func:`run_checks` runs them all and returns a list of :class:`CheckResult`; the pytest base class
+:class:`devplug.testing.DeviceConformance` runs each as its own test.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import math
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from devplug.core.devices import DeviceHooks, DeviceRegistry, RegisteredDevice
+from devplug.core.errors import DevplugError, PrecisionError
+from devplug.core.manager import BUILTIN_DISTRIBUTION, DevplugPluginManager, create_plugin_manager
+from devplug.core.records import (
+    CONTRACT_VERSION,
+    PRECISIONS,
+    Availability,
+    CollectiveSetup,
+    Device,
+    LaunchInfo,
+    LoaderChoice,
+    LoaderOptions,
+    MemoryStats,
+    OptimizerChoice,
+    Phase,
+    PrecisionPlan,
+)
+
+#: Optimizer names every device must build (the hook may defer some to the core's fallback).
+STANDARD_OPTIMIZERS = ("adam", "adamw", "sgd")
+#: Regions the Trainer opens around the step.
+REGIONS = ("forward", "backward", "optimizer_step")
+_BatchTuple = collections.namedtuple("_BatchTuple", "inputs targets")
+
+
+class ConformanceError(AssertionError):
+    """A plugin does not keep the hook contract; the message says where and what to change."""
+
+
+class NotApplicable(Exception):
+    """A check cannot run on this machine (for example the device is not available here)."""
+
+
+@attrs.define
+class DeviceUnderTest:
+    """A device name with the plugin manager, registry entry and (once available) routed hooks to test."""
+
+    name: str
+    plugin_manager: DevplugPluginManager
+    registry: DeviceRegistry
+    entry: RegisteredDevice
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+    _device: Device | None = attrs.field(default=None, alias="_device")
+    _hooks: DeviceHooks | None = attrs.field(default=None, alias="_hooks")
+
+    @property
+    def label(self) -> str:
+        """``device 'x' (plugin 'p' from dist 1.0)``, the prefix of every message."""
+        return f"device {self.name!r} (plugin {self.entry.plugin_name!r} from {self.entry.distribution})"
+
+    @property
+    def availability(self) -> Availability:
+        """The probe's answer, as devplug sees it (a raising probe reads as unavailable)."""
+        return self.entry.availability()
+
+    def require_available(self) -> None:
+        """Raise :class:`NotApplicable` when the device cannot be used on this machine."""
+        availability = self.availability
+        if not availability.available:
+            raise NotApplicable(f"{self.label} is not available here: {availability.reason}")
+
+    @property
+    def device(self) -> Device:
+        """The resolved :class:`Device` (resolution runs on first use)."""
+        if self._device is None:
+            self.require_available()
+            self._device = self.registry.resolve(self.name, self.options)
+        return self._device
+
+    @property
+    def hooks(self) -> DeviceHooks:
+        """Operational hooks routed as a Trainer routes them; ``devplug_device_setup`` has run once."""
+        if self._hooks is None:
+            hooks = DeviceHooks(self.registry, self.device)
+            hooks.devplug_device_setup()
+            self._hooks = hooks
+        return self._hooks
+
+    def fail(self, message: str) -> ConformanceError:
+        """A :class:`ConformanceError` about this device (raise it)."""
+        return ConformanceError(f"{self.label}: {message}")
+
+    def trainer(self, **options: Any) -> Any:
+        """A :class:`devplug.Trainer` on this device with this plugin manager (no progress bar)."""
+        from devplug.core.trainer import Trainer
+
+        options.setdefault("progress", False)
+        options.setdefault("device_options", dict(self.options))
+        return Trainer(device=self.name, plugin_manager=self.plugin_manager, **options)
+
+
+def open_device(
+    name: str,
+    plugin_manager: DevplugPluginManager | None = None,
+    *,
+    options: Mapping[str, Any] | None = None,
+) -> DeviceUnderTest:
+    """Find device ``name`` among the plugins ``plugin_manager`` loaded (default: a fresh manager).
+
+    Raises :class:`ConformanceError` when no plugin registers the name, listing what went wrong while
+    loading plugins (the usual reason: the plugin failed to import or was rejected).
+    """
+    pm = plugin_manager if plugin_manager is not None else create_plugin_manager()
+    registry = DeviceRegistry(pm)
+    entry = registry.devices.get(name)
+    if entry is None:
+        failures = "; ".join(str(f) for f in pm.failures) or "none"
+        raise ConformanceError(
+            f"no loaded plugin registers device {name!r}. Registered devices: "
+            f"{', '.join(registry.names()) or 'none'}. Plugin load failures: {failures}. Is the plugin "
+            "installed (pip install -e .) with an entry point in the 'devplug' group, and not blocked?"
+        )
+    return DeviceUnderTest(name=name, plugin_manager=pm, registry=registry, entry=entry, options=dict(options or {}))
+
+
+# ---- helpers -----------------------------------------------------------------------------------------
+def _on_device(tensor: torch.Tensor, device: Device) -> bool:
+    target = device.torch_device
+    if tensor.device.type != target.type:
+        return False
+    return target.index is None or tensor.device.index == target.index
+
+
+def _where(obj: Any) -> str:
+    return str(obj.device) if isinstance(obj, torch.Tensor) else type(obj).__name__
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for value in obj.values():
+            yield from _tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value)
+
+
+def _toy_regression(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, 4, generator=generator)
+    w = torch.tensor([[1.5], [-2.0], [0.5], [3.0]])
+    return x, x @ w + 0.25
+
+
+def _plugin_family(dut: DeviceUnderTest) -> list[tuple[str, Any]]:
+    """The device plugin and every other plugin shipped in the same (third-party) distribution."""
+    pm = dut.plugin_manager
+    dist = dut.entry.distribution
+    family = [(dut.entry.plugin_name, dut.entry.plugin)]
+    if dist != BUILTIN_DISTRIBUTION:
+        family += [
+            (n, p) for n, p in pm.list_name_plugin() if n != dut.entry.plugin_name and pm.distribution_of(n) == dist
+        ]
+    return family
+
+
+# ---- checks --------------------------------------------------------------------------------------------
+def check_plugin_loaded(dut: DeviceUnderTest) -> str:
+    """The plugin loaded cleanly: no failures from its distribution, a compatible ``DEVPLUG_CONTRACT``
+    declared, and no ``devplug_*`` function left without ``@devplug.hookimpl`` (pluggy would ignore it)."""
+    pm = dut.plugin_manager
+    dist = dut.entry.distribution
+    if dist != BUILTIN_DISTRIBUTION:
+        failed = [str(f) for f in pm.failures if f.distribution == dist]
+        if failed:
+            raise dut.fail("other plugins of the same distribution failed to load: " + "; ".join(failed))
+    notes = []
+    for plugin_name, plugin in _plugin_family(dut):
+        declared = getattr(plugin, "DEVPLUG_CONTRACT", None)
+        if declared is None:
+            raise dut.fail(
+                f"plugin {plugin_name!r} does not declare the hook contract it was written for; "
+                f'add DEVPLUG_CONTRACT = "{CONTRACT_VERSION}" to its module'
+            )
+        if str(declared).split(".")[0] != CONTRACT_VERSION.split(".")[0]:  # pragma: no cover - loader rejects
+            raise dut.fail(f"plugin {plugin_name!r} declares contract {declared!r}, devplug speaks {CONTRACT_VERSION}")
+        unmarked = [
+            attr
+            for attr in dir(plugin)
+            if attr.startswith("devplug_")
+            and callable(getattr(plugin, attr, None))
+            and pm.parse_hookimpl_opts(plugin, attr) is None
+        ]
+        if unmarked:
+            raise dut.fail(
+                f"plugin {plugin_name!r} defines {', '.join(unmarked)} without @devplug.hookimpl, so devplug "
+                "never calls it; decorate it (or rename it if it is a helper)"
+            )
+        notes.append(f"{plugin_name} (contract {declared})")
+    return "loaded: " + ", ".join(notes)
+
+
+def check_probe(dut: DeviceUnderTest) -> str:
+    """The probe returns an :class:`Availability` (never raises); a reason when unavailable; a count."""
+    spec = dut.entry.spec
+    try:
+        answer = spec.probe()
+    except Exception as exc:
+        raise dut.fail(
+            f"its availability probe raised {type(exc).__name__}: {exc}. A probe must not raise: return "
+            "devplug.Availability.no(reason, fix) instead"
+        ) from exc
+    if not isinstance(answer, Availability):
+        raise dut.fail(f"its probe returned {answer!r}; return devplug.Availability.yes() or .no(reason, fix)")
+    if not answer.available:
+        if not answer.reason.strip():
+            raise dut.fail("its probe says unavailable without a reason; pass one: Availability.no(reason, fix)")
+        return f"unavailable here: {answer.reason}"
+    try:
+        count = spec.count()
+    except Exception as exc:
+        raise dut.fail(f"DeviceSpec.count raised {type(exc).__name__}: {exc} on an available device") from exc
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise dut.fail(f"DeviceSpec.count returned {count!r}; an available device must count at least 1")
+    if not isinstance(spec.priority, int) or isinstance(spec.priority, bool):
+        raise dut.fail(f"DeviceSpec.priority must be an int, got {spec.priority!r}")
+    return f"available, count {count}, priority {spec.priority}"
+
+
+def check_device_setup(dut: DeviceUnderTest) -> str:
+    """``devplug_device_setup`` runs, and can run again for a second Trainer in the same process."""
+    dut.hooks  # noqa: B018 - runs device setup once
+    try:
+        DeviceHooks(dut.registry, dut.device).devplug_device_setup()
+    except Exception as exc:
+        raise dut.fail(f"devplug_device_setup raised {type(exc).__name__}: {exc} when called a second time") from exc
+    return f"set up {dut.device} (torch device {dut.device.torch_device})"
+
+
+def check_to_device(dut: DeviceUnderTest) -> str:
+    """``devplug_to_device`` moves a module (in place), a tensor and a nested batch, keeping structure."""
+    hooks, device = dut.hooks, dut.device
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    moved = hooks.devplug_to_device(obj=module)
+    if not isinstance(moved, torch.nn.Module):
+        raise dut.fail(f"devplug_to_device(module) returned {type(moved).__name__}, not the module")
+    stray = [n for n, t in [*moved.named_parameters(), *moved.named_buffers()] if not _on_device(t, device)]
+    if stray:
+        raise dut.fail(f"devplug_to_device(module) left {', '.join(stray)} off {device.torch_device}")
+
+    tensor = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    out = hooks.devplug_to_device(obj=tensor)
+    if not isinstance(out, torch.Tensor) or not _on_device(out, device):
+        raise dut.fail(f"devplug_to_device(tensor) returned {_where(out)}, expected a tensor on {device.torch_device}")
+    if out.shape != tensor.shape or out.dtype != tensor.dtype or not torch.equal(out.cpu(), tensor):
+        raise dut.fail("devplug_to_device(tensor) changed the tensor's values, shape or dtype")
+
+    marker = object()
+    batch = {
+        "images": torch.ones(2, 3, 4, 4),
+        "pair": (torch.zeros(2, dtype=torch.long), [torch.full((1,), 7.0), "label"]),
+        "named": _BatchTuple(torch.ones(2, 1), 3),
+        "meta": marker,
+    }
+    out = hooks.devplug_to_device(obj=batch)
+    shape_ok = (
+        isinstance(out, dict)
+        and set(out) == set(batch)
+        and isinstance(out["pair"], tuple)
+        and isinstance(out["pair"][1], list)
+        and isinstance(out["named"], _BatchTuple)
+    )
+    if not shape_ok:
+        raise dut.fail("devplug_to_device(nested batch) did not keep dicts, tuples, lists and namedtuples as they were")
+    if out["meta"] is not marker or out["pair"][1][1] != "label" or out["named"].targets != 3:
+        raise dut.fail("devplug_to_device(nested batch) changed non-tensor leaves; return them unchanged")
+    stray_leaves = [_where(t) for t in _tensors(out) if not _on_device(t, device)]
+    if stray_leaves or sum(1 for _ in _tensors(out)) != 4:
+        raise dut.fail(f"devplug_to_device(nested batch) left tensors on {', '.join(stray_leaves) or '?'}")
+    if out["pair"][0].dtype != torch.long or not torch.equal(out["pair"][1][0].cpu(), torch.full((1,), 7.0)):
+        raise dut.fail("devplug_to_device(nested batch) changed tensor values or dtypes")
+    return f"module, tensor and nested batch moved to {device.torch_device}"
+
+
+def _author_options(name: str) -> dict[str, Any]:
+    options: dict[str, Any] = {"lr": 0.05}
+    if name in ("adam", "adamw"):
+        options["betas"] = (0.5, 0.999)
+    elif name == "sgd":
+        options["momentum"] = 0.9
+    return options
+
+
+def check_optimizer(dut: DeviceUnderTest, name: str) -> str:
+    """``devplug_optimizer`` builds a working ``torch.optim.Optimizer`` for ``name`` honouring the options."""
+    hooks = dut.hooks
+    torch.manual_seed(0)
+    model = hooks.devplug_to_device(obj=torch.nn.Linear(4, 1))
+    params = list(model.parameters())
+    options = _author_options(name)
+    choice = hooks.devplug_optimizer(name=name, params=params, options=dict(options))
+    if not isinstance(choice, OptimizerChoice):
+        raise dut.fail(f"devplug_optimizer({name!r}) returned {choice!r}, not a devplug.OptimizerChoice")
+    optimizer = choice.optimizer
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise dut.fail(f"devplug_optimizer({name!r}) built a {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    if not isinstance(choice.implementation, str) or not choice.implementation.strip():
+        raise dut.fail(f"devplug_optimizer({name!r}) did not name its implementation (OptimizerChoice.implementation)")
+    managed = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if managed != {id(p) for p in params}:
+        raise dut.fail(f"{choice.implementation} does not optimize exactly the parameters it was given")
+    group = optimizer.param_groups[0]
+    for key, value in options.items():
+        got = group.get(key)
+        if got is None or (tuple(got) if isinstance(value, tuple) else got) != value:
+            raise dut.fail(f"{choice.implementation} ignored option {key}={value!r} (param group has {got!r})")
+    x, y = (hooks.devplug_to_device(obj=t) for t in _toy_regression(32))
+    losses = []
+    for _ in range(5):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        losses.append(float(loss.detach().cpu()))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if not all(math.isfinite(v) for v in losses) or not losses[-1] < losses[0]:
+        raise dut.fail(f"{choice.implementation} did not lower a convex toy loss in 5 steps: {losses}")
+    return choice.implementation + (f" ({choice.reason})" if choice.reason else "")
+
+
+def check_precision(dut: DeviceUnderTest, precision: str) -> str:
+    """``devplug_precision`` returns a consistent plan, or refuses a mixed setting with ``PrecisionError``.
+
+    ``"auto"`` and ``"32-true"`` must always work. A grad scaler belongs only to ``"16-mixed"``; the
+    autocast context, the optional optimizer-step context and module conversion must all work.
+    """
+    hooks = dut.hooks
+    try:
+        plan = hooks.devplug_precision(precision=precision)
+    except PrecisionError as exc:
+        if precision in ("auto", "32-true"):
+            raise dut.fail(f"refused precision {precision!r} ({exc}); every device must run it") from exc
+        if not str(exc).strip():
+            raise dut.fail(f"refused precision {precision!r} with an empty PrecisionError message") from exc
+        return f"refuses {precision}: {exc}"
+    except Exception as exc:
+        raise dut.fail(
+            f"devplug_precision({precision!r}) raised {type(exc).__name__}: {exc}; raise devplug.PrecisionError "
+            "for a setting the device cannot run"
+        ) from exc
+    if not isinstance(plan, PrecisionPlan):
+        raise dut.fail(f"devplug_precision({precision!r}) returned {plan!r}, not a devplug.PrecisionPlan")
+    if not plan.name or plan.name == "auto":
+        raise dut.fail(f"devplug_precision({precision!r}) did not resolve the setting (plan name {plan.name!r})")
+    if precision != "auto" and plan.name != precision:
+        raise dut.fail(f"asked for {precision!r}, the plan says {plan.name!r}; raise PrecisionError instead")
+    if plan.scaler is not None:
+        if plan.name != "16-mixed":
+            raise dut.fail(f"the {plan.name} plan has a grad scaler; a scaler belongs only to 16-mixed (fp16)")
+        needed = ("scale", "step", "update", "state_dict", "load_state_dict")
+        missing = [m for m in needed if not hasattr(plan.scaler, m)]
+        if missing:
+            raise dut.fail(f"the grad scaler lacks {', '.join(missing)} (use torch.amp.GradScaler or alike)")
+    module = torch.nn.Linear(4, 2)
+    if plan.convert_module is not None:
+        converted = plan.convert_module(module)
+        module = converted if converted is not None else module
+        if not isinstance(module, torch.nn.Module):
+            raise dut.fail(f"the {plan.name} plan's convert_module returned {type(module).__name__}, not a module")
+    module = hooks.devplug_to_device(obj=module)
+    x = hooks.devplug_to_device(obj=torch.ones(3, 4))
+    try:
+        with plan.autocast():
+            out = module(x)
+            loss = out.float().pow(2).mean()
+    except Exception as exc:
+        raise dut.fail(f"the {plan.name} plan's autocast context failed: {type(exc).__name__}: {exc}") from exc
+    if not math.isfinite(float(loss.detach().cpu())):
+        raise dut.fail(f"a forward pass under the {plan.name} plan's autocast gave {float(loss)}")
+    if plan.optimizer_step_context is not None:
+        try:
+            with plan.optimizer_step_context():
+                pass
+        except Exception as exc:
+            raise dut.fail(
+                f"the {plan.name} plan's optimizer_step_context failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    return f"{precision} -> {plan.name}" + (f": {plan.description}" if plan.description else "")
+
+
+def check_region(dut: DeviceUnderTest) -> str:
+    """``devplug_region`` returns an enterable context manager (or ``None``) for each region the Trainer opens."""
+    for name in REGIONS:
+        ctx = dut.hooks.devplug_region(name=name)
+        if ctx is None:
+            continue
+        if not (hasattr(ctx, "__enter__") and hasattr(ctx, "__exit__")):
+            raise dut.fail(f"devplug_region({name!r}) returned {ctx!r}, not a context manager")
+        try:
+            with ctx:
+                pass
+        except Exception as exc:
+            raise dut.fail(f"the devplug_region({name!r}) context failed: {type(exc).__name__}: {exc}") from exc
+    return "regions: " + ", ".join(REGIONS)
+
+
+def check_mark_step(dut: DeviceUnderTest, phase: Phase) -> str:
+    """``devplug_mark_step`` accepts ``phase`` (called after backward and after each optimizer step)."""
+    hooks = dut.hooks
+    model = hooks.devplug_to_device(obj=torch.nn.Linear(2, 1))
+    model(hooks.devplug_to_device(obj=torch.ones(1, 2))).sum().backward()
+    try:
+        hooks.devplug_mark_step(phase=phase)
+    except Exception as exc:
+        raise dut.fail(f"devplug_mark_step(phase={phase}) raised {type(exc).__name__}: {exc}") from exc
+    return f"mark_step({phase.value}) ok"
+
+
+def _backend_names(backend: str) -> list[str]:
+    """``"gloo"`` → ``["gloo"]``; ``"cpu:gloo,cuda:nccl"`` → ``["gloo", "nccl"]``."""
+    return [part.split(":")[-1].strip().lower() for part in backend.split(",") if part.strip()]
+
+
+def _parameters(fn: Callable[..., Any]) -> set[str]:
+    return set(inspect.signature(fn).parameters) - {"self", "module"}
+
+
+def check_collective_setup(dut: DeviceUnderTest) -> str:
+    """``devplug_collective_setup`` names a backend torch.distributed knows, with valid DDP/init arguments.
+
+    A backend counts as known when it is in ``torch.distributed.Backend.backend_list`` after the hook
+    ran, which includes backends a plugin registers with ``Backend.register_backend`` (HCCL, for one).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise NotApplicable("this torch build has no torch.distributed")
+    launch = LaunchInfo(rank=0, world_size=2, local_rank=0, local_world_size=2, launcher="torchrun")
+    setup = dut.hooks.devplug_collective_setup(launch=launch)
+    if not isinstance(setup, CollectiveSetup):
+        raise dut.fail(f"devplug_collective_setup returned {setup!r}, not a devplug.CollectiveSetup")
+    if not isinstance(setup.backend, str) or not setup.backend.strip():
+        raise dut.fail(f"devplug_collective_setup named no backend ({setup.backend!r})")
+    known = set(dist.Backend.backend_list) - {"undefined"}
+    unknown = [b for b in _backend_names(setup.backend) if b not in known]
+    if unknown:
+        raise dut.fail(
+            f"collective backend {setup.backend!r} is unknown to torch.distributed "
+            f"(known: {', '.join(sorted(known))}); "
+            "import the library that registers it (torch.distributed.Backend.register_backend) in the hook"
+        )
+    from torch.nn.parallel import DistributedDataParallel
+
+    bad_ddp = sorted(set(setup.ddp_kwargs) - _parameters(DistributedDataParallel.__init__))
+    if bad_ddp:
+        raise dut.fail(f"ddp_kwargs {bad_ddp} are not DistributedDataParallel arguments in this torch")
+    bad_init = sorted(set(setup.init_kwargs) - _parameters(dist.init_process_group))
+    if bad_init:
+        raise dut.fail(f"init_kwargs {bad_init} are not init_process_group arguments in this torch")
+    return f"backend {setup.backend}, DDP defaults {dict(setup.ddp_kwargs)}"
+
+
+def check_dataloader(dut: DeviceUnderTest) -> str:
+    """``devplug_dataloader`` returns a :class:`LoaderChoice` whose loader yields every sample in batches."""
+    hooks, device = dut.hooks, dut.device
+    x, y = _toy_regression(10)
+    dataset = torch.utils.data.TensorDataset(x, y)
+    options = LoaderOptions(batch_size=4, shuffle=True, num_workers=0, persistent_workers=False, seed=3)
+    choice = hooks.devplug_dataloader(source=dataset, options=options)
+    if not isinstance(choice, LoaderChoice):
+        raise dut.fail(f"devplug_dataloader returned {choice!r}, not a devplug.LoaderChoice")
+    if not choice.implementation:
+        raise dut.fail("devplug_dataloader did not name its implementation (LoaderChoice.implementation)")
+    seen = 0
+    for batch in choice.loader:
+        if not choice.on_device:
+            batch = hooks.devplug_to_device(obj=batch)
+        inputs, _targets = batch
+        if not _on_device(inputs, device):
+            where = "on_device=True but batches arrive on " if choice.on_device else "batches moved to "
+            raise dut.fail(f"{choice.implementation}: {where}{inputs.device}, not {device.torch_device}")
+        if inputs.shape[1:] != x.shape[1:]:
+            raise dut.fail(f"{choice.implementation} changed the sample shape to {tuple(inputs.shape[1:])}")
+        seen += inputs.shape[0]
+    if seen != len(dataset):
+        raise dut.fail(
+            f"{choice.implementation} yielded {seen} samples of a dataset of {len(dataset)} (drop_last=False)"
+        )
+    return choice.implementation
+
+
+def check_synchronize_and_memory(dut: DeviceUnderTest) -> str:
+    """``devplug_synchronize`` returns; ``devplug_memory_stats`` gives :class:`MemoryStats` or ``None``."""
+    hooks = dut.hooks
+    hooks.devplug_to_device(obj=torch.ones(8)).sum()
+    hooks.devplug_synchronize()
+    stats = hooks.devplug_memory_stats()
+    if stats is None:
+        return "memory stats: not reported"
+    if not isinstance(stats, MemoryStats):
+        raise dut.fail(f"devplug_memory_stats returned {stats!r}, not a devplug.MemoryStats")
+    for field in attrs.fields(MemoryStats):
+        value = getattr(stats, field.name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise dut.fail(f"MemoryStats.{field.name} must be a number of bytes or None, got {value!r}")
+    return f"memory stats: {stats}"
+
+
+def check_compile(dut: DeviceUnderTest, *, run: bool = False) -> str:
+    """``devplug_compile`` returns a callable module (or ``None``); with ``run=True`` the result is called."""
+    hooks = dut.hooks
+    module = hooks.devplug_to_device(obj=torch.nn.Linear(4, 2))
+    compiled = hooks.devplug_compile(module=module, options={})
+    if compiled is None:
+        return "compile: deferred (module used as is)"
+    if not callable(compiled):
+        raise dut.fail(f"devplug_compile returned {compiled!r}, which cannot be called")
+    if run:
+        x = hooks.devplug_to_device(obj=torch.ones(3, 4))
+        with torch.no_grad():
+            expected = module(x)
+            got = compiled(x)
+        if not torch.allclose(got.float().cpu(), expected.float().cpu(), atol=1e-4, rtol=1e-3):
+            raise dut.fail("the compiled module computes something else than the module")
+    return f"compile: {type(compiled).__name__}"
+
+
+def _train(dut: DeviceUnderTest, precision: str, steps_epochs: int = 4) -> tuple[Any, torch.nn.Module, list[float]]:
+    dut.require_available()
+    trainer = dut.trainer(precision=precision, seed=0, log_every=1000)
+    model = trainer.setup(torch.nn.Linear(4, 1), name="toy")
+    optimizer = trainer.optimizer("adam", model.parameters(), lr=0.05)
+    x, y = _toy_regression(64)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True, num_workers=0,
+                                persistent_workers=False)
+    xd, yd = trainer.to_device(x), trainer.to_device(y)
+
+    def full_loss() -> float:
+        with torch.no_grad():
+            return float(torch.nn.functional.mse_loss(model(xd).float(), yd).cpu())
+
+    losses = [full_loss()]
+    for _epoch in trainer.epochs(steps_epochs):
+        for inputs, targets in loader:
+            if not _on_device(inputs, trainer.device):
+                raise dut.fail(f"the Trainer's loader gave a batch on {inputs.device}, not {trainer.torch_device}")
+            with trainer.autocast():
+                loss = torch.nn.functional.mse_loss(model(inputs).float(), targets)
+            trainer.backward(loss)
+            trainer.step(optimizer)
+            trainer.log(loss=loss)
+        losses.append(full_loss())
+    return trainer, model, losses
+
+
+def check_training(dut: DeviceUnderTest, precision: str = "auto") -> str:
+    """A few Trainer steps (setup, optimizer, loader, autocast, backward, step, log) lower a toy loss."""
+    trainer, _model, losses = _train(dut, precision)
+    if not all(math.isfinite(v) for v in losses) or not losses[-1] < losses[0]:
+        raise dut.fail(f"16 Trainer steps ({trainer.precision.name}) did not lower a toy loss: {losses}")
+    summary = trainer.summary()
+    trainer.close()
+    return (f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in {summary['steps']} steps "
+            f"({summary['precision']}, {summary['optimizers']['adam0']})")
+
+
+def check_checkpoint_on_cpu(dut: DeviceUnderTest, precision: str = "auto") -> str:
+    """A checkpoint saved by a Trainer on the device holds only CPU tensors and loads into a CPU model."""
+    trainer, model, _losses = _train(dut, precision, steps_epochs=1)
+    with tempfile.TemporaryDirectory(prefix="devplug-conformance-") as tmp:
+        path = Path(tmp) / "checkpoint.pt"
+        trainer.save(path)
+        trainer.close()
+        try:
+            state = torch.load(path, weights_only=True)  # no map_location: device tensors would fail here
+        except Exception as exc:
+            raise dut.fail(f"its checkpoint does not load without the device: {type(exc).__name__}: {exc}") from exc
+    off_cpu = sorted({str(t.device) for t in _tensors(state) if t.device.type != "cpu"})
+    if off_cpu:
+        raise dut.fail(f"its checkpoint holds tensors on {', '.join(off_cpu)}; save CPU copies")
+    cpu_model = torch.nn.Linear(4, 1)
+    try:
+        cpu_model.load_state_dict(state["modules"]["toy"])
+    except (KeyError, RuntimeError) as exc:
+        raise dut.fail(f"its checkpoint does not load into a CPU model: {exc}") from exc
+    trained = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    for key, value in cpu_model.state_dict().items():
+        if not torch.allclose(value.float(), trained[key]):
+            raise dut.fail(f"the CPU copy of {key} differs from the trained value on the device")
+    return f"checkpoint of {len(state['modules']['toy'])} tensors loads on the CPU"
+
+
+@attrs.frozen
+class CheckResult:
+    """One check's outcome: ``"passed"``, ``"failed"`` or ``"not applicable"``, with what it saw."""
+
+    name: str
+    outcome: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.outcome.upper():<15} {self.name}: {self.detail}"
+
+
+def all_checks(
+    *,
+    optimizer_names: Sequence[str] = STANDARD_OPTIMIZERS,
+    precisions: Sequence[str] = PRECISIONS,
+    training_precision: str = "auto",
+    run_compiled: bool = False,
+) -> list[tuple[str, Callable[[DeviceUnderTest], str]]]:
+    """Every check as ``(name, function of a DeviceUnderTest)``, in the order :func:`run_checks` runs them."""
+    checks: list[tuple[str, Callable[[DeviceUnderTest], str]]] = [
+        ("plugin_loaded", check_plugin_loaded),
+        ("probe", check_probe),
+        ("device_setup", check_device_setup),
+        ("to_device", check_to_device),
+    ]
+    checks += [(f"optimizer[{n}]", lambda d, n=n: check_optimizer(d, n)) for n in optimizer_names]
+    checks += [(f"precision[{p}]", lambda d, p=p: check_precision(d, p)) for p in precisions]
+    checks += [("region", check_region)]
+    checks += [(f"mark_step[{ph.value}]", lambda d, ph=ph: check_mark_step(d, ph)) for ph in Phase]
+    checks += [
+        ("collective_setup", check_collective_setup),
+        ("dataloader", check_dataloader),
+        ("synchronize_and_memory", check_synchronize_and_memory),
+        ("compile", lambda d: check_compile(d, run=run_compiled)),
+        ("training", lambda d: check_training(d, training_precision)),
+        ("checkpoint_on_cpu", lambda d: check_checkpoint_on_cpu(d, training_precision)),
+    ]
+    return checks
+
+
+def run_checks(
+    name: str,
+    plugin_manager: DevplugPluginManager | None = None,
+    *,
+    options: Mapping[str, Any] | None = None,
+    **selection: Any,
+) -> list[CheckResult]:
+    """Run every check against device ``name`` and return the results (nothing raises but a missing device).
+
+    ``selection`` is passed to :func:`all_checks` (``optimizer_names``, ``precisions``, ...).
+    """
+    dut = open_device(name, plugin_manager, options=options)
+    results = []
+    for check_name, check in all_checks(**selection):
+        try:
+            results.append(CheckResult(check_name, "passed", check(dut)))
+        except NotApplicable as exc:
+            results.append(CheckResult(check_name, "not applicable", str(exc)))
+        except (AssertionError, DevplugError) as exc:
+            results.append(CheckResult(check_name, "failed", str(exc)))
+        except Exception as exc:
+            results.append(CheckResult(check_name, "failed", f"{dut.label}: {type(exc).__name__}: {exc}"))
+    return results
+
