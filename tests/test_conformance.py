@@ -1,0 +1,292 @@
+"""The conformance kit (devplug.testing): it passes for the built-in plugins and catches broken ones."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from standins import hpu_fixtures
+
+import devplug
+from devplug.core.fallback import autocast_plan
+from devplug.core.manager import DevplugPluginManager, create_plugin_manager
+from devplug.core.tree import move_to
+from devplug.testing import DeviceConformance, checks
+from devplug.testing.checks import ConformanceError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- the kit passes for the built-in plugins -------------------------------------------------------------
+class TestCpuConformance(DeviceConformance):
+    """The built-in CPU plugin keeps the contract (built-ins only, whatever is installed)."""
+
+    device_name = "cpu"
+    require_available = True
+
+    def make_plugin_manager(self) -> DevplugPluginManager:
+        return create_plugin_manager(autoload=False)
+
+
+# The HPU plugin's conformance against the stand-in Gaudi stack (lazy and eager) is in test_hpu_conformance.py.
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true:UserWarning")  # no accelerator here
+def test_hpu_conformance_training_drives_the_plugins_step_marking_on_the_standin(monkeypatch):
+    for standin in hpu_fixtures.standin(monkeypatch, lazy=True):
+        dut = checks.open_device("hpu", create_plugin_manager(autoload=False))
+        checks.check_training(dut)
+        assert standin.count("mark_step") > 0  # the kit ran the plugin's real lazy-mode path
+
+
+def test_import_devplug_imports_neither_the_kit_nor_pytest():
+    code = "import sys, devplug; print(any(m == 'pytest' or m.startswith('devplug.testing') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "False"
+
+
+def test_run_checks_works_without_pytest_and_reports_each_check():
+    results = checks.run_checks("cpu", create_plugin_manager(autoload=False), optimizer_names=("sgd",),
+                                precisions=("32-true",))
+    assert {r.outcome for r in results} == {"passed"}
+    assert [r.name for r in results][:4] == ["plugin_loaded", "probe", "device_setup", "to_device"]
+    assert "optimizer[sgd]" in [r.name for r in results]
+
+
+# ---- the kit catches plugins that break the contract -----------------------------------------------------
+class ToyDevice:
+    """A conformant device plugin on the CPU; tests break one hook at a time in subclasses."""
+
+    DEVPLUG_CONTRACT = "1.0"
+
+    def probe(self) -> devplug.Availability:
+        return devplug.Availability.yes()
+
+    @devplug.hookimpl
+    def devplug_register_devices(self) -> devplug.DeviceSpec:
+        return devplug.DeviceSpec(name="toy", description="toy device", priority=-5, probe=self.probe,
+                                  torch_type="cpu")
+
+
+def toy(plugin: Any) -> checks.DeviceUnderTest:
+    return checks.open_device("toy", create_plugin_manager(autoload=False, extra_plugins=[("toy", plugin)]))
+
+
+def test_a_conformant_toy_device_passes_every_check():
+    results = checks.run_checks("toy", create_plugin_manager(autoload=False, extra_plugins=[("toy", ToyDevice())]))
+    assert [str(r) for r in results if r.outcome != "passed"] == []
+
+
+class RaisingProbe(ToyDevice):
+    def probe(self) -> devplug.Availability:
+        raise OSError("cannot open /dev/toy0")
+
+
+class ReasonlessProbe(ToyDevice):
+    def probe(self) -> devplug.Availability:
+        return devplug.Availability.no("")
+
+
+class NoContract(ToyDevice):
+    DEVPLUG_CONTRACT = None
+
+
+class UnmarkedHook(ToyDevice):
+    def devplug_to_device(self, device: devplug.Device, obj: Any) -> Any:  # forgot @devplug.hookimpl
+        return obj
+
+
+class FlattensBatches(ToyDevice):
+    @devplug.hookimpl
+    def devplug_to_device(self, device: devplug.Device, obj: Any) -> Any:
+        return list(obj.values()) if isinstance(obj, dict) else obj.to(device.torch_device)
+
+
+class DropsLeaves(ToyDevice):
+    @devplug.hookimpl
+    def devplug_to_device(self, device: devplug.Device, obj: Any) -> Any:
+        moved = move_to(obj, device.torch_device)
+        return {**moved, "meta": None} if isinstance(moved, dict) else moved
+
+
+class BareOptimizer(ToyDevice):
+    @devplug.hookimpl
+    def devplug_optimizer(self, device: devplug.Device, name: str, params: Any, options: dict[str, Any]) -> Any:
+        return torch.optim.SGD(params, **options)
+
+
+class IgnoresOptions(ToyDevice):
+    @devplug.hookimpl
+    def devplug_optimizer(self, device: devplug.Device, name: str, params: Any, options: dict[str, Any]) -> Any:
+        return devplug.OptimizerChoice(torch.optim.Adam(params, lr=1e-3), "torch.optim.Adam(lr=1e-3)")
+
+
+class AscendingOptimizer(ToyDevice):
+    @devplug.hookimpl
+    def devplug_optimizer(self, device: devplug.Device, name: str, params: Any, options: dict[str, Any]) -> Any:
+        cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[name]
+        return devplug.OptimizerChoice(cls(params, maximize=True, **options), f"{cls.__name__}(maximize=True)")
+
+
+class ScalerWithBf16(ToyDevice):
+    @devplug.hookimpl
+    def devplug_precision(self, device: devplug.Device, precision: str) -> devplug.PrecisionPlan:
+        return autocast_plan(device, "32-true" if precision == "auto" else precision, scaler=True)
+
+
+class WrongErrorForFp16(ToyDevice):
+    @devplug.hookimpl
+    def devplug_precision(self, device: devplug.Device, precision: str) -> devplug.PrecisionPlan | None:
+        if precision == "16-mixed":
+            raise ValueError("fp16 unsupported")
+        return None
+
+
+class SilentlyDowngrades(ToyDevice):
+    @devplug.hookimpl
+    def devplug_precision(self, device: devplug.Device, precision: str) -> devplug.PrecisionPlan:
+        return autocast_plan(device, "32-true")
+
+
+class BadRegion(ToyDevice):
+    @devplug.hookimpl
+    def devplug_region(self, device: devplug.Device, name: str) -> Any:
+        return f"range:{name}"
+
+
+class RejectsOptimizerPhase(ToyDevice):
+    @devplug.hookimpl
+    def devplug_mark_step(self, device: devplug.Device, phase: devplug.Phase) -> None:
+        if phase is not devplug.Phase.BACKWARD:
+            raise KeyError(phase)
+
+
+class UnknownBackend(ToyDevice):
+    @devplug.hookimpl
+    def devplug_collective_setup(self, device: devplug.Device, launch: devplug.LaunchInfo) -> devplug.CollectiveSetup:
+        return devplug.CollectiveSetup(backend="warpdrive")
+
+
+class MisspeltDdpOption(ToyDevice):
+    @devplug.hookimpl
+    def devplug_collective_setup(self, device: devplug.Device, launch: devplug.LaunchInfo) -> devplug.CollectiveSetup:
+        return devplug.CollectiveSetup(backend="gloo", ddp_kwargs={"bucket_cap": 25})
+
+
+class LosesSamples(ToyDevice):
+    @devplug.hookimpl
+    def devplug_dataloader(self, device: devplug.Device, source: Any, options: devplug.LoaderOptions) -> Any:
+        first = next(iter(torch.utils.data.DataLoader(source, batch_size=options.batch_size)))
+        return devplug.LoaderChoice(loader=[first], implementation="one batch only")
+
+
+class BadMemoryStats(ToyDevice):
+    @devplug.hookimpl
+    def devplug_memory_stats(self, device: devplug.Device) -> devplug.MemoryStats:
+        return devplug.MemoryStats(allocated=-1)
+
+
+class NotCallableCompile(ToyDevice):
+    @devplug.hookimpl
+    def devplug_compile(self, device: devplug.Device, module: torch.nn.Module, options: dict[str, Any]) -> Any:
+        return "compiled"
+
+
+BROKEN = [
+    (RaisingProbe, checks.check_probe, "probe raised OSError: cannot open /dev/toy0"),
+    (ReasonlessProbe, checks.check_probe, "without a reason"),
+    (NoContract, checks.check_plugin_loaded, 'add DEVPLUG_CONTRACT = "1.0"'),
+    (UnmarkedHook, checks.check_plugin_loaded, "devplug_to_device without @devplug.hookimpl"),
+    (FlattensBatches, checks.check_to_device, "did not keep dicts, tuples, lists and namedtuples"),
+    (DropsLeaves, checks.check_to_device, "changed non-tensor leaves"),
+    (BareOptimizer, lambda d: checks.check_optimizer(d, "sgd"), "not a devplug.OptimizerChoice"),
+    (IgnoresOptions, lambda d: checks.check_optimizer(d, "adam"), "ignored option lr=0.05"),
+    (AscendingOptimizer, lambda d: checks.check_optimizer(d, "adamw"), "did not lower a convex toy loss"),
+    (AscendingOptimizer, checks.check_training, "did not lower a toy loss"),
+    (ScalerWithBf16, lambda d: checks.check_precision(d, "bf16-mixed"), "a scaler belongs only to 16-mixed"),
+    (WrongErrorForFp16, lambda d: checks.check_precision(d, "16-mixed"), "raise devplug.PrecisionError"),
+    (SilentlyDowngrades, lambda d: checks.check_precision(d, "bf16-mixed"), "the plan says '32-true'"),
+    (BadRegion, checks.check_region, "not a context manager"),
+    (RejectsOptimizerPhase, lambda d: checks.check_mark_step(d, devplug.Phase.OPTIMIZER_STEP), "raised KeyError"),
+    (UnknownBackend, checks.check_collective_setup, "'warpdrive' is unknown to torch.distributed"),
+    (MisspeltDdpOption, checks.check_collective_setup, "['bucket_cap'] are not DistributedDataParallel"),
+    (LosesSamples, checks.check_dataloader, "yielded 4 samples of a dataset of 10"),
+    (BadMemoryStats, checks.check_synchronize_and_memory, "MemoryStats.allocated must be a number of bytes"),
+    (NotCallableCompile, checks.check_compile, "cannot be called"),
+]
+
+
+@pytest.mark.parametrize(("plugin", "check", "message"), BROKEN, ids=[f"{b[0].__name__}-{i}" for i, b in
+                                                                       enumerate(BROKEN)])
+def test_the_kit_reports_a_broken_hook_clearly(plugin, check, message):
+    with pytest.raises(ConformanceError) as info:
+        check(toy(plugin()))
+    text = str(info.value)
+    assert message in text
+    assert text.startswith("device 'toy' (plugin 'toy' from registered at run time)")
+
+
+def test_a_backend_registered_by_the_plugin_counts_as_known():
+    name = "devplugkittest"
+
+    class RegistersBackend(ToyDevice):
+        @devplug.hookimpl
+        def devplug_collective_setup(self, device, launch):
+            if name not in dist.Backend.backend_list:  # what a vendor's collective library does on import
+                dist.Backend.register_backend(name, lambda *args: None, devices=["cpu"])
+            return devplug.CollectiveSetup(backend=name)
+
+    assert "backend devplugkittest" in checks.check_collective_setup(toy(RegistersBackend()))
+    assert "backend" in checks.check_collective_setup(toy(type("Mapped", (UnknownBackend,), {
+        "devplug_collective_setup": devplug.hookimpl(lambda self, device, launch: devplug.CollectiveSetup(
+            backend="cpu:gloo,cuda:nccl"))})()))
+
+
+def test_a_device_nobody_registers_names_the_load_failures():
+    class Broken:
+        DEVPLUG_CONTRACT = "3.0"
+
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("toy", Broken())])
+    with pytest.raises(ConformanceError, match=r"no loaded plugin registers device 'toy'.*contract '3.0'"):
+        checks.open_device("toy", pm)
+
+
+def test_unavailable_device_skips_with_the_reason_or_fails_when_required(tmp_path):
+    (tmp_path / "test_unavailable.py").write_text(textwrap.dedent("""
+        import devplug
+        from devplug.core.manager import create_plugin_manager
+        from devplug.testing import DeviceConformance
+
+        class Absent:
+            DEVPLUG_CONTRACT = "1.0"
+
+            @devplug.hookimpl
+            def devplug_register_devices(self):
+                return devplug.DeviceSpec(name="absent", description="", priority=1, torch_type="cpu",
+                                          probe=lambda: devplug.Availability.no("no absent card", "buy one"))
+
+        class TestSkips(DeviceConformance):
+            device_name = "absent"
+
+            def make_plugin_manager(self):
+                return create_plugin_manager(autoload=False, extra_plugins=[("absent", Absent())])
+
+        class TestRequired(TestSkips):
+            require_available = True
+        """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rsf", "-p", "no:cacheprovider", "test_unavailable.py"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300,
+    )
+    out = result.stdout
+    assert result.returncode == 1, out
+    assert "SKIPPED [" in out and "is not available here: no absent card" in out, out
+    assert "FAILED test_unavailable.py::TestRequired::test_to_device" in out, out
+    assert "18 failed, 4 passed, 18 skipped" in out, out

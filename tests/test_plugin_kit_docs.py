@@ -1,0 +1,74 @@
+"""The device-neutral plugin examples in docs/plugins.md run as written."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import devplug
+from devplug.core.devices import DeviceHooks, DeviceRegistry
+from devplug.core.manager import create_plugin_manager
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
+
+
+def snippet(marker: str) -> types.ModuleType:
+    """The python block of docs/plugins.md containing ``marker``, executed as a plugin module."""
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.S) if marker in b]
+    assert len(blocks) == 1, f"expected one python block with {marker!r} in docs/plugins.md"
+    source = blocks[0] if "import devplug" in blocks[0] else "import devplug\n" + blocks[0]
+    module = types.ModuleType(f"doc_snippet_{abs(hash(marker))}")
+    exec(compile(source, str(GUIDE), "exec"), module.__dict__)
+    return module
+
+
+def hooks_for(device_name: str, plugin: types.ModuleType) -> DeviceHooks:
+    """Hooks routed for ``device_name`` (resolved or not: routing needs only the record) with ``plugin``."""
+    registry = DeviceRegistry(create_plugin_manager(autoload=False, extra_plugins=[("docplugin", plugin)]))
+    entry = registry.devices[device_name]
+    return DeviceHooks(registry, devplug.Device(spec=entry.spec, index=None, plugin_name=entry.plugin_name))
+
+
+def test_the_cuda_optimizer_policy_applies_to_cuda_only():
+    policy = snippet("@devplug.hookimpl(tryfirst=True)")
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    on_cuda = hooks_for("cuda", policy).devplug_optimizer(name="adamw", params=params, options={"lr": 0.1})
+    assert on_cuda.implementation == "torch.optim.AdamW(fused=True) [my-policy]"
+    on_cpu = hooks_for("cpu", policy).devplug_optimizer(name="adamw", params=params, options={"lr": 0.1})
+    assert "[my-policy]" not in on_cpu.implementation  # returned None: the cpu plugin decided as before
+
+
+def test_the_profiler_wrapper_wraps_step_marking_and_shows_in_a_trace():
+    wrapper = snippet('record_function(f"mark_step:{phase.value}")')
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("profiler", wrapper)])
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, plugin_manager=pm)
+    model = trainer.setup(torch.nn.Linear(2, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        trainer.backward(model(torch.ones(1, 2)).sum())
+        trainer.step(opt)
+    names = {event.name for event in prof.events()}
+    assert {"mark_step:backward", "mark_step:optimizer_step"} <= names
+
+
+def test_the_auditing_wrapper_adjusts_what_the_device_plugin_built():
+    audit = snippet('" [audited]"')
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("audit", audit)])
+    trainer = devplug.Trainer(device="cpu", progress=False, plugin_manager=pm)
+    opt = trainer.optimizer("adam", trainer.setup(torch.nn.Linear(2, 1)).parameters(), lr=1e-3)
+    assert trainer.optimizer_implementation(opt).endswith(" [audited]")
+
+
+@pytest.mark.parametrize("hook", ["devplug_optimizer", "devplug_mark_step"])
+def test_cli_marks_the_snippets_hooks_with_their_pluggy_options(hook):
+    from devplug.core.cli import plugin_infos
+
+    module = snippet("@devplug.hookimpl(tryfirst=True)" if hook == "devplug_optimizer" else "nvtx.range_push")
+    [info] = [i for i in plugin_infos(create_plugin_manager(autoload=False, extra_plugins=[("doc", module)]))
+              if i.name == "doc"]
+    assert info.kind == "device-neutral" and info.contract == "1.0"
+    assert info.hooks == ((f"{hook} [tryfirst]",) if hook == "devplug_optimizer" else (f"{hook} [wrapper]",))
