@@ -1,0 +1,143 @@
+"""Shared by the multi-process tests and the scripts they launch: model, data, a rank launcher.
+
+Imported as ``dist_scripts.common`` by tests and as ``common`` by the scripts in this folder (run as
+``python tests/dist_scripts/<script>.py``), so it must not import pytest.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+from devplug.plugins.cpu import plugin as cpu_plugin
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+#: Launcher variables scrubbed from child environments so only the ones a test sets are seen.
+LAUNCH_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "TORCHELASTIC_", "DEVPLUG_")
+LAUNCH_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def make_model(seed: int = 0) -> torch.nn.Module:
+    """A small MLP (no batch norm: its per-rank statistics would differ from one big batch)."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+class IndexedData(Dataset):
+    """``(index, x, y)`` samples, so a rank can report which samples it saw."""
+
+    def __init__(self, n: int = 40) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(n, 6, generator=g)
+        self.y = self.x.sum(dim=1, keepdim=True).sin()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        return i, self.x[i], self.y[i]
+
+
+def shards(samples: int, world_size: int, epoch: int, seed: int = 0) -> list[list[int]]:
+    """The sample order DistributedSampler gives each rank in ``epoch`` (shuffled with ``seed``)."""
+    data = IndexedData(samples)
+    out = []
+    for rank in range(world_size):
+        sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        sampler.set_epoch(epoch)
+        out.append(list(sampler))
+    return out
+
+
+def train_on_concatenated_batches(steps: int, *, samples: int, batch_size: int, world_size: int,
+                                  lr: float = 0.1, momentum: float = 0.9) -> dict[str, torch.Tensor]:
+    """One process, plain PyTorch: step i uses rank 0's batch i, then rank 1's batch i, and so on.
+
+    DDP averages the ranks' gradients of their mean losses, which is the gradient of the mean loss
+    over the concatenated batch (equal batch sizes), so SGD must reach the same weights as the ranks.
+    Epochs follow the samplers' shard order (``set_epoch``) like the Trainer's loader does.
+    """
+    data = IndexedData(samples)
+    model = make_model(0)
+    fused = {"fused": True} if cpu_plugin.supports_fused("sgd") else {}
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, **fused)
+    done, epoch = 0, 0
+    while done < steps:
+        per_rank = shards(samples, world_size, epoch)
+        for start in range(0, len(per_rank[0]), batch_size):
+            if done == steps:
+                break
+            idx = [i for order in per_rank for i in order[start : start + batch_size]]
+            loss = torch.nn.functional.mse_loss(model(data.x[idx]), data.y[idx])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            done += 1
+        epoch += 1
+    return model.state_dict()
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment without launcher variables, one thread per rank, devplug importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCH_PREFIXES) and k not in LAUNCH_NAMES}
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.update(extra or {})
+    return env
+
+
+def run_ranks(script: str | Path, args: Sequence[str], *, world_size: int = 2, timeout: float = 60.0,
+              extra_env: Mapping[str, str] | None = None) -> list[subprocess.CompletedProcess[str]]:
+    """Start ``world_size`` processes of ``script`` with torchrun-style variables; wait for all.
+
+    Each process gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
+    a free ``MASTER_PORT``. On timeout every process started here is killed. Raises ``RuntimeError``
+    with each rank's output when one fails.
+    """
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        env = clean_env(extra_env)
+        env.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + timeout
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        outputs = [proc.communicate() for proc in procs]
+        raise RuntimeError(f"ranks timed out after {timeout}s:\n" + _describe(outputs)) from None
+    if any(r.returncode != 0 for r in results):
+        raise RuntimeError("a rank failed:\n" + _describe([(r.stdout, r.stderr) for r in results],
+                                                         [r.returncode for r in results]))
+    return results
+
+
+def _describe(outputs: Sequence[tuple[str, str]], codes: Sequence[int] | None = None) -> str:
+    parts = []
+    for rank, (out, err) in enumerate(outputs):
+        code = f" (exit {codes[rank]})" if codes else ""
+        parts.append(f"--- rank {rank}{code} stdout:\n{out[-3000:]}\n--- rank {rank} stderr:\n{err[-3000:]}")
+    return "\n".join(parts)
