@@ -182,8 +182,7 @@ def test_ddp_options_put_author_options_over_plugin_defaults():
                                                       "gradient_as_bucket_view": True, "device_ids": [3]})
     options = distributed.ddp_options(plugin, TrainerConfig(bucket_cap_mb=8))
     buffers = "forward_sync_buffers" if "forward_sync_buffers" in distributed._ddp_parameters() else "broadcast_buffers"
-    assert options == {"bucket_cap_mb": 8, buffers: False, "gradient_as_bucket_view": True, "device_ids": [3],
-                       "find_unused_parameters": False, "static_graph": False}
+    assert options == {"bucket_cap_mb": 8, buffers: False, "gradient_as_bucket_view": True, "device_ids": [3]}
     options = distributed.ddp_options(plugin, TrainerConfig(broadcast_buffers=True, gradient_as_bucket_view=False,
                                                             find_unused_parameters=True, static_graph=True))
     assert options == {"bucket_cap_mb": 100, buffers: True, "gradient_as_bucket_view": False, "device_ids": [3],

@@ -73,8 +73,8 @@ class TrainerConfig:
     bucket_cap_mb: int | None = attrs.field(default=None, validator=_optional(_positive_int))
     broadcast_buffers: bool | None = attrs.field(default=None, validator=_optional_bool)
     gradient_as_bucket_view: bool | None = attrs.field(default=None, validator=_optional_bool)
-    find_unused_parameters: bool = attrs.field(default=False, validator=_bool)
-    static_graph: bool = attrs.field(default=False, validator=_bool)
+    find_unused_parameters: bool | None = attrs.field(default=None, validator=_optional_bool)
+    static_graph: bool | None = attrs.field(default=None, validator=_optional_bool)
     device_options: Mapping[str, Any] = attrs.field(factory=dict)
 
     @classmethod
@@ -93,11 +93,10 @@ class TrainerConfig:
 
     def ddp_overrides(self) -> dict[str, Any]:
         """DDP options the author set explicitly (the plugin's defaults fill in the rest)."""
-        overrides: dict[str, Any] = {
-            "find_unused_parameters": self.find_unused_parameters,
-            "static_graph": self.static_graph,
-        }
-        for name in ("bucket_cap_mb", "broadcast_buffers", "gradient_as_bucket_view"):
+        overrides: dict[str, Any] = {}
+        names = ("bucket_cap_mb", "broadcast_buffers", "gradient_as_bucket_view", "find_unused_parameters",
+                 "static_graph")
+        for name in names:
             value = getattr(self, name)
             if value is not None:
                 overrides[name] = value

@@ -496,12 +496,11 @@ class Trainer:
 
         Returns the path written, or ``None`` on other ranks.
         """
+        if not self.is_main_process:
+            return None
         state = self.state_dict()
         state["extra"] = extra
-        state = ckpt.to_cpu(state)
-        if self.is_main_process:
-            return str(ckpt.atomic_save(state, path))
-        return None
+        return str(ckpt.atomic_save(ckpt.to_cpu(state), path))
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save` into the set-up modules and optimizers.
@@ -551,7 +550,11 @@ class Trainer:
             )
 
     def close(self) -> None:
-        """Flush and close TensorBoard and the progress bar."""
+        """Flush and close TensorBoard and the progress bar.
+
+        The process group stays joined (other trainers in the process may use it); call
+        ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
+        """
         if self._writer is not None:
             self._writer.close()
             self._writer = None
