@@ -27,9 +27,7 @@ import attrs
 import torch
 
 import devplug
-from devplug.core.data import torch_dataloader
-from devplug.core.fallback import autocast_plan, torch_optimizer_class
-from devplug.core.tree import move_to
+from devplug.toolkit import autocast_plan, move_to, torch_dataloader, torch_optimizer_class
 
 #: The hook contract this plugin was written for. devplug skips, with a clear message, a plugin whose
 #: major version differs from its own (``devplug.CONTRACT_VERSION``).
