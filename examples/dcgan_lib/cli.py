@@ -1,0 +1,237 @@
+"""Command line of ``examples/dcgan.py``: every flag, its default, and how flags become run settings."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from devplug import CheckpointError, ConfigError, DataError
+
+from .data import default_cache_dir
+from .models import PRESETS, ModelSpec
+
+#: ``--data`` values that are not folders.
+EMBEDDED, FAKE = "shapes", "fake"
+#: ``--model auto``: this preset for the embedded data (fast on a laptop CPU), the other for real data.
+AUTO_MODEL_EMBEDDED, AUTO_MODEL_OTHER = "tiny-32", "naive-64"
+DEFAULT_EPOCHS = 5
+CHECKPOINT_RE = re.compile(r"^step_(\d+)\.pt$")
+
+DESCRIPTION = """\
+Train a DCGAN (pytorch/examples' architecture) with devplug: the same script on every device.
+
+  python examples/dcgan.py                         # embedded shapes data, tiny-32, best device here
+  python examples/dcgan.py --device hpu --model safe-64 --data ~/images --batch-size 256
+  torchrun --nproc-per-node 4 examples/dcgan.py --device cuda --data ~/images
+
+Everything device-specific (placement, optimizer implementation, mixed precision, data loader,
+step marking, process groups) comes from the devplug device plugin; nothing in this script names
+a device.
+"""
+
+EPILOG = """\
+model presets (seed 000, Table 2.2; G/D trainable parameters):
+  tiny-32   nz 64,  ngf 32,  ndf 32,  32x32     G 296,896     D 167,808
+  naive-64  nz 100, ngf 64,  ndf 64,  64x64     G 3,576,704   D 2,765,568
+  safe-64   nz 256, ngf 256, ndf 64,  64x64     G 52,448,768  D 2,765,568
+  safe-128  nz 256, ngf 256, ndf 128, 128x128   G 195,063,296 D 44,611,072
+
+outputs under --out: tensorboard/ (loss_D, loss_G, D_x, D_G_z, lr, images_per_sec, samples),
+samples/step_NNNNNNN.png, checkpoints/step_NNNNNNN.pt, summary.json.
+Exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted (summary still printed).
+"""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; ``--help`` documents every flag."""
+    parser = argparse.ArgumentParser(
+        prog="dcgan.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    device = parser.add_argument_group("device")
+    device.add_argument("--device", default=None,
+                        help="device to train on: auto, cpu, cuda, hpu, NAME:INDEX, or any plugin's device "
+                             "(default: $DEVPLUG_DEVICE, else auto = the best available; see `devplug devices`)")
+    device.add_argument("--precision", default="auto",
+                        help="auto (the device plugin's best), 32-true, 16-mixed, bf16-mixed, or a name the "
+                             "device plugin knows, e.g. hmp on Gaudi (default: auto)")
+    device.add_argument("--compile", action="store_true",
+                        help="torch.compile both networks with the device plugin's backend")
+    device.add_argument("--channels-last", action="store_true",
+                        help="channels-last memory layout for both networks and the batches, where the device "
+                             "plugin supports it (tensor-core convolutions on CUDA prefer it)")
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", default="auto", choices=["auto", *PRESETS],
+                       help=f"size preset (table below); auto = {AUTO_MODEL_EMBEDDED} for the embedded data, "
+                            f"{AUTO_MODEL_OTHER} otherwise (default: auto)")
+    model.add_argument("--nz", type=_positive_int, help="latent vector size (overrides the preset)")
+    model.add_argument("--ngf", type=_positive_int, help="generator width (overrides the preset)")
+    model.add_argument("--ndf", type=_positive_int, help="discriminator width (overrides the preset)")
+    model.add_argument("--image-size", type=_positive_int,
+                       help="square image size, a power of two from 16 to 1024 (overrides the preset; each "
+                            "doubling adds one block to each network)")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", default=EMBEDDED, metavar="PATH|fake|shapes",
+                      help="a folder of images (flat or one sub-folder per class); 'fake' for random images "
+                           "(compute only, no data cost); 'shapes' for the embedded, generated data set of "
+                           "colored shapes on gradients (default: shapes; write ./fake for a folder named fake)")
+    data.add_argument("--cache-dir", type=Path, default=None,
+                      help="where the decoded image cache of --data PATH lives "
+                           f"(default: $XDG_CACHE_HOME/devplug/dcgan, here {default_cache_dir()})")
+    data.add_argument("--no-cache", action="store_true",
+                      help="decode the image files every epoch instead of caching them; hands the folder to the "
+                           "device plugin's image loader (DALI on CUDA, HabanaDataLoader on Gaudi, where installed)")
+    data.add_argument("--cache-only", action="store_true",
+                      help="build the image cache for --data PATH and exit (prepare data before a long or "
+                           "multi-process run)")
+    data.add_argument("--workers", type=_non_negative_int, default=None,
+                      help="data loader worker processes, also used to build the cache "
+                           "(default: CPU cores minus one, at most 8)")
+    data.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
+                      help="pin host batches for faster copies (default: what the device plugin prefers)")
+    data.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction, default=True,
+                      help="keep loader workers alive between epochs (default: on)")
+    data.add_argument("--prefetch-factor", type=_positive_int, default=2,
+                      help="batches each worker loads ahead (default: 2)")
+
+    train = parser.add_argument_group("training")
+    train.add_argument("--steps", type=_positive_int, default=None,
+                       help="stop at this global step (counted across --resume)")
+    train.add_argument("--epochs", type=_positive_int, default=None,
+                       help=f"stop after this many epochs (counted across --resume; default: {DEFAULT_EPOCHS} "
+                            "when --steps is not given, else unlimited)")
+    train.add_argument("--batch-size", type=_positive_int, default=128,
+                       help="images per step on each process (default: 128, as in the DCGAN paper)")
+    train.add_argument("--lr", type=_positive_float, default=2e-4, help="Adam learning rate (default: 2e-4)")
+    train.add_argument("--beta1", type=float, default=0.5, help="Adam beta1 (default: 0.5)")
+    train.add_argument("--seed", type=_non_negative_int, default=0,
+                       help="seed for weights, noise, shuffling and the fixed sample noise (default: 0)")
+    train.add_argument("--resume", type=Path, default=None, metavar="PATH",
+                       help="continue from a checkpoint file, or from the newest checkpoint of a run folder, at "
+                            "its saved step (give the same model flags as the run that wrote it)")
+
+    out = parser.add_argument_group("outputs")
+    out.add_argument("--out", type=Path, default=None,
+                     help="run folder (default: runs/dcgan/<timestamp>; with --resume, the resumed run's folder)")
+    out.add_argument("--log-every", type=_positive_int, default=50,
+                     help="steps between log points: the only steps that read values back from the device "
+                          "(default: 50)")
+    out.add_argument("--sample-every", type=_positive_int, default=250,
+                     help="steps between fixed-noise sample grids (PNG + TensorBoard; default: 250)")
+    out.add_argument("--save-every", type=_positive_int, default=1000,
+                     help="steps between checkpoints; one is also written at the end (default: 1000)")
+    out.add_argument("--keep-checkpoints", type=_non_negative_int, default=3,
+                     help="newest checkpoints to keep, 0 keeps all (default: 3)")
+    out.add_argument("--price-per-hour", type=_positive_float, default=None, metavar="DOLLARS",
+                     help="instance price; adds images per dollar to the summary (seed 000, Table 2.1)")
+    out.add_argument("--no-progress", action="store_true",
+                     help="no progress bar; each log point prints one line instead")
+    return parser
+
+
+@attrs.frozen
+class Settings:
+    """The parsed flags plus what they resolve to."""
+
+    args: argparse.Namespace
+    model: str
+    spec: ModelSpec
+    data: str  # "shapes", "fake", or a folder path
+    epochs: int | None
+    steps: int | None
+    out: Path
+    resume: Path | None
+    cache_dir: Path
+
+    @property
+    def data_is_folder(self) -> bool:
+        """True when ``--data`` names a folder of images."""
+        return self.data not in (EMBEDDED, FAKE)
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """``path`` itself, or for a run folder (or its ``checkpoints/``) the newest ``step_*.pt`` in it."""
+    if path.is_dir():
+        folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        found = sorted((int(m[1]), p) for p in folder.iterdir() if (m := CHECKPOINT_RE.match(p.name)))
+        if not found:
+            raise CheckpointError(f"no checkpoint (step_*.pt) in {str(folder)!r} to resume from")
+        return found[-1][1]
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    return path
+
+
+def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -> Settings:
+    """Turn parsed flags into :class:`Settings`; invalid combinations raise :class:`devplug.ConfigError`."""
+    data = args.data
+    model = args.model
+    if model == "auto":
+        model = AUTO_MODEL_EMBEDDED if data == EMBEDDED else AUTO_MODEL_OTHER
+    preset = PRESETS[model]
+    spec = ModelSpec(
+        nz=args.nz or preset.nz,
+        ngf=args.ngf or preset.ngf,
+        ndf=args.ndf or preset.ndf,
+        image_size=args.image_size or preset.image_size,
+    ).check()
+    if spec != preset:
+        model = "custom"
+    if not 0.0 <= args.beta1 < 1.0:
+        raise ConfigError(f"--beta1 must be in [0, 1), got {args.beta1}")
+    if args.cache_only and data in (EMBEDDED, FAKE):
+        raise ConfigError("--cache-only needs --data PATH (a folder of images)")
+    if args.cache_only and args.no_cache:
+        raise ConfigError("--cache-only and --no-cache contradict each other")
+    if data not in (EMBEDDED, FAKE):  # fail fast, before any device or model work
+        folder = Path(data).expanduser()
+        if not folder.exists():
+            raise DataError(f"data folder {str(folder)!r} does not exist; pass a folder of images")
+        if not folder.is_dir():
+            raise DataError(f"data path {str(folder)!r} is not a folder; pass a folder of images")
+    epochs = args.epochs
+    if epochs is None and args.steps is None:
+        epochs = DEFAULT_EPOCHS
+    resume = resolve_checkpoint(args.resume.expanduser()) if args.resume is not None else None
+    out = args.out
+    if out is None:
+        if resume is not None:
+            out = resume.parent.parent if resume.parent.name == "checkpoints" else resume.parent
+        else:
+            stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+            out = Path("runs") / "dcgan" / stamp
+    cache_dir = args.cache_dir.expanduser() if args.cache_dir is not None else default_cache_dir()
+    return Settings(args=args, model=model, spec=spec, data=data, epochs=epochs, steps=args.steps, out=out,
+                    resume=resume, cache_dir=cache_dir)
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse ``argv`` (``None``: ``sys.argv[1:]``); argparse exits with status 2 on a bad flag."""
+    return build_parser().parse_args(argv)

@@ -1,0 +1,158 @@
+"""The run summary: seed 000's Table 2.1 measures (images/s, images/hour, images per dollar) and context."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+
+@attrs.define
+class Stopwatch:
+    """Steady-state throughput: counts images after the first completed step (warm-up, compilation and
+    worker start-up excluded); falls back to the whole run when it had only one step.
+
+    The caller synchronizes the device before :meth:`first_step_done` and :meth:`stop`, so queued
+    device work is inside the measured time.
+    """
+
+    started: float = attrs.field(factory=time.perf_counter)
+    steady_start: float | None = None
+    stopped: float | None = None
+    images_total: int = 0
+    images_steady: int = 0
+
+    def add(self, images: int) -> None:
+        """Count the images of one completed step (all ranks)."""
+        self.images_total += images
+        if self.steady_start is not None:
+            self.images_steady += images
+
+    def first_step_done(self) -> None:
+        """Start the steady-state clock."""
+        if self.steady_start is None:
+            self.steady_start = time.perf_counter()
+
+    def stop(self) -> None:
+        """Stop both clocks."""
+        self.stopped = time.perf_counter()
+
+    @property
+    def wall_seconds(self) -> float:
+        """Seconds from the start to :meth:`stop` (or now)."""
+        return (self.stopped or time.perf_counter()) - self.started
+
+    @property
+    def images_per_second(self) -> float:
+        """Steady-state images per second (0 when nothing ran)."""
+        end = self.stopped or time.perf_counter()
+        if self.steady_start is not None and self.images_steady and end > self.steady_start:
+            return self.images_steady / (end - self.steady_start)
+        return self.images_total / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+def _count(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def build_summary(
+    trainer_summary: dict[str, Any],
+    *,
+    model: str,
+    spec: dict[str, int],
+    params_g: int,
+    params_d: int,
+    optimizer_g: str,
+    optimizer_d: str,
+    data: str,
+    stopwatch: Stopwatch,
+    price_per_hour: float | None,
+    cache: Any,
+    decodes_every_epoch: bool,
+    interrupted: bool,
+    out_dir: str,
+    last_sample: str | None,
+    last_checkpoint: str | None,
+) -> dict[str, Any]:
+    """Everything the summary shows, as plain values (also written to ``summary.json``)."""
+    rate = stopwatch.images_per_second
+    per_hour = rate * 3600
+    summary: dict[str, Any] = {
+        "status": "interrupted" if interrupted else "finished",
+        "device": trainer_summary["device"],
+        "device_plugin": trainer_summary["device_plugin"],
+        "world_size": trainer_summary["world_size"],
+        "precision": trainer_summary["precision"],
+        "precision_detail": trainer_summary["precision_detail"],
+        "optimizer_g": optimizer_g,
+        "optimizer_d": optimizer_d,
+        "loader": ", ".join(trainer_summary["loaders"]),
+        "model": model,
+        "model_sizes": spec,
+        "params_g": params_g,
+        "params_d": params_d,
+        "data": data,
+        "steps": trainer_summary["steps"],
+        "epoch": trainer_summary["epoch"],
+        "images_this_run": stopwatch.images_total,
+        "wall_seconds": round(stopwatch.wall_seconds, 3),
+        "images_per_sec": rate,
+        "images_per_hour": per_hour,
+        "price_per_hour": price_per_hour,
+        "images_per_dollar": per_hour / price_per_hour if price_per_hour else None,
+        "cache": str(cache.path) if cache is not None else None,
+        "cache_built": bool(cache is not None and cache.built),
+        "image_files_opened_for_cache": cache.opened if cache is not None else 0,
+        "image_files_skipped": len(cache.skipped) if cache is not None else 0,
+        "image_files_decoded_every_epoch": decodes_every_epoch,
+        "out_dir": out_dir,
+        "last_sample": last_sample,
+        "last_checkpoint": last_checkpoint,
+    }
+    return summary
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The human-readable block printed at the end of a run (and on Ctrl-C)."""
+    world = summary["world_size"]
+    device = summary["device"] + (f" × {world} processes" if world > 1 else "")
+    rows = [
+        ("device", f"{device} (plugin {summary['device_plugin']})"),
+        ("precision", f"{summary['precision']}: {summary['precision_detail']}"),
+        ("optimizer", f"G {summary['optimizer_g']}; D {summary['optimizer_d']}"),
+        ("data", f"{summary['data']} via {summary['loader']}"),
+        ("model", f"{summary['model']} "
+                  + ", ".join(f"{k} {v}" for k, v in summary["model_sizes"].items() if k != "channels")),
+        ("parameters", f"G {_count(summary['params_g'])}, D {_count(summary['params_d'])}"),
+        ("steps", f"{summary['steps']} (epoch {summary['epoch']}); {_count(summary['images_this_run'])} images "
+                  f"in {summary['wall_seconds']:.1f} s this run"),
+        ("images/s", f"{summary['images_per_sec']:,.1f} (steady state, all processes)"),
+        ("images/hour", _count(summary["images_per_hour"])),
+    ]
+    if summary["images_per_dollar"] is not None:
+        rows.append(("images/$", f"{_count(summary['images_per_dollar'])} at ${summary['price_per_hour']:.2f}/hour"))
+    if summary["cache"] is not None:
+        opened = summary["image_files_opened_for_cache"]
+        how = f"{opened} to build the cache" if summary["cache_built"] else "none (cache reused)"
+        skipped = f"; {summary['image_files_skipped']} unreadable skipped" if summary["image_files_skipped"] else ""
+        rows.append(("image files opened", f"{how}, none while training{skipped}"))
+    elif summary["image_files_decoded_every_epoch"]:
+        rows.append(("image files opened", "every image, every epoch (--no-cache)"))
+    if summary["last_sample"]:
+        rows.append(("samples", summary["last_sample"]))
+    if summary["last_checkpoint"]:
+        rows.append(("checkpoint", summary["last_checkpoint"]))
+    rows.append(("tensorboard", f"tensorboard --logdir {os.path.join(summary['out_dir'], 'tensorboard')}"))
+    width = max(len(name) for name, _ in rows)
+    title = "DCGAN run summary" + (" (interrupted)" if summary["status"] == "interrupted" else "")
+    return "\n".join([title, *(f"  {name.ljust(width)}  {value}" for name, value in rows)])
+
+
+def write_summary(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write ``summary`` as JSON."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
