@@ -303,6 +303,14 @@ def test_resume_from_a_run_folder_continues_in_it(tmp_path):
     assert summary_of(out)["steps"] == 4 and summary_of(out)["images_this_run"] == 8
 
 
+def test_auto_resume_starts_fresh_then_continues_from_the_newest_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    assert run(["--data", "shapes", "--steps", "2", "--out", str(out), "--auto-resume"]) == 0
+    assert summary_of(out)["steps"] == 2 and summary_of(out)["images_this_run"] == 8
+    assert run(["--data", "shapes", "--steps", "3", "--out", str(out), "--auto-resume"]) == 0
+    assert summary_of(out)["steps"] == 3 and summary_of(out)["images_this_run"] == 4
+
+
 def interrupt_at_item(monkeypatch, item: int, action) -> None:
     """Make the embedded data set call ``action()`` when item number ``item`` is fetched."""
     calls = {"n": 0}

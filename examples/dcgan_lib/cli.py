@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", type=Path, default=None, metavar="PATH",
                        help="continue from a checkpoint file, or from the newest checkpoint of a run folder, at "
                             "its saved step (give the same model flags as the run that wrote it)")
+    train.add_argument("--auto-resume", action="store_true",
+                       help="resume from the newest checkpoint in --out if there is one, else start fresh: "
+                            "what a job restarted by torchrun --max-restarts or a scheduler wants")
 
     out = parser.add_argument_group("outputs")
     out.add_argument("--out", type=Path, default=None,
@@ -189,6 +192,11 @@ def resolve_checkpoint(path: Path) -> Path:
     return path
 
 
+def _checkpoint_files(out: Path) -> list[Path]:
+    folder = out / "checkpoints"
+    return list(folder.iterdir()) if folder.is_dir() else []
+
+
 def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -> Settings:
     """Turn parsed flags into :class:`Settings`; invalid combinations raise :class:`devplug.ConfigError`."""
     data = args.data
@@ -220,6 +228,13 @@ def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -
     if epochs is None and args.steps is None:
         epochs = DEFAULT_EPOCHS
     resume = resolve_checkpoint(args.resume.expanduser()) if args.resume is not None else None
+    if args.auto_resume:
+        if args.resume is not None:
+            raise ConfigError("--auto-resume and --resume contradict each other; give one")
+        if args.out is None:
+            raise ConfigError("--auto-resume needs --out, the run folder to look for checkpoints in")
+        if any(CHECKPOINT_RE.match(p.name) for p in _checkpoint_files(args.out.expanduser())):
+            resume = resolve_checkpoint(args.out.expanduser())
     out = args.out
     if out is None:
         if resume is not None:
