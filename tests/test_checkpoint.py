@@ -122,3 +122,17 @@ def test_atomic_save_replaces_target_in_one_step(tmp_path):
     ckpt.atomic_save({"a": torch.ones(2)}, target)
     ckpt.atomic_save({"a": torch.zeros(2)}, target)
     assert torch.equal(torch.load(target, weights_only=True)["a"], torch.zeros(2))
+
+
+def test_mismatch_in_a_later_module_leaves_earlier_modules_untouched(tmp_path):
+    trainer = devplug.Trainer(device="cpu", progress=False)
+    trainer.setup(torch.nn.Linear(3, 3), name="a")
+    trainer.setup(torch.nn.Linear(3, 3), name="b")
+    path = trainer.save(tmp_path / "ck.pt")
+    other = devplug.Trainer(device="cpu", progress=False)
+    a = other.setup(torch.nn.Linear(3, 3), name="a")
+    other.setup(torch.nn.Sequential(torch.nn.Linear(3, 3)), name="b")  # same shapes, other parameter names
+    before = {k: v.clone() for k, v in a.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"module 'b': missing \['0.bias', '0.weight'\]"):
+        other.load(path)
+    assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())

@@ -532,18 +532,35 @@ class Trainer:
         return dict(state.get("extra") or {})
 
     def _check_matches(self, state: dict[str, Any], path: Any) -> None:
+        """Raise CheckpointError listing every difference, before anything is restored."""
         problems = []
         if sorted(state["modules"]) != sorted(self.modules):
             problems.append(f"modules {sorted(state['modules'])} vs set up {sorted(self.modules)}")
         if sorted(state["optimizers"]) != sorted(self.optimizers):
             problems.append(f"optimizers {sorted(state['optimizers'])} vs built {sorted(self.optimizers)}")
         for key, module in self.modules.items():
-            saved = state["modules"].get(key, {})
-            for pname, tensor in module.state_dict().items():
-                if pname in saved and tuple(saved[pname].shape) != tuple(tensor.shape):
+            saved = state["modules"].get(key)
+            if saved is None:
+                continue
+            current = module.state_dict()
+            missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
+            if missing or unexpected:
+                problems.append(f"module {key!r}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+                continue
+            for pname, tensor in current.items():
+                if tuple(saved[pname].shape) != tuple(tensor.shape):
                     problems.append(f"{key}.{pname} has shape {tuple(saved[pname].shape)}, "
                                     f"model has {tuple(tensor.shape)}")
                     break
+        for key, choice in self.optimizers.items():
+            saved = state["optimizers"].get(key)
+            if saved is None:
+                continue
+            saved_sizes = [len(g["params"]) for g in saved.get("param_groups", [])]
+            sizes = [len(g["params"]) for g in choice.optimizer.param_groups]
+            if saved_sizes != sizes:
+                problems.append(f"optimizer {key!r} has parameter groups of sizes {saved_sizes}, "
+                                f"this one {sizes}")
         if problems:
             raise CheckpointError(
                 f"checkpoint {str(path)!r} does not match this training setup: " + "; ".join(problems)
