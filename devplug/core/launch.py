@@ -16,6 +16,8 @@ import os
 import re
 from collections.abc import Mapping
 
+import attrs
+
 from devplug.core.errors import ConfigError
 from devplug.core.records import LaunchInfo
 
@@ -169,6 +171,34 @@ def _validate(info: LaunchInfo, variables: str) -> LaunchInfo:
     return info
 
 
+@attrs.frozen
+class MPIFlavour:
+    """The environment variables one MPI launcher sets for its processes."""
+
+    launcher: str
+    rank: str
+    size: str
+    local_rank: str
+    local_size: str
+    required: tuple[str, ...]
+    master_hint: str
+
+
+MPI_FLAVOURS = (
+    MPIFlavour(
+        "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        "mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ...",
+    ),
+    # Hydra (MPICH, Intel MPI) also sets MPI_LOCALRANKID; SLURM's own PMI plugins set PMI_RANK without it.
+    MPIFlavour(
+        "mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+        "mpiexec -genv MASTER_ADDR $(hostname) -genv MASTER_PORT 29500 ...",
+    ),
+)
+
+
 def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Rank, world size, local rank and rendezvous address from the launcher's variables.
 
@@ -204,42 +234,22 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
             "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE",
         )
 
-    if "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
-        world = _int(env, "OMPI_COMM_WORLD_SIZE")
-        local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
-        return _validate(
-            LaunchInfo(
-                rank=_int(env, "OMPI_COMM_WORLD_RANK"),
-                world_size=world,
-                local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
-                local_world_size=local_world,
-                master_addr=_mpi_master_addr(
-                    env, world, local_world, "mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ..."
+    for flavour in MPI_FLAVOURS:
+        if all(name in env for name in flavour.required):
+            world = _int(env, flavour.size)
+            local_world = _int(env, flavour.local_size, world)
+            return _validate(
+                LaunchInfo(
+                    rank=_int(env, flavour.rank),
+                    world_size=world,
+                    local_rank=_int(env, flavour.local_rank, 0),
+                    local_world_size=local_world,
+                    master_addr=_mpi_master_addr(env, world, local_world, flavour.master_hint),
+                    master_port=_port(env),
+                    launcher=flavour.launcher,
                 ),
-                master_port=_port(env),
-                launcher="openmpi",
-            ),
-            "OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE",
-        )
-
-    # Hydra (MPICH, Intel MPI) also sets MPI_LOCALRANKID; SLURM's own PMI plugins set PMI_RANK without it.
-    if "PMI_RANK" in env and "PMI_SIZE" in env and "MPI_LOCALRANKID" in env:
-        world = _int(env, "PMI_SIZE")
-        local_world = _int(env, "MPI_LOCALNRANKS", world)
-        return _validate(
-            LaunchInfo(
-                rank=_int(env, "PMI_RANK"),
-                world_size=world,
-                local_rank=_int(env, "MPI_LOCALRANKID", 0),
-                local_world_size=local_world,
-                master_addr=_mpi_master_addr(
-                    env, world, local_world, "mpiexec -genv MASTER_ADDR $(hostname) -genv MASTER_PORT 29500 ..."
-                ),
-                master_port=_port(env),
-                launcher="mpich",
-            ),
-            "PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS",
-        )
+                ", ".join((flavour.rank, flavour.size, flavour.local_rank, flavour.local_size)),
+            )
 
     if "SLURM_PROCID" in env and ("SLURM_STEP_NUM_TASKS" in env or "SLURM_NTASKS" in env):
         # An srun step's own task count wins over the allocation's: inside `salloc -n 8` an interactive
