@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from distributions import pip_install, write_project
 
 from devplug.core import manager
 
@@ -35,33 +33,6 @@ def install_distribution():
 
 
 def _install_distribution(target: Path, name: str, module_source: str, entry_points: dict[str, str]) -> Path:
-    """pip-install a one-module distribution declaring ``devplug`` entry points into ``target``."""
-    src = target.parent / f"src-{name}"
-    package = name.replace("-", "_")
-    (src / package).mkdir(parents=True)
-    (src / package / "__init__.py").write_text(textwrap.dedent(module_source))
-    eps = "\n".join(f'{k} = "{v}"' for k, v in entry_points.items())
-    (src / "pyproject.toml").write_text(
-        textwrap.dedent(
-            f"""\
-            [build-system]
-            requires = ["setuptools>=64"]
-            build-backend = "setuptools.build_meta"
-
-            [project]
-            name = "{name}"
-            version = "0.3.1"
-
-            [project.entry-points.devplug]
-            """
-        )
-        + eps
-        + "\n"
-    )
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
-         str(target), str(src)],
-        check=True,
-        capture_output=True,
-    )
-    return target
+    """pip-install a one-module distribution (version 0.3.1) declaring ``devplug`` entry points into ``target``."""
+    src = write_project(target.parent / f"src-{name}", name, "0.3.1", {"__init__.py": module_source}, entry_points)
+    return pip_install(src, target)

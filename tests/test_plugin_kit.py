@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from distributions import pip_install
 
 import devplug
 from devplug.core import cli
@@ -26,19 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "examples" / "template_plugin"
 DISTRIBUTION = "devplug-template-device 0.1.0"
 PACKAGE = "devplug_template_device"
-
-
-def pip_install(source: Path, target: Path) -> Path:
-    """Install the project at ``source`` into ``target`` with pip, offline, from a copy (no build/ left behind)."""
-    build = target.parent / f"build-{source.name}"
-    shutil.copytree(source, build, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target), str(build)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, f"pip install of {source} failed:\n{result.stdout}\n{result.stderr}"
-    return target
 
 
 def run(args: list[str], *, pythonpath: Path | None = None, cwd: Path = REPO,

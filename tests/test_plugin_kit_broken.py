@@ -4,13 +4,13 @@ with its distribution, and the rest of devplug keeps working."""
 from __future__ import annotations
 
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from test_plugin_kit import devplug_command, pip_install, run
+from distributions import pip_install, write_project
+from test_plugin_kit import devplug_command, run
 
 import devplug
 from devplug.core.cli import devices_report
@@ -86,30 +86,6 @@ CLONE_MODULES = {
             return devplug.DeviceSpec(name="cpu", description="another cpu", priority=1, probe=devplug.Availability.yes)
         """,
 }
-
-
-def write_project(root: Path, name: str, version: str, modules: dict[str, str], entry_points: dict[str, str]) -> Path:
-    """A source tree of a distribution ``name`` whose package holds ``modules``, with ``devplug`` entry points."""
-    package = root / name.replace("-", "_")
-    package.mkdir(parents=True)
-    for filename, source in modules.items():
-        (package / filename).write_text(textwrap.dedent(source).lstrip())
-    eps = "\n".join(f'{key} = "{value}"' for key, value in entry_points.items())
-    (root / "pyproject.toml").write_text(textwrap.dedent(f"""\
-        [build-system]
-        requires = ["setuptools>=64"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "{name}"
-        version = "{version}"
-
-        [tool.setuptools]
-        packages = ["{name.replace('-', '_')}"]
-
-        [project.entry-points.devplug]
-        """) + eps + "\n")
-    return root
 
 
 @pytest.fixture(scope="module")
