@@ -2,29 +2,69 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 
-def interleaved(variants: dict[str, Callable[[], None]], *, rounds: int = 5, warmup: int = 1) -> dict[str, float]:
-    """Median seconds per call of each variant, the variants taking turns so machine noise hits all alike."""
-    for fn in variants.values():
+def interleaved(
+    variants: dict[str, Callable[[], None]],
+    *,
+    rounds: int = 5,
+    warmup: int = 1,
+    after: Mapping[str, Callable[[], None]] | None = None,
+) -> dict[str, float]:
+    """Median seconds per call of each variant, the variants taking turns so machine noise hits all alike.
+
+    The order of the variants is shuffled anew each round (seeded, so runs repeat), so that no variant always
+    runs first, last, or right after the same other one.
+
+    ``after[name]``, when given, runs untimed after every call of variant ``name`` (warm-up calls too): a
+    data-loading variant uses it to run its epoch to the end, so its worker processes are idle, not
+    stealing CPU, while the next variant is timed.
+    """
+    after = after or {}
+
+    def call(name: str, fn: Callable[[], None]) -> float:
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        if name in after:
+            after[name]()
+        return elapsed
+
+    for name, fn in variants.items():
         for _ in range(warmup):
-            fn()
+            call(name, fn)
     samples: dict[str, list[float]] = {name: [] for name in variants}
+    order = list(variants)
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for name, fn in variants.items():
-            start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
+        shuffle(order)
+        for name in order:
+            samples[name].append(call(name, variants[name]))
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
-def report(title: str, medians: dict[str, float], baseline: str, unit: str = "s") -> str:
-    """A small table: each variant's median and its speed relative to ``baseline`` (>1 = faster)."""
-    lines = [title, f"{'variant':<40} {'median ' + unit:>12} {'speed vs ' + baseline:>24}"]
+def report(
+    title: str,
+    medians: dict[str, float],
+    baseline: str,
+    unit: str = "s",
+    *,
+    items: float | None = None,
+    item_unit: str = "images",
+) -> str:
+    """A small table: each variant's median and its speed relative to ``baseline`` (>1 = faster).
+
+    With ``items`` (what one timed call processes, e.g. the images of a batch when the medians are per
+    batch) a rate column is added: ``items / median`` in ``item_unit``/s.
+    """
+    rate_header = f"{item_unit + '/s':>14}" if items is not None else ""
+    lines = [title, f"{'variant':<40} {'median ' + unit:>12}{rate_header} {'speed vs ' + baseline:>24}"]
     base = medians[baseline]
     for name, value in medians.items():
-        lines.append(f"{name:<40} {value:>12.4f} {base / value:>23.2f}x")
+        rate = f"{items / value:>14.1f}" if items is not None else ""
+        lines.append(f"{name:<40} {value:>12.4f}{rate} {base / value:>23.2f}x")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -16,7 +17,11 @@ def main() -> int:
         if script.name.startswith("_") or script.name == "run_all.py":
             continue
         print(f"\n=== {script.name} ===", flush=True)
-        failed |= subprocess.run([sys.executable, str(script)], cwd=HERE).returncode != 0
+        start = time.perf_counter()
+        code = subprocess.run([sys.executable, str(script)], cwd=HERE).returncode
+        status = "ok" if code == 0 else f"FAILED (exit status {code})"
+        print(f"=== {script.name}: {status}, {time.perf_counter() - start:.0f} s ===", flush=True)
+        failed |= code != 0
     return failed
 
 
