@@ -203,3 +203,9 @@ def test_tensorboard_scalars_and_images_are_written(tmp_path):
     trainer.close()
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert (tmp_path / "grid.png").stat().st_size > 0
+
+
+def test_loader_read_outside_epochs_yields_every_batch_each_pass():
+    trainer = devplug.Trainer(device="cpu", progress=False)
+    loader = trainer.dataloader(make_data(16), batch_size=4, num_workers=0)
+    assert [sum(1 for _ in loader) for _ in range(3)] == [4, 4, 4]

@@ -78,7 +78,8 @@ class DeviceLoader:
         self._prepare_epoch(trainer.epoch)
         move = None if self.choice.on_device else trainer.to_device
         batches = iter(self.choice.loader)
-        for _ in range(trainer._batches_in_epoch):  # resumed mid-epoch: skip what was already trained on
+        skip, trainer._resume_skip = trainer._resume_skip, 0
+        for _ in range(skip):  # first pass after a mid-epoch resume: skip what was already trained on
             if next(batches, _END) is _END:
                 return
         while trainer._max_steps is None or trainer.global_step < trainer._max_steps:
@@ -145,6 +146,7 @@ class Trainer:
         self.global_step = 0
         self.epoch = 0
         self._batches_in_epoch = 0
+        self._resume_skip = 0
         self._max_steps: int | None = None
         self._metrics = MetricBuffer()
         self.throughput = Throughput()
@@ -525,6 +527,7 @@ class Trainer:
         self.global_step = int(state["global_step"])
         self.epoch = int(state["epoch"])
         self._batches_in_epoch = int(state["batches_in_epoch"])
+        self._resume_skip = self._batches_in_epoch
         # the data order continues as it was, even if the resumed run was given another seed
         for loader, seed in zip(self.loaders, state.get("loader_seeds", []), strict=False):
             loader.seed = int(seed)
