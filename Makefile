@@ -29,7 +29,7 @@ devices: $(STAMP)
 	$(VENV)/bin/devplug devices --verbose
 
 bench: $(STAMP)
-	$(PY) benchmarks/run_all.py $(ARGS)
+	$(PY) benchmarks/run_all.py  # each script takes its own flags: python benchmarks/NAME.py --help
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
