@@ -47,6 +47,48 @@ def test_image_folder_source_loads_normalized_batches_on_the_device(tmp_path):
     assert "torch DataLoader" in loader.implementation
 
 
+def break_images(root):
+    """Two files with image names that no decoder accepts: random bytes and a PNG cut in half."""
+    (root / "garbage.jpg").write_bytes(b"this is not a JPEG at all" * 10)
+    whole = (root / "img1.png").read_bytes()
+    (root / "truncated.png").write_bytes(whole[: len(whole) // 2])
+    return {str(root / "garbage.jpg"), str(root / "truncated.png")}
+
+
+def test_unreadable_images_are_skipped_with_a_warning_naming_each_file(tmp_path, caplog):
+    write_images(tmp_path / "imgs", 6)
+    broken = break_images(tmp_path / "imgs")
+    dataset = devplug.core.data.ImageFolderDataset(devplug.ImageFolderSource(str(tmp_path / "imgs"), image_size=16))
+    assert len(dataset) == 8
+    with caplog.at_level("WARNING", logger="devplug.core.data"):
+        samples = [dataset[i] for i in range(len(dataset))]
+        samples += [dataset[i] for i in range(len(dataset))]  # a second epoch warns no more
+    assert all(image.shape == (3, 16, 16) for image, _ in samples)
+    assert set(dataset.unreadable) == broken
+    warned = [r.getMessage() for r in caplog.records if "unreadable image" in r.getMessage()]
+    assert len(warned) == 2 and all(any(path in m for m in warned) for path in broken)
+    # a skipped index yields the next readable image, not a blank
+    order = [p.name for p, _ in dataset.items]
+    after = order.index("garbage.jpg") + 1
+    torch.testing.assert_close(dataset[order.index("garbage.jpg")][0], dataset[after][0])
+
+
+def test_unreadable_images_raise_when_skipping_is_off_or_nothing_is_readable(tmp_path):
+    write_images(tmp_path / "imgs", 2)
+    break_images(tmp_path / "imgs")
+    strict = devplug.ImageFolderSource(str(tmp_path / "imgs"), image_size=16, skip_unreadable=False)
+    trainer = devplug.Trainer(device="cpu", progress=False)
+    loader = trainer.dataloader(strict, batch_size=4, num_workers=0)
+    with pytest.raises(DataError, match=r"cannot decode image .*garbage\.jpg.*skip_unreadable"):
+        list(loader)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "a.jpg").write_bytes(b"no")
+    (tmp_path / "bad" / "b.png").write_bytes(b"no")
+    dataset = devplug.core.data.ImageFolderDataset(devplug.ImageFolderSource(str(tmp_path / "bad"), image_size=8))
+    with pytest.raises(DataError, match="none of the 2 images"):
+        dataset[0]
+
+
 def test_empty_dataset_and_bare_path_are_clear_errors(tmp_path):
     trainer = devplug.Trainer(device="cpu", progress=False)
     with pytest.raises(DataError, match="empty"):

@@ -6,6 +6,7 @@ Device plugins that have a faster loader (DALI, HabanaDataLoader) fall back to
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from devplug.core.errors import DataError
 from devplug.core.records import ImageFolderSource, LoaderChoice, LoaderOptions
+
+log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
@@ -54,13 +57,20 @@ def list_images(root: str | os.PathLike[str]) -> list[tuple[Path, int]]:
 
 
 class ImageFolderDataset(Dataset):
-    """Images from a folder, resized, center-cropped and normalized as an ImageFolderSource says."""
+    """Images from a folder, resized, center-cropped and normalized as an ImageFolderSource says.
+
+    An image that cannot be decoded (truncated, not an image, unreadable) is replaced by the next
+    readable one when ``source.skip_unreadable`` is set; each such file is logged once per process
+    and listed in :attr:`unreadable`. When no image can be read, or skipping is off, a
+    :class:`DataError` names the file.
+    """
 
     def __init__(self, source: ImageFolderSource) -> None:
         from torchvision import transforms  # lazy: torchvision only when images are loaded
 
         self.source = source
         self.items = list_images(source.root)
+        self.unreadable: dict[str, str] = {}
         self.transform = transforms.Compose(
             [
                 transforms.Resize(source.image_size),
@@ -73,12 +83,32 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def _load(self, index: int) -> tuple[torch.Tensor, int]:
         from PIL import Image
 
         path, label = self.items[index]
         with Image.open(path) as image:
             return self.transform(image.convert("RGB")), label
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        for offset in range(len(self.items)):
+            candidate = (index + offset) % len(self.items)
+            path = str(self.items[candidate][0])
+            if offset and path in self.unreadable:
+                continue
+            try:
+                return self._load(candidate)
+            except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three for broken files
+                if not self.source.skip_unreadable:
+                    raise DataError(
+                        f"cannot decode image {path!r}: {exc}; remove or replace the file, or set "
+                        "ImageFolderSource(skip_unreadable=True) to skip such files"
+                    ) from exc
+                if path not in self.unreadable:
+                    self.unreadable[path] = f"{type(exc).__name__}: {exc}"
+                    log.warning("skipping unreadable image %s (%s); using the next readable one", path, exc)
+        raise DataError(f"none of the {len(self.items)} images in {self.source.root!r} can be decoded; "
+                        "check the files (first: " + next(iter(self.unreadable.items()), ("?", "?"))[1] + ")")
 
 
 def as_dataset(source: Any) -> Dataset:

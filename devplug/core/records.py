@@ -185,12 +185,16 @@ class ImageFolderSource:
 
     Images are resized (short side) and center-cropped to ``image_size`` and normalized with
     ``mean``/``std`` on the 0..1 scale (the defaults map to [-1, 1]). Batches are ``(images, labels)``.
+    With ``skip_unreadable`` (the default) the torch loader replaces an image that cannot be decoded
+    by the next readable one and logs a warning naming the file, so one corrupt file does not end a
+    long run; ``False`` raises instead. Loaders that decode elsewhere (DALI) may not be able to skip.
     """
 
     root: str
     image_size: int = attrs.field(validator=attrs.validators.gt(0))
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    skip_unreadable: bool = True
 
 
 @attrs.frozen
