@@ -235,6 +235,31 @@ def test_mean_across_ranks_on_one_rank_is_identity(one_rank_group):
     assert torch.equal(distributed.mean_across_ranks(values), values)
 
 
+def test_metric_reduction_returns_only_after_gloo_let_go_of_its_tensor(one_rank_group, monkeypatch):
+    # gloo's worker thread releases a finished all_reduce's tensor after the caller resumes; a release
+    # during interpreter shutdown aborts the process (seen as a rare SIGABRT at the end of 2-rank runs)
+    seen = []
+    real = distributed.wait_for_release
+
+    def spy(tensor, timeout=2.0):
+        released = real(tensor, timeout)
+        seen.append((released, tensor._use_count()))
+        return released
+
+    monkeypatch.setattr(distributed, "wait_for_release", spy)
+    distributed.mean_across_ranks(torch.tensor([1.0, 3.0]))
+    assert seen == [(True, 1)]
+
+
+def test_wait_for_release_gives_up_while_another_owner_holds_the_tensor():
+    tensor = torch.ones(2)
+    holder = tensor.view(-1)  # a view owns its base from C++, as a collective's work object does
+    assert tensor._use_count() == 2
+    assert distributed.wait_for_release(tensor, timeout=0.02) is False
+    del holder
+    assert distributed.wait_for_release(tensor, timeout=0.02) is True
+
+
 def test_init_process_group_keeps_an_existing_group_and_checks_it(one_rank_group):
     setup = CollectiveSetup(backend="gloo")
     hooks = SimpleNamespace(devplug_collective_setup=lambda launch: setup)

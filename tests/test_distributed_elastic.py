@@ -37,7 +37,8 @@ def test_killed_rank_restarts_and_the_job_resumes_from_the_last_checkpoint(tmp_p
                               timeout=240)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"torchrun did not finish:\n{exc.stdout}\n{exc.stderr}")
-    output = f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    log_text = events.read_text() if events.exists() else "(no events)"
+    output = f"events:\n{log_text}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-12000:]}"
     assert proc.returncode == 0, output
     assert marker.exists(), output
 

@@ -12,6 +12,7 @@ import functools
 import inspect
 import logging
 import os
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -167,7 +168,27 @@ def mean_across_ranks(values: torch.Tensor) -> torch.Tensor:
     """Average a tensor of metrics over all ranks (called at log points only, never in the step)."""
     values = values.clone()
     dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    if dist.get_backend() == "gloo":
+        wait_for_release(values)
     return values / dist.get_world_size()
+
+
+def wait_for_release(tensor: torch.Tensor, timeout: float = 2.0) -> bool:
+    """Wait until a finished collective's worker thread has let go of ``tensor``; False on timeout.
+
+    gloo's worker threads drop their reference to a collective's tensors a moment *after* the caller
+    sees it complete, and dropping a tensor Python also knows takes the GIL. A process that exits
+    right after its last log point can reach interpreter shutdown first; the worker thread then dies
+    inside a C++ destructor and the process aborts ("terminate called without an active exception",
+    SIGABRT), failing a finished run. Waiting for the reference count to fall back to the caller's
+    own reference (microseconds, at log points only) keeps that release while Python is alive.
+    """
+    deadline = time.monotonic() + timeout
+    while tensor._use_count() > 1:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0002)  # releases the GIL, which the worker thread needs
+    return True
 
 
 def destroy_process_group() -> None:

@@ -12,6 +12,7 @@ ranks' lines do not interleave); rank 0 saves the final weights to ``--final``.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=4)
     args = parser.parse_args()
+    faulthandler.enable()  # a native abort (SIGABRT) prints the Python stack it happened under
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     trainer = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False, log_every=args.every)
