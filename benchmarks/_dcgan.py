@@ -1,8 +1,7 @@
 """Pieces the DCGAN benchmarks share: the example's training step, loader streams, a demo image folder.
 
-The models, data sets, image cache and ``to_unit_range`` come from ``examples/`` unchanged. The training
-step is nested inside ``train()`` in ``examples/dcgan.py`` and cannot be imported, so :class:`DCGANStep`
-repeats it line for line (D on real and fake, then G; BCE-with-logits; Adam with the example's betas).
+The training step (``DCGANStep``), models, data sets, image cache and ``to_unit_range`` are imported from
+``examples/`` unchanged, so the benchmarks time exactly what ``examples/dcgan.py`` runs.
 """
 
 from __future__ import annotations
@@ -14,17 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
 
-from dcgan import to_unit_range  # noqa: E402
+from dcgan import DCGANStep, to_unit_range  # noqa: E402
 from dcgan_lib.data import prepare_cache  # noqa: E402
 from dcgan_lib.default_data import FakeImages, ShapesDataset  # noqa: E402
-from dcgan_lib.models import PRESETS, ModelSpec, build_models, count_parameters  # noqa: E402
+from dcgan_lib.models import PRESETS, ModelSpec  # noqa: E402
 
 import devplug  # noqa: E402
 
@@ -40,51 +37,6 @@ __all__ = [
     "prepare_cache",
     "to_unit_range",
 ]
-
-
-class DCGANStep:
-    """The example's D+G iteration on a given trainer: ``step(real)`` with ``real`` in [-1, 1] on the device."""
-
-    def __init__(self, trainer: devplug.Trainer, spec: ModelSpec, *, lr: float = 2e-4, beta1: float = 0.5) -> None:
-        self.trainer = trainer
-        self.spec = spec
-        generator, discriminator = build_models(spec)
-        self.params_g, self.params_d = count_parameters(generator), count_parameters(discriminator)
-        self.net_g = trainer.setup(generator, name="generator")
-        self.net_d = trainer.setup(discriminator, name="discriminator")
-        self.opt_g = trainer.optimizer("adam", self.net_g.parameters(), lr=lr, betas=(beta1, 0.999))
-        self.opt_d = trainer.optimizer("adam", self.net_d.parameters(), lr=lr, betas=(beta1, 0.999))
-        self.criterion = nn.BCEWithLogitsLoss()
-
-    def __call__(self, real: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One DCGAN iteration (as ``train_step`` in ``examples/dcgan.py``); the returned values stay on the device."""
-        trainer, device = self.trainer, self.trainer.torch_device
-        batch = real.shape[0]
-        noise = torch.randn(trainer.world_size * batch, self.spec.nz, 1, 1, device=device)
-        noise = noise[trainer.rank * batch:(trainer.rank + 1) * batch]
-        ones, zeros = torch.ones(batch, device=device), torch.zeros(batch, device=device)
-        with trainer.autocast():
-            fake = self.net_g(noise)
-            logits_real = self.net_d(real)
-            logits_fake = self.net_d(fake.detach())
-            loss_d = self.criterion(logits_real, ones) + self.criterion(logits_fake, zeros)
-        self.opt_d.zero_grad(set_to_none=True)
-        trainer.backward(loss_d)
-        trainer.step(self.opt_d)
-        with trainer.autocast():
-            loss_g = self.criterion(self.net_d(fake), ones)
-        trainer.backward(loss_g)
-        trainer.step(self.opt_g)
-        return {
-            "loss_D": loss_d,
-            "loss_G": loss_g,
-            "D_x": torch.sigmoid(logits_real.detach()).mean(),
-            "D_G_z": torch.sigmoid(logits_fake.detach()).mean(),
-        }
-
-    def implementation(self) -> str:
-        """The optimizer implementation the device plugin chose."""
-        return self.trainer.optimizer_implementation(self.opt_g)
 
 
 class EpochDriver:

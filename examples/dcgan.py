@@ -24,7 +24,7 @@ import torch
 from dcgan_lib import cli
 from dcgan_lib.data import CacheReport, prepare_cache
 from dcgan_lib.default_data import FakeImages, ShapesDataset
-from dcgan_lib.models import build_models, count_parameters
+from dcgan_lib.models import ModelSpec, build_models, count_parameters
 from dcgan_lib.stop import StopRequest
 from dcgan_lib.summary import Stopwatch, build_summary, format_summary, write_summary
 from torch import nn
@@ -41,6 +41,61 @@ def to_unit_range(images: torch.Tensor) -> torch.Tensor:
     if images.dtype == torch.uint8:
         return images.float().div_(127.5).sub_(1.0)
     return images.float()
+
+
+class DCGANStep:
+    """One DCGAN iteration on a Trainer: D on real and fake images, then G (BCE-with-logits, Adam).
+
+    Builds both networks with DCGAN init on the CPU and hands them to the Trainer, which places them
+    (and converts, compiles or DDP-wraps them as the plugin and flags say); both optimizers come from
+    the plugin's optimizer factory. ``step(real)`` takes a batch already on the device, in [-1, 1].
+    """
+
+    def __init__(self, trainer: devplug.Trainer, spec: ModelSpec, *, lr: float = 2e-4, beta1: float = 0.5) -> None:
+        self.trainer, self.spec = trainer, spec
+        generator, discriminator = build_models(spec)
+        self.params_g, self.params_d = count_parameters(generator), count_parameters(discriminator)
+        self.net_g = trainer.setup(generator, name="generator")
+        self.net_d = trainer.setup(discriminator, name="discriminator")
+        self.opt_g = trainer.optimizer("adam", self.net_g.parameters(), lr=lr, betas=(beta1, 0.999))
+        self.opt_d = trainer.optimizer("adam", self.net_d.parameters(), lr=lr, betas=(beta1, 0.999))
+        self.criterion = nn.BCEWithLogitsLoss()  # D returns logits: autocast-safe, unlike BCELoss after a sigmoid
+
+    def __call__(self, real: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One iteration; returns the values to log, left on the device (read back at log points only)."""
+        trainer, device, criterion = self.trainer, self.trainer.torch_device, self.criterion
+        net_g, net_d, batch = self.net_g, self.net_d, real.shape[0]
+        # Each process takes its own slice of one noise draw: distinct noise per process, while every
+        # process's RNG stays in step (so one checkpoint's RNG state fits all of them).
+        noise = torch.randn(trainer.world_size * batch, self.spec.nz, 1, 1, device=device)
+        noise = noise[trainer.rank * batch:(trainer.rank + 1) * batch]
+        ones, zeros = torch.ones(batch, device=device), torch.zeros(batch, device=device)
+
+        # (1) Discriminator: real → 1, fake → 0.
+        with trainer.autocast():
+            fake = net_g(noise)
+            logits_real = net_d(real)
+            logits_fake = net_d(fake.detach())
+            loss_d = criterion(logits_real, ones) + criterion(logits_fake, zeros)
+        self.opt_d.zero_grad(set_to_none=True)  # drop the gradients the previous G step's backward left in D
+        trainer.backward(loss_d)
+        trainer.step(self.opt_d)
+
+        # (2) Generator: make D call the fakes real.
+        with trainer.autocast():
+            loss_g = criterion(net_d(fake), ones)
+        trainer.backward(loss_g)
+        trainer.step(self.opt_g)
+        return {
+            "loss_D": loss_d,
+            "loss_G": loss_g,
+            "D_x": torch.sigmoid(logits_real.detach()).mean(),
+            "D_G_z": torch.sigmoid(logits_fake.detach()).mean(),
+        }
+
+    def implementation(self) -> str:
+        """The optimizer implementation the device plugin chose (the same for G and D)."""
+        return self.trainer.optimizer_implementation(self.opt_g)
 
 
 def make_data(settings: cli.Settings, trainer: devplug.Trainer | None) -> tuple[Any, str, int, CacheReport | None]:
@@ -122,12 +177,8 @@ def train(settings: cli.Settings) -> int:
     spec = settings.spec
 
     # Models: built on the CPU with DCGAN init, then placed (and converted/compiled/DDP-wrapped) by the plugin.
-    generator, discriminator = build_models(spec)
-    params_g, params_d = count_parameters(generator), count_parameters(discriminator)
-    net_g = trainer.setup(generator, name="generator")
-    net_d = trainer.setup(discriminator, name="discriminator")
-    opt_g = trainer.optimizer("adam", net_g.parameters(), lr=args.lr, betas=(args.beta1, 0.999))
-    opt_d = trainer.optimizer("adam", net_d.parameters(), lr=args.lr, betas=(args.beta1, 0.999))
+    train_step = DCGANStep(trainer, spec, lr=args.lr, beta1=args.beta1)
+    net_g, opt_g, opt_d = train_step.net_g, train_step.opt_g, train_step.opt_d
 
     source, data_description, images, cache = make_data(settings, trainer)
     if cache is not None:
@@ -168,43 +219,9 @@ def train(settings: cli.Settings) -> int:
 
     say(f"dcgan: device {trainer.device} (plugin {trainer.device.plugin_name}), precision {trainer.precision.name}, "
         f"optimizer {trainer.optimizer_implementation(opt_g)}")
-    say(f"dcgan: model {settings.model} (G {params_g:,} / D {params_d:,} parameters), data {data_description}, "
-        f"loader {loader.implementation}")
+    say(f"dcgan: model {settings.model} (G {train_step.params_g:,} / D {train_step.params_d:,} parameters), "
+        f"data {data_description}, loader {loader.implementation}")
     say(f"dcgan: writing to {settings.out}")
-
-    criterion = nn.BCEWithLogitsLoss()  # D returns logits: autocast-safe, unlike BCELoss after a sigmoid
-    device = trainer.torch_device
-
-    def train_step(real: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One DCGAN iteration on a batch already on the device; returns the values to log (on the device)."""
-        batch = real.shape[0]
-        # Each process takes its own slice of one noise draw: distinct noise per process, while every
-        # process's RNG stays in step (so one checkpoint's RNG state fits all of them).
-        noise = torch.randn(trainer.world_size * batch, spec.nz, 1, 1, device=device)
-        noise = noise[trainer.rank * batch:(trainer.rank + 1) * batch]
-        ones, zeros = torch.ones(batch, device=device), torch.zeros(batch, device=device)
-
-        # (1) Discriminator: real → 1, fake → 0.
-        with trainer.autocast():
-            fake = net_g(noise)
-            logits_real = net_d(real)
-            logits_fake = net_d(fake.detach())
-            loss_d = criterion(logits_real, ones) + criterion(logits_fake, zeros)
-        opt_d.zero_grad(set_to_none=True)  # drop the gradients the previous G step's backward left in D
-        trainer.backward(loss_d)
-        trainer.step(opt_d)
-
-        # (2) Generator: make D call the fakes real.
-        with trainer.autocast():
-            loss_g = criterion(net_d(fake), ones)
-        trainer.backward(loss_g)
-        trainer.step(opt_g)
-        return {
-            "loss_D": loss_d,
-            "loss_G": loss_g,
-            "D_x": torch.sigmoid(logits_real.detach()).mean(),
-            "D_G_z": torch.sigmoid(logits_fake.detach()).mean(),
-        }
 
     def sample() -> str:
         """Fixed-noise grid to samples/step_N.png and TensorBoard (every process runs G: DDP needs it)."""
@@ -263,8 +280,8 @@ def train(settings: cli.Settings) -> int:
         trainer.summary(),
         model=settings.model,
         spec=spec.as_dict(),
-        params_g=params_g,
-        params_d=params_d,
+        params_g=train_step.params_g,
+        params_d=train_step.params_d,
         optimizer_g=trainer.optimizer_implementation(opt_g),
         optimizer_d=trainer.optimizer_implementation(opt_d),
         data=data_description,
