@@ -251,6 +251,18 @@ def test_metric_reduction_returns_only_after_gloo_let_go_of_its_tensor(one_rank_
     assert seen == [(True, 1)]
 
 
+def test_joining_a_process_group_registers_one_exit_grace(one_rank_group, monkeypatch):
+    registered = []
+    monkeypatch.setattr(distributed.atexit, "register", lambda fn, *args: registered.append((fn, args)))
+    monkeypatch.setattr(distributed, "_exit_grace_registered", False)
+    setup = CollectiveSetup(backend="gloo")
+    trainer = SimpleNamespace(launch=LaunchInfo(launcher="torchrun", rank=0, world_size=1),
+                              hooks=SimpleNamespace(devplug_collective_setup=lambda launch: setup), device="cpu")
+    distributed.init_process_group(trainer)
+    distributed.init_process_group(trainer)
+    assert registered == [(distributed.time.sleep, (distributed.EXIT_GRACE_SECONDS,))]
+
+
 def test_wait_for_release_gives_up_while_another_owner_holds_the_tensor():
     tensor = torch.ones(2)
     holder = tensor.view(-1)  # a view owns its base from C++, as a collective's work object does

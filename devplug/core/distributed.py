@@ -8,6 +8,7 @@ only communication of a training step.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
 import logging
@@ -77,7 +78,8 @@ def init_process_group(trainer: Trainer) -> CollectiveSetup:
 
     The plugin's hook runs first (it may select the local device or import a collective library);
     its ``init_kwargs`` override devplug's defaults (backend, rank, world size, rendezvous, a 10-minute
-    timeout). A process group the author already initialised is kept as it is.
+    timeout). A process group the author already initialised is kept as it is. Either way the
+    process gets a short grace at exit (:func:`register_exit_grace`).
     """
     launch = trainer.launch
     setup = trainer.hooks.devplug_collective_setup(launch=launch)
@@ -86,6 +88,7 @@ def init_process_group(trainer: Trainer) -> CollectiveSetup:
             f"device {trainer.device} cannot train on several processes: its plugin "
             f"{trainer.device.plugin_name!r} returned no collective setup (got {setup!r})"
         )
+    register_exit_grace()
     if dist.is_initialized():
         log.info("rank %d/%d: using the process group initialised by the caller (%s)", dist.get_rank(),
                  dist.get_world_size(), dist.get_backend())
@@ -164,6 +167,28 @@ def wrap_ddp(trainer: Trainer, module: torch.nn.Module) -> torch.nn.Module:
     return DistributedDataParallel(module, **kwargs)
 
 
+EXIT_GRACE_SECONDS = 0.1
+_exit_grace_registered = False
+
+
+def register_exit_grace(seconds: float = EXIT_GRACE_SECONDS) -> None:
+    """At interpreter exit, give collective worker threads ``seconds`` to let go of finished work.
+
+    A gloo worker thread drops a finished collective's tensors a moment after the caller resumes, and
+    dropping a tensor Python also knows needs the GIL. If the process is already shutting down by
+    then (a script that exits right after its last collective: DDP's gradient all-reduce, a barrier,
+    ``all_gather_object``), the thread dies inside a C++ destructor and the process aborts with
+    "terminate called without an active exception" (SIGABRT): a finished run reported as failed, and
+    under torchrun the other ranks are killed. atexit handlers run while Python is fully alive; this
+    one releases the GIL for a moment so such a thread finishes first. Registered once per process,
+    by the Trainer when it joins a process group; the cost is ``seconds`` at exit.
+    """
+    global _exit_grace_registered
+    if not _exit_grace_registered:
+        atexit.register(time.sleep, seconds)
+        _exit_grace_registered = True
+
+
 def mean_across_ranks(values: torch.Tensor) -> torch.Tensor:
     """Average a tensor of metrics over all ranks (called at log points only, never in the step)."""
     values = values.clone()
@@ -177,11 +202,10 @@ def wait_for_release(tensor: torch.Tensor, timeout: float = 2.0) -> bool:
     """Wait until a finished collective's worker thread has let go of ``tensor``; False on timeout.
 
     gloo's worker threads drop their reference to a collective's tensors a moment *after* the caller
-    sees it complete, and dropping a tensor Python also knows takes the GIL. A process that exits
-    right after its last log point can reach interpreter shutdown first; the worker thread then dies
-    inside a C++ destructor and the process aborts ("terminate called without an active exception",
-    SIGABRT), failing a finished run. Waiting for the reference count to fall back to the caller's
-    own reference (microseconds, at log points only) keeps that release while Python is alive.
+    sees it complete, and dropping a tensor Python also knows takes the GIL; during interpreter
+    shutdown that aborts the process (see :func:`register_exit_grace`). Waiting for the reference count
+    to fall back to the caller's own reference (microseconds, at log points only) makes the release of
+    devplug's own metric reduction certain rather than likely.
     """
     deadline = time.monotonic() + timeout
     while tensor._use_count() > 1:
