@@ -381,12 +381,16 @@ def test_cache_only_builds_and_exits(tmp_path, capsys):
     assert len(list((tmp_path / "cache").glob("*.npy"))) == 1
 
 
-def test_no_cache_hands_the_folder_to_the_plugin_loader(tmp_path):
+def test_no_cache_hands_the_folder_to_the_plugin_loader_which_skips_unreadable_files(tmp_path, caplog):
     folder, out = tmp_path / "images", tmp_path / "run"
-    write_images(folder, 8)
-    assert run(["--data", str(folder), "--no-cache", "--steps", "2", "--out", str(out)]) == 0
+    write_images(folder, 8, classes=False)
+    (folder / "broken.jpg").write_bytes(b"not a jpeg at all")
+    with caplog.at_level("WARNING", logger="devplug.core.data"):
+        assert run(["--data", str(folder), "--no-cache", "--workers", "0", "--batch-size", "9", "--steps", "2",
+                    "--out", str(out)]) == 0
     summary = summary_of(out)
     assert summary["cache"] is None and summary["image_files_decoded_every_epoch"]
+    assert any("broken.jpg" in r.getMessage() for r in caplog.records)
 
 
 def test_help_documents_every_flag():
