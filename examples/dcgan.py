@@ -218,7 +218,7 @@ def train(settings: cli.Settings) -> int:
     fixed_noise = trainer.to_device(fixed_noise)
 
     say(f"dcgan: device {trainer.device} (plugin {trainer.device.plugin_name}), precision {trainer.precision.name}, "
-        f"optimizer {trainer.optimizer_implementation(opt_g)}")
+        f"optimizer {train_step.implementation()}")
     say(f"dcgan: model {settings.model} (G {train_step.params_g:,} / D {train_step.params_d:,} parameters), "
         f"data {data_description}, loader {loader.implementation}")
     say(f"dcgan: writing to {settings.out}")

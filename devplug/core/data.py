@@ -107,8 +107,9 @@ class ImageFolderDataset(Dataset):
                 if path not in self.unreadable:
                     self.unreadable[path] = f"{type(exc).__name__}: {exc}"
                     log.warning("skipping unreadable image %s (%s); using the next readable one", path, exc)
+        first_error = next(iter(self.unreadable.values()))  # every candidate failed, so there is one
         raise DataError(f"none of the {len(self.items)} images in {self.source.root!r} can be decoded; "
-                        "check the files (first: " + next(iter(self.unreadable.items()), ("?", "?"))[1] + ")")
+                        f"check the files (first error: {first_error})")
 
 
 def as_dataset(source: Any) -> Dataset:
