@@ -1,7 +1,8 @@
 """devplug: write a PyTorch training loop once; device plugins make it fast on CPU, CUDA, Gaudi and more.
 
 Public API: :class:`Trainer` and its :class:`TrainerConfig`, the ``hookimpl`` marker for plugins, the
-records hooks exchange, and the errors devplug raises. Importing this package imports torch but no
+records hooks exchange, the errors devplug raises, and :func:`create_plugin_manager` /
+:func:`reset_plugin_manager` to choose plugins in code. Importing this package imports torch but no
 vendor stack and not TensorBoard.
 """
 
@@ -15,11 +16,12 @@ from devplug.core.errors import (
     DevplugError,
     NonFiniteLossError,
     OptimizerError,
-    PluginConflictError,
+    PluginError,
     PrecisionError,
     UnknownDeviceError,
 )
 from devplug.core.hookimpl import hookimpl
+from devplug.core.manager import create_plugin_manager, reset_plugin_manager
 from devplug.core.records import (
     CONTRACT_VERSION,
     Availability,
@@ -59,13 +61,15 @@ __all__ = [
     "OptimizerChoice",
     "OptimizerError",
     "Phase",
-    "PluginConflictError",
+    "PluginError",
     "PrecisionError",
     "PrecisionPlan",
     "Trainer",
     "TrainerConfig",
     "UnknownDeviceError",
     "__version__",
+    "create_plugin_manager",
     "hookimpl",
+    "reset_plugin_manager",
     "scale_lr",
 ]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import devplug
-from devplug.core import cli, manager
+from devplug import cli
+from devplug.core import manager
 from devplug.core.manager import create_plugin_manager
 
 
@@ -95,19 +96,27 @@ def test_verbose_lists_load_failures(capsys, process_manager):
     assert cli.main(["devices", "-v"]) == 0
     out = capsys.readouterr().out
     assert "Plugins that failed to load (skipped):\n  plugin 'future' from registered at run time was skipped: " \
-           "PluginValidationError: it declares hook contract '2.1' but this devplug speaks '1.0'" in out
+           f"it needs hook contract '2.1' but devplug {devplug.__version__} speaks {devplug.CONTRACT_VERSION}: " \
+           "upgrade devplug" in out
 
 
-def test_a_device_name_conflict_is_one_line_on_stderr(capsys, process_manager):
+def test_a_device_name_conflict_is_reported_and_every_device_still_listed(capsys, process_manager):
     class Clone(Toy):
         @devplug.hookimpl
         def devplug_register_devices(self):
-            return devplug.DeviceSpec(name="cpu", description="", priority=1, probe=devplug.Availability.yes)
+            return [devplug.DeviceSpec(name="cpu", description="", priority=1, probe=devplug.Availability.yes),
+                    devplug.DeviceSpec(name="clonedev", description="", priority=-5, probe=devplug.Availability.yes)]
 
     process_manager(create_plugin_manager(autoload=False, extra_plugins=[("clone", Clone())]))
-    assert cli.main(["devices"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("devplug: error: device 'cpu' is registered twice") and err.count("\n") == 1
+    assert cli.main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu       0         available    1      cpu     devplug (built-in)" in out
+    assert "clonedev  -5        available    1      clone   registered at run time" in out
+    conflicts = out.split("Device name conflicts (the other plugin's device was skipped):\n", 1)[1]
+    assert conflicts.startswith(
+        "  device 'cpu' is declared by plugin 'cpu' (devplug (built-in)) and by plugin 'clone' (registered at run "
+        "time); 'cpu' keeps it (a built-in keeps its names). To use the other: DEVPLUG_PREFER_PLUGINS=clone, or "
+        "DEVPLUG_BLOCK_PLUGINS=cpu")
 
 
 def test_check_reports_each_check_and_fails_for_a_nonconformant_plugin(capsys, process_manager):

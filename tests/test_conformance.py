@@ -200,7 +200,7 @@ class NotCallableCompile(ToyDevice):
 BROKEN = [
     (RaisingProbe, checks.check_probe, "probe raised OSError: cannot open /dev/toy0"),
     (ReasonlessProbe, checks.check_probe, "without a reason"),
-    (NoContract, checks.check_plugin_loaded, 'add DEVPLUG_CONTRACT = "1.0"'),
+    (NoContract, checks.check_plugin_loaded, f'add DEVPLUG_CONTRACT = "{devplug.CONTRACT_VERSION}"'),
     (UnmarkedHook, checks.check_plugin_loaded, "devplug_to_device without @devplug.hookimpl"),
     (FlattensBatches, checks.check_to_device, "did not keep dicts, tuples, lists and namedtuples"),
     (DropsLeaves, checks.check_to_device, "changed non-tensor leaves"),

@@ -18,8 +18,9 @@ from PIL import Image
 from devplug.core.data import ImageFolderDataset, list_images
 from devplug.core.errors import DataError
 from devplug.core.records import Device, ImageFolderSource, LoaderOptions
-from devplug.plugins import cuda as cuda_plugin
 from devplug.plugins.cuda import dali, plugin
+from devplug.plugins.cuda import plugin as cuda_plugin
+from devplug.toolkit import forget_logged
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install nvidia-dali-cuda120)")
 
@@ -179,9 +180,9 @@ def without_dali(monkeypatch: pytest.MonkeyPatch) -> None:
         if name == "nvidia.dali" or name.startswith("nvidia.dali."):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)
-    plugin.forget_reports()
+    forget_logged()
     yield
-    plugin.forget_reports()
+    forget_logged()
 
 
 @pytest.mark.usefixtures("without_dali")
@@ -201,14 +202,14 @@ def test_without_dali_the_torch_loader_is_used_and_the_reason_logged_once(source
 
 
 def test_device_option_dali_false_uses_the_torch_loader(source):
-    plugin.forget_reports()
+    forget_logged()
     choice = cuda_plugin.devplug_dataloader(device=cuda_device(dali=False), source=source,
                                             options=LoaderOptions(batch_size=4))
     assert choice.implementation.startswith("torch DataLoader") and "dali=False" in choice.reason
 
 
 def test_a_dali_pipeline_that_cannot_be_built_falls_back_with_the_reason(source, monkeypatch):
-    plugin.forget_reports()
+    forget_logged()
 
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA driver version is insufficient")

@@ -21,8 +21,8 @@ from devplug.core.devices import DeviceRegistry
 from devplug.core.errors import DeviceUnavailableError, OptimizerError, PrecisionError
 from devplug.core.manager import DevplugPluginManager, create_plugin_manager
 from devplug.core.records import Availability, Device, DeviceSpec, LaunchInfo, LoaderOptions, Phase
-from devplug.plugins import cuda as cuda_plugin
 from devplug.plugins.cuda import optimizers, precision, probe
+from devplug.plugins.cuda import plugin as cuda_plugin
 from devplug.testing import DeviceConformance
 
 STANDINS = Path(__file__).resolve().parent / "standins"
@@ -31,10 +31,10 @@ REPO = Path(__file__).resolve().parents[1]
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
 
-def cuda_device(index: int | None = None, **options) -> Device:
+def cuda_device(index: int | None = None, channels_last: bool = False, **options) -> Device:
     """A Device record as the core builds it for ``cuda`` (no GPU needed to build the record)."""
     spec = cuda_plugin.devplug_register_devices()
-    return Device(spec=spec, index=index, plugin_name="cuda", options=options)
+    return Device(spec=spec, index=index, plugin_name="cuda", options=options, channels_last=channels_last)
 
 
 def _forget_apex(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -462,7 +462,7 @@ def test_mark_step_does_nothing():
 def test_to_device_applies_channels_last_to_modules_and_4d_batches():
     # The plugin's placement logic on a cpu-typed copy of the cuda spec: no GPU is needed to check layout.
     spec = DeviceSpec(name="cuda", description="test", priority=50, probe=Availability.yes, torch_type="cpu")
-    device = Device(spec=spec, index=None, plugin_name="cuda", options={"channels_last": True})
+    device = Device(spec=spec, index=None, plugin_name="cuda", channels_last=True)
     conv = cuda_plugin.devplug_to_device(device=device, obj=torch.nn.Conv2d(3, 4, 3))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
     images, labels = cuda_plugin.devplug_to_device(device=device, obj=(torch.randn(2, 3, 5, 5), torch.tensor([1, 2])))

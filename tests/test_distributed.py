@@ -198,10 +198,8 @@ def test_init_method_uses_env_when_the_launcher_exported_the_master():
 
 
 def test_a_plugin_without_collective_setup_is_a_clear_error():
-    trainer = SimpleNamespace(launch=LaunchInfo(rank=0, world_size=2), device=SimpleNamespace(plugin_name="toy"),
-                              hooks=SimpleNamespace(devplug_collective_setup=lambda launch: None))
     with pytest.raises(ConfigError, match="cannot train on several processes"):
-        distributed.init_process_group(trainer)
+        distributed.init_process_group(LaunchInfo(rank=0, world_size=2), None, SimpleNamespace(plugin_name="toy"))
 
 
 @pytest.fixture
@@ -216,8 +214,8 @@ def one_rank_group():
 def test_wrap_ddp_passes_merged_options_to_ddp(one_rank_group):
     plugin = CollectiveSetup(backend="gloo", ddp_kwargs={"bucket_cap_mb": 7, "broadcast_buffers": False,
                                                          "gradient_as_bucket_view": True})
-    trainer = SimpleNamespace(collective=plugin, config=TrainerConfig(bucket_cap_mb=2, find_unused_parameters=True))
-    wrapped = distributed.wrap_ddp(trainer, make_model(0))
+    config = TrainerConfig(bucket_cap_mb=2, find_unused_parameters=True)
+    wrapped = distributed.wrap_ddp(make_model(0), plugin, config)
     assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel)
     assert wrapped.bucket_bytes_cap == 2 * 1024 * 1024
     assert (wrapped.broadcast_buffers, wrapped.gradient_as_bucket_view, wrapped.find_unused_parameters) == (
@@ -225,9 +223,8 @@ def test_wrap_ddp_passes_merged_options_to_ddp(one_rank_group):
 
 
 def test_wrap_ddp_leaves_a_frozen_module_unwrapped(one_rank_group):
-    trainer = SimpleNamespace(collective=CollectiveSetup(backend="gloo"), config=TrainerConfig())
     frozen = make_model(0).requires_grad_(False)
-    assert distributed.wrap_ddp(trainer, frozen) is frozen
+    assert distributed.wrap_ddp(frozen, CollectiveSetup(backend="gloo"), TrainerConfig()) is frozen
 
 
 def test_mean_across_ranks_on_one_rank_is_identity(one_rank_group):
@@ -256,10 +253,9 @@ def test_joining_a_process_group_registers_one_exit_grace(one_rank_group, monkey
     monkeypatch.setattr(distributed.atexit, "register", lambda fn, *args: registered.append((fn, args)))
     monkeypatch.setattr(distributed, "_exit_grace_registered", False)
     setup = CollectiveSetup(backend="gloo")
-    trainer = SimpleNamespace(launch=LaunchInfo(launcher="torchrun", rank=0, world_size=1),
-                              hooks=SimpleNamespace(devplug_collective_setup=lambda launch: setup), device="cpu")
-    distributed.init_process_group(trainer)
-    distributed.init_process_group(trainer)
+    launch = LaunchInfo(launcher="torchrun", rank=0, world_size=1)
+    distributed.init_process_group(launch, setup, "cpu")
+    distributed.init_process_group(launch, setup, "cpu")
     assert registered == [(distributed.time.sleep, (distributed.EXIT_GRACE_SECONDS,))]
 
 
@@ -274,12 +270,10 @@ def test_wait_for_release_gives_up_while_another_owner_holds_the_tensor():
 
 def test_init_process_group_keeps_an_existing_group_and_checks_it(one_rank_group):
     setup = CollectiveSetup(backend="gloo")
-    hooks = SimpleNamespace(devplug_collective_setup=lambda launch: setup)
-    same = SimpleNamespace(launch=LaunchInfo(rank=0, world_size=1), hooks=hooks, device=None)
-    assert distributed.init_process_group(same) is setup
-    other = SimpleNamespace(launch=LaunchInfo(rank=1, world_size=2, launcher="torchrun"), hooks=hooks, device=None)
+    assert distributed.init_process_group(LaunchInfo(rank=0, world_size=1), setup, None) is setup
+    other = LaunchInfo(rank=1, world_size=2, launcher="torchrun")
     with pytest.raises(ConfigError, match="existing process group has rank 0 of 1"):
-        distributed.init_process_group(other)
+        distributed.init_process_group(other, setup, None)
 
 
 

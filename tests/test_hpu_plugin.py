@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import devplug
+from devplug.core import hookspecs
 from devplug.core.devices import DeviceRegistry
 from devplug.core.records import Device, ImageFolderSource, LaunchInfo, LoaderOptions, Phase
 from devplug.plugins.hpu import precision, runtime
@@ -215,7 +216,7 @@ def test_htcore_is_imported_only_when_the_device_is_set_up(hpu):
     assert "habana_frameworks" not in sys.modules
     hooks = hpu.hooks()
     assert runtime.state().htcore is None
-    hooks.devplug_device_setup()
+    hooks(hookspecs.devplug_device_setup)
     assert runtime.state().htcore is sys.modules["habana_frameworks.torch.core"]
     assert runtime.state().lazy is True
 
@@ -224,9 +225,9 @@ def test_htcore_is_imported_only_when_the_device_is_set_up(hpu):
 def test_mark_step_hook_by_mode(hpu, lazy, expected):
     hpu.lazy(lazy)
     hooks = hpu.hooks()
-    hooks.devplug_device_setup()
-    hooks.devplug_mark_step(phase=Phase.BACKWARD)
-    hooks.devplug_mark_step(phase=Phase.OPTIMIZER_STEP)
+    hooks(hookspecs.devplug_device_setup)
+    hooks(hookspecs.devplug_mark_step, phase=Phase.BACKWARD)
+    hooks(hookspecs.devplug_mark_step, phase=Phase.OPTIMIZER_STEP)
     assert hpu.count("mark_step") == expected
 
 
@@ -238,16 +239,16 @@ def test_without_is_lazy_the_release_default_decides(hpu, monkeypatch, version, 
 
     monkeypatch.setattr(habana_frameworks.torch, "__version__", version)
     hooks = hpu.hooks()
-    hooks.devplug_device_setup()
+    hooks(hookspecs.devplug_device_setup)
     assert runtime.state().lazy is lazy
 
 
 def test_compile_uses_hpu_backend_in_eager_mode_only(hpu):
     hpu.lazy(False)
     hooks = hpu.hooks()
-    hooks.devplug_device_setup()
+    hooks(hookspecs.devplug_device_setup)
     module = nn.Linear(4, 2)
-    compiled = hooks.devplug_compile(module=module, options={})
+    compiled = hooks(hookspecs.devplug_compile, module=module, options={})
     assert compiled is not module and compiled._orig_mod is module
     compiled(torch.randn(3, 4))
     assert hpu.count("hpu_backend") == 1
@@ -256,7 +257,7 @@ def test_compile_uses_hpu_backend_in_eager_mode_only(hpu):
 def test_compile_is_skipped_in_lazy_mode(hpu):
     hooks = hpu.hooks()
     module = nn.Linear(4, 2)
-    assert hooks.devplug_compile(module=module, options={}) is module
+    assert hooks(hookspecs.devplug_compile, module=module, options={}) is module
 
 
 # ---- optimizers ----------------------------------------------------------------------------------------------
@@ -265,7 +266,7 @@ def params() -> list[nn.Parameter]:
 
 
 def test_adamw_maps_every_option_with_torch_defaults(hpu):
-    choice = hpu.hooks().devplug_optimizer(name="adamw", params=params(), options={"lr": 1e-3, "foreach": True})
+    choice = hpu.hooks()(hookspecs.devplug_optimizer, name="adamw", params=params(), options={"lr": 1e-3, "foreach": True})
     assert choice.implementation == FUSED_ADAMW and not choice.reason
     assert hpu.details("FusedAdamW") == [
         {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01, "bias_correction": True}
@@ -273,7 +274,7 @@ def test_adamw_maps_every_option_with_torch_defaults(hpu):
 
 
 def test_adam_with_l2_weight_decay_stays_torch_adam(hpu):
-    choice = hpu.hooks().devplug_optimizer(name="adam", params=params(), options={"lr": 1e-3, "weight_decay": 1e-4})
+    choice = hpu.hooks()(hookspecs.devplug_optimizer, name="adam", params=params(), options={"lr": 1e-3, "weight_decay": 1e-4})
     assert isinstance(choice.optimizer, torch.optim.Adam) and choice.implementation == "torch.optim.Adam"
     assert "L2" in choice.reason and "adamw" in choice.reason
     assert hpu.count("FusedAdamW") == 0
@@ -281,25 +282,25 @@ def test_adam_with_l2_weight_decay_stays_torch_adam(hpu):
 
 def test_adam_with_l2_weight_decay_in_a_param_group_stays_torch_adam(hpu):
     groups = [{"params": params(), "weight_decay": 1e-2}, {"params": params()}]
-    choice = hpu.hooks().devplug_optimizer(name="adam", params=groups, options={"lr": 1e-3})
+    choice = hpu.hooks()(hookspecs.devplug_optimizer, name="adam", params=groups, options={"lr": 1e-3})
     assert isinstance(choice.optimizer, torch.optim.Adam)
 
 
 def test_adam_with_decoupled_weight_decay_is_fused_adamw(hpu):
     options = {"lr": 1e-3, "weight_decay": 0.05, "decoupled_weight_decay": True}
-    choice = hpu.hooks().devplug_optimizer(name="adam", params=params(), options=options)
+    choice = hpu.hooks()(hookspecs.devplug_optimizer, name="adam", params=params(), options=options)
     assert choice.implementation == f"{FUSED_ADAMW}(weight_decay=0.05) as Adam"
     assert hpu.details("FusedAdamW")[0]["weight_decay"] == 0.05
 
 
 def test_options_the_fused_kernel_lacks_fall_back_to_torch(hpu):
-    choice = hpu.hooks().devplug_optimizer(name="adamw", params=params(), options={"amsgrad": True})
+    choice = hpu.hooks()(hookspecs.devplug_optimizer, name="adamw", params=params(), options={"amsgrad": True})
     assert isinstance(choice.optimizer, torch.optim.AdamW) and "amsgrad=True" in choice.reason
 
 
 def test_sgd_is_fused_sgd(hpu):
     options = {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-4}
-    choice = hpu.hooks().devplug_optimizer(name="sgd", params=params(), options=options)
+    choice = hpu.hooks()(hookspecs.devplug_optimizer, name="sgd", params=params(), options=options)
     assert choice.implementation == "habana_frameworks.torch.hpex.optimizers.FusedSGD"
     assert hpu.details("FusedSGD") == [
         {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4, "dampening": 0, "nesterov": True}
@@ -307,7 +308,7 @@ def test_sgd_is_fused_sgd(hpu):
 
 
 def test_other_optimizers_are_left_to_torch(hpu):
-    choice = hpu.hooks().devplug_optimizer(name="rmsprop", params=params(), options={"lr": 1e-3})
+    choice = hpu.hooks()(hookspecs.devplug_optimizer, name="rmsprop", params=params(), options={"lr": 1e-3})
     assert choice.implementation == "torch.optim.RMSprop"
 
 
@@ -315,8 +316,8 @@ def test_torch_optimizers_with_a_logged_reason_when_hpex_is_missing(hpu, caplog)
     hpu.remove("habana_frameworks.torch.hpex.optimizers")
     hooks = hpu.hooks()
     with caplog.at_level(logging.WARNING, logger="devplug.plugins.hpu"):
-        first = hooks.devplug_optimizer(name="adamw", params=params(), options={"lr": 1e-3})
-        hooks.devplug_optimizer(name="adamw", params=params(), options={"lr": 1e-3})
+        first = hooks(hookspecs.devplug_optimizer, name="adamw", params=params(), options={"lr": 1e-3})
+        hooks(hookspecs.devplug_optimizer, name="adamw", params=params(), options={"lr": 1e-3})
     assert isinstance(first.optimizer, torch.optim.AdamW)
     assert "hpex.optimizers.FusedAdamW is not available" in first.reason
     assert len([r for r in caplog.records if "FusedAdamW is not available" in r.getMessage()]) == 1
@@ -336,7 +337,7 @@ def test_torchrun_launch_uses_hccl_and_initialize_distributed_hpu(hpu, monkeypat
     hooks = hpu.hooks()
     hpu.reset()
     launch = LaunchInfo(rank=1, world_size=2, local_rank=1, local_world_size=2, launcher="torchrun")
-    setup = hooks.devplug_collective_setup(launch=launch)
+    setup = hooks(hookspecs.devplug_collective_setup, launch=launch)
     assert setup.backend == "hccl" and "hccl" in torch.distributed.Backend.backend_list
     assert dict(setup.ddp_kwargs) == DDP_DEFAULTS  # no device_ids: one card per process
     assert dict(setup.init_kwargs) == {"rank": 1, "world_size": 2}
@@ -347,7 +348,7 @@ def test_mpirun_launch_and_bucket_size_option(hpu, monkeypatch):
     set_env(monkeypatch, OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_LOCAL_RANK="0")
     hooks = hpu.hooks(bucket_cap_mb=200)
     launch = LaunchInfo(rank=0, world_size=2, local_rank=0, local_world_size=2, launcher="openmpi")
-    setup = hooks.devplug_collective_setup(launch=launch)
+    setup = hooks(hookspecs.devplug_collective_setup, launch=launch)
     assert setup.backend == "hccl" and dict(setup.ddp_kwargs) == {**DDP_DEFAULTS, "bucket_cap_mb": 200}
     assert dict(setup.init_kwargs) == {"rank": 0, "world_size": 2}
     assert hpu.details("initialize_distributed_hpu")[-1] == {"world_size": 2, "rank": 0, "local_rank": 0}
@@ -357,7 +358,7 @@ def test_srun_launch_is_handed_to_initialize_distributed_hpu(hpu):
     hooks = hpu.hooks()
     hpu.reset()
     launch = LaunchInfo(rank=3, world_size=4, local_rank=1, local_world_size=2, launcher="slurm")
-    setup = hooks.devplug_collective_setup(launch=launch)
+    setup = hooks(hookspecs.devplug_collective_setup, launch=launch)
     assert dict(setup.init_kwargs) == {"rank": 3, "world_size": 4}
     assert hpu.details("initialize_distributed_hpu") == [
         {"world_size": 1, "rank": -1, "local_rank": -1},  # Habana does not read SLURM's variables ...
@@ -368,7 +369,7 @@ def test_srun_launch_is_handed_to_initialize_distributed_hpu(hpu):
 def test_disagreeing_launch_readings_are_an_error(hpu, monkeypatch):
     set_env(monkeypatch, WORLD_SIZE="2", RANK="0", LOCAL_RANK="0")
     with pytest.raises(devplug.ConfigError, match="initialize_distributed_hpu"):
-        hpu.hooks().devplug_collective_setup(launch=LaunchInfo(rank=1, world_size=2, local_rank=1))
+        hpu.hooks()(hookspecs.devplug_collective_setup, launch=LaunchInfo(rank=1, world_size=2, local_rank=1))
 
 
 # ---- data loading --------------------------------------------------------------------------------------------
@@ -386,7 +387,7 @@ def image_folder(tmp_path: Path, flat: bool = False) -> Path:
 
 def test_habana_dataloader_shards_with_a_distributed_sampler(hpu, tmp_path):
     options = LoaderOptions(batch_size=2, shuffle=True, world_size=2, rank=1, num_workers=2)
-    choice = hpu.hooks().devplug_dataloader(source=ImageFolderSource(str(image_folder(tmp_path)), 8), options=options)
+    choice = hpu.hooks()(hookspecs.devplug_dataloader, source=ImageFolderSource(str(image_folder(tmp_path)), 8), options=options)
     (call,) = hpu.details("HabanaDataLoader")
     assert isinstance(call["sampler"], torch.utils.data.DistributedSampler) and "shuffle" not in call
     assert call["prefetch_factor"] == 2 and "persistent_workers" not in call
@@ -397,8 +398,8 @@ def test_torch_loader_with_reason_for_other_datasets(hpu, caplog):
     hooks = hpu.hooks()
     dataset = TensorDataset(torch.zeros(4, 3))
     with caplog.at_level(logging.INFO, logger="devplug.plugins.hpu"):
-        choice = hooks.devplug_dataloader(source=dataset, options=LoaderOptions(batch_size=2))
-        hooks.devplug_dataloader(source=dataset, options=LoaderOptions(batch_size=2))
+        choice = hooks(hookspecs.devplug_dataloader, source=dataset, options=LoaderOptions(batch_size=2))
+        hooks(hookspecs.devplug_dataloader, source=dataset, options=LoaderOptions(batch_size=2))
     assert choice.implementation == "torch DataLoader(workers=0, pin_memory=True)"
     assert "not TensorDataset" in choice.reason
     assert len([r for r in caplog.records if "not TensorDataset" in r.getMessage()]) == 1
@@ -407,11 +408,11 @@ def test_torch_loader_with_reason_for_other_datasets(hpu, caplog):
 
 def test_torch_loader_for_a_flat_folder_or_without_habana_dataloader(hpu, tmp_path):
     hooks = hpu.hooks()
-    flat = hooks.devplug_dataloader(source=ImageFolderSource(str(image_folder(tmp_path, flat=True)), 8),
+    flat = hooks(hookspecs.devplug_dataloader, source=ImageFolderSource(str(image_folder(tmp_path, flat=True)), 8),
                                     options=LoaderOptions(batch_size=2, pin_memory=False))
     assert "one sub-folder per class" in flat.reason and "pin_memory=False" in flat.implementation
     hpu.remove("habana_dataloader")
-    folders = hooks.devplug_dataloader(source=ImageFolderSource(str(image_folder(tmp_path / "b")), 8),
+    folders = hooks(hookspecs.devplug_dataloader, source=ImageFolderSource(str(image_folder(tmp_path / "b")), 8),
                                        options=LoaderOptions(batch_size=2))
     assert "habana_dataloader is not available" in folders.reason
     assert hpu.count("HabanaDataLoader") == 0
@@ -420,7 +421,7 @@ def test_torch_loader_for_a_flat_folder_or_without_habana_dataloader(hpu, tmp_pa
 # ---- synchronize and memory ----------------------------------------------------------------------------------
 def test_synchronize_and_memory_stats_come_from_torch_hpu(hpu):
     hooks = hpu.hooks()
-    assert hooks.devplug_synchronize() is True and hpu.count("hpu.synchronize") == 1
-    stats = hooks.devplug_memory_stats()
+    assert hooks(hookspecs.devplug_synchronize) is True and hpu.count("hpu.synchronize") == 1
+    stats = hooks(hookspecs.devplug_memory_stats)
     assert stats == devplug.MemoryStats(allocated=3 * 2**20, reserved=96 * 2**30, peak_allocated=5 * 2**20,
                                         total=96 * 2**30)

@@ -11,7 +11,7 @@ import torch
 from standins import hpu_fixtures
 
 import devplug
-from devplug.core.cli import devices_report
+from devplug.cli import devices_report
 from devplug.core.devices import DeviceRegistry
 from devplug.core.manager import create_plugin_manager
 from devplug.plugins.hpu import probe

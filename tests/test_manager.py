@@ -8,7 +8,6 @@ import pytest
 
 import devplug
 from devplug.core.devices import DeviceRegistry
-from devplug.core.errors import PluginConflictError
 from devplug.core.manager import create_plugin_manager
 from devplug.core.records import Availability, DeviceSpec
 
@@ -109,7 +108,7 @@ def test_incompatible_contract_version_is_reported_and_skipped():
             return DeviceSpec(name="future", description="", priority=1, probe=Availability.yes)
 
     pm = create_plugin_manager(autoload=False, extra_plugins=[("future", Future())])
-    assert "contract '2.0'" in pm.failures[0].error
+    assert "needs hook contract '2.0'" in pm.failures[0].error and "upgrade devplug" in pm.failures[0].error
     assert "future" not in DeviceRegistry(pm).names()
 
 
@@ -125,14 +124,18 @@ def test_registration_that_raises_is_reported_and_skipped():
     assert registry.resolve("cpu").name == "cpu"
 
 
-def test_two_plugins_claiming_one_device_conflict_names_both_distributions(installed):
+def test_two_plugins_claiming_one_device_conflict_names_both_distributions(installed, monkeypatch):
     installed("cpu-turbo", GOOD_PLUGIN.replace('"toyaccel"', '"cpu"'), {"cputurbo": "cpu_turbo"})
-    pm = create_plugin_manager()
-    with pytest.raises(PluginConflictError) as info:
-        DeviceRegistry(pm)
-    message = str(info.value)
+    registry = DeviceRegistry(create_plugin_manager())
+    assert registry.devices["cpu"].plugin_name == "cpu"  # the built-in keeps its name; nothing raises
+    [conflict] = registry.conflicts
+    message = str(conflict)
     assert "devplug (built-in)" in message and "cpu-turbo 0.3.1" in message
-    assert "DEVPLUG_BLOCK_PLUGINS" in message
+    assert "DEVPLUG_PREFER_PLUGINS=cputurbo" in message and "DEVPLUG_BLOCK_PLUGINS=cpu" in message
+    monkeypatch.setenv("DEVPLUG_PREFER_PLUGINS", "CPUTurbo")  # names match in any case
+    preferred = DeviceRegistry(create_plugin_manager())
+    assert preferred.devices["cpu"].plugin_name == "cputurbo"
+    assert preferred.conflicts[0].skipped.plugin_name == "cpu"
 
 
 def test_blocking_one_side_resolves_the_conflict(installed, monkeypatch):

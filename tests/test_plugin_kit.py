@@ -17,8 +17,8 @@ import pytest
 from distributions import pip_install
 
 import devplug
-from devplug.core import cli
-from devplug.core.cli import devices_report
+from devplug import cli
+from devplug.cli import devices_report
 from devplug.core.devices import DeviceRegistry
 from devplug.core.manager import DevplugPluginManager, create_plugin_manager
 from devplug.testing import DeviceConformance
@@ -43,7 +43,7 @@ def run(args: list[str], *, pythonpath: Path | None = None, cwd: Path = REPO,
 def devplug_command() -> list[str]:
     """The ``devplug`` console script of this interpreter's environment (or the module when absent)."""
     script = Path(sys.executable).with_name("devplug")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "devplug.core.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "devplug.cli"]
 
 
 @pytest.fixture(scope="module")

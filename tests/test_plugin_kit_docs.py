@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import devplug
+from devplug.core import hookspecs
 from devplug.core.devices import DeviceHooks, DeviceRegistry
 from devplug.core.manager import create_plugin_manager
 
@@ -36,9 +37,9 @@ def hooks_for(device_name: str, plugin: types.ModuleType) -> DeviceHooks:
 def test_the_cuda_optimizer_policy_applies_to_cuda_only():
     policy = snippet("@devplug.hookimpl(tryfirst=True)")
     params = [torch.nn.Parameter(torch.zeros(3))]
-    on_cuda = hooks_for("cuda", policy).devplug_optimizer(name="adamw", params=params, options={"lr": 0.1})
+    on_cuda = hooks_for("cuda", policy)(hookspecs.devplug_optimizer, name="adamw", params=params, options={"lr": 0.1})
     assert on_cuda.implementation == "torch.optim.AdamW(fused=True) [my-policy]"
-    on_cpu = hooks_for("cpu", policy).devplug_optimizer(name="adamw", params=params, options={"lr": 0.1})
+    on_cpu = hooks_for("cpu", policy)(hookspecs.devplug_optimizer, name="adamw", params=params, options={"lr": 0.1})
     assert "[my-policy]" not in on_cpu.implementation  # returned None: the cpu plugin decided as before
 
 
@@ -65,7 +66,7 @@ def test_the_auditing_wrapper_adjusts_what_the_device_plugin_built():
 
 @pytest.mark.parametrize("hook", ["devplug_optimizer", "devplug_mark_step"])
 def test_cli_marks_the_snippets_hooks_with_their_pluggy_options(hook):
-    from devplug.core.cli import plugin_infos
+    from devplug.cli import plugin_infos
 
     module = snippet("@devplug.hookimpl(tryfirst=True)" if hook == "devplug_optimizer" else "nvtx.range_push")
     [info] = [i for i in plugin_infos(create_plugin_manager(autoload=False, extra_plugins=[("doc", module)]))

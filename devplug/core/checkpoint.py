@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import random
 import tempfile
 import zipfile
 from pathlib import Path
@@ -68,29 +67,3 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             "was it written by Trainer.save()?"
         )
     return state
-
-
-def rng_state(device_module: Any) -> dict[str, Any]:
-    """Python, torch CPU and (where the device module exposes one) device RNG states."""
-    version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
-    getter = getattr(device_module, "get_rng_state_all", None)
-    if getter is not None:
-        try:
-            state["device"] = list(getter())
-        except Exception:  # device RNG not initialised (or no device): nothing to save
-            pass
-    return state
-
-
-def restore_rng_state(state: dict[str, Any], device_module: Any) -> None:
-    """Restore what :func:`rng_state` saved."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    setter = getattr(device_module, "set_rng_state_all", None)
-    if "device" in state and setter is not None:
-        try:
-            setter(state["device"])
-        except Exception:
-            pass

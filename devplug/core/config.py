@@ -53,7 +53,8 @@ class TrainerConfig:
     - ``progress``: show a tqdm progress bar (rank 0 only), refreshed at log points.
     - ``seed``: seeds Python, torch and every rank identically, so replicas start equal.
     - ``compile`` / ``compile_options``: ``torch.compile`` through the device plugin.
-    - ``channels_last``: convolution-friendly memory layout where the device plugin supports it.
+    - ``channels_last``: the channels_last memory layout for modules and 4-D batches (``Device.channels_last``,
+      honoured by every device plugin).
     - ``nonfinite``: what a NaN/inf logged value does: ``"raise"``, ``"warn"`` or ``"ignore"``.
     - ``bucket_cap_mb``, ``broadcast_buffers``, ``gradient_as_bucket_view``, ``find_unused_parameters``,
       ``static_graph``: DistributedDataParallel options over the plugin's defaults (``None`` keeps them).
@@ -101,11 +102,3 @@ class TrainerConfig:
             if value is not None:
                 overrides[name] = value
         return overrides
-
-    def plugin_options(self) -> dict[str, Any]:
-        """Options handed to the device plugin as ``Device.options``."""
-        options = dict(self.device_options)
-        options.setdefault("channels_last", self.channels_last)
-        if self.bucket_cap_mb is not None:
-            options.setdefault("bucket_cap_mb", self.bucket_cap_mb)
-        return options

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +55,20 @@ def list_images(root: str | os.PathLike[str]) -> list[tuple[Path, int]]:
     return items
 
 
+def image_transform(source: ImageFolderSource) -> Any:
+    """The torchvision transform an ImageFolderSource describes: resize (short side), center-crop, normalize."""
+    from torchvision import transforms  # lazy: torchvision only when images are loaded
+
+    return transforms.Compose(
+        [
+            transforms.Resize(source.image_size),
+            transforms.CenterCrop(source.image_size),
+            transforms.ToTensor(),
+            transforms.Normalize(source.mean, source.std),
+        ]
+    )
+
+
 class ImageFolderDataset(Dataset):
     """Images from a folder, resized, center-cropped and normalized as an ImageFolderSource says.
 
@@ -66,19 +79,10 @@ class ImageFolderDataset(Dataset):
     """
 
     def __init__(self, source: ImageFolderSource) -> None:
-        from torchvision import transforms  # lazy: torchvision only when images are loaded
-
         self.source = source
         self.items = list_images(source.root)
         self.unreadable: dict[str, str] = {}
-        self.transform = transforms.Compose(
-            [
-                transforms.Resize(source.image_size),
-                transforms.CenterCrop(source.image_size),
-                transforms.ToTensor(),
-                transforms.Normalize(source.mean, source.std),
-            ]
-        )
+        self.transform = image_transform(source)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -169,9 +173,3 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "") -
     )
     implementation = f"torch DataLoader(workers={workers}, pin_memory={bool(options.pin_memory)})"
     return LoaderChoice(loader=loader, implementation=implementation, sampler=sampler, reason=reason)
-
-
-def iterate_to_device(loader: Any, move: Any) -> Iterator[Any]:
-    """Yield each batch of ``loader`` passed through ``move``."""
-    for batch in loader:
-        yield move(batch)

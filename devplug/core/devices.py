@@ -6,20 +6,21 @@ when needed, and picks by the priority each plugin declared.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 
 from devplug.core import hookspecs
-from devplug.core.errors import DeviceUnavailableError, PluginConflictError, UnknownDeviceError
-from devplug.core.manager import DevplugPluginManager, PluginSource, get_plugin_manager
+from devplug.core.errors import DeviceUnavailableError, UnknownDeviceError
+from devplug.core.manager import DevplugPluginManager, get_plugin_manager
 from devplug.core.records import Availability, Device, DeviceSpec
 
 ENV_DEVICE = "DEVPLUG_DEVICE"
+P = ParamSpec("P")
+R = TypeVar("R")
 _REQUEST_RE = re.compile(r"^(?P<name>[a-z][a-z0-9_]*)(?::(?P<index>\d+))?$")
 
 
@@ -59,52 +60,36 @@ class RegisteredDevice:
 
 
 class DeviceRegistry:
-    """All device types the loaded plugins serve, keyed by name."""
+    """All devices the loaded plugins declare, keyed by name, with the name conflicts that were resolved."""
 
     def __init__(self, pm: DevplugPluginManager | None = None) -> None:
         self.pm = pm or get_plugin_manager()
-        self.devices: dict[str, RegisteredDevice] = {}
-        for impl in self.pm.hook.devplug_register_devices.get_hookimpls():
-            if impl.hookwrapper or impl.wrapper:
-                continue
-            self._collect(impl.plugin_name, impl.plugin, impl.function)
-
-    def _collect(self, plugin_name: str, plugin: Any, function: Any) -> None:
-        distribution = self.pm.distribution_of(plugin_name)
-        try:
-            answer = function()
-            specs = [] if answer is None else [answer] if isinstance(answer, DeviceSpec) else list(answer)
-            for spec in specs:
-                if not isinstance(spec, DeviceSpec):
-                    raise TypeError(f"devplug_register_devices returned {spec!r}, not a DeviceSpec")
-        except Exception as exc:
-            self.pm.unregister(name=plugin_name)
-            self.pm._record_failure(PluginSource(plugin_name, distribution, lambda: None), exc)
-            return
-        for spec in specs:
-            other = self.devices.get(spec.name)
-            if other is not None:
-                raise PluginConflictError(
-                    f"device {spec.name!r} is registered twice: by plugin {other.plugin_name!r} "
-                    f"({other.distribution}) and by plugin {plugin_name!r} ({distribution}). "
-                    f"Block one of them, e.g. DEVPLUG_BLOCK_PLUGINS={plugin_name}"
-                )
-            self.devices[spec.name] = RegisteredDevice(spec, plugin_name, plugin, distribution)
+        table, self.conflicts = self.pm.device_table()
+        self.devices: dict[str, RegisteredDevice] = {
+            d.spec.name: RegisteredDevice(d.spec, d.plugin_name, self.pm.get_plugin(d.plugin_name), d.distribution)
+            for d in table
+        }
 
     def names(self) -> list[str]:
         """Device names, highest priority first."""
         return [d.spec.name for d in sorted(self.devices.values(), key=lambda d: -d.spec.priority)]
 
     def device_plugin_names(self) -> set[str]:
-        """Names of plugins that registered at least one device."""
-        return {d.plugin_name for d in self.devices.values()}
+        """Names of the device plugins (those that declare devices, whether or not they keep every name)."""
+        return set(self.pm.declared_devices())
 
     def available_names(self) -> list[str]:
         """Names of devices usable on this machine, highest priority first."""
         return [n for n in self.names() if self.devices[n].availability().available]
 
-    def resolve(self, request: str | None = None, options: Mapping[str, Any] | None = None) -> Device:
-        """Turn a request (``None`` → ``$DEVPLUG_DEVICE`` or ``"auto"``) into a usable :class:`Device`."""
+    def resolve(
+        self, request: str | None = None, *, options: Mapping[str, Any] | None = None, channels_last: bool = False
+    ) -> Device:
+        """Turn a request (``None`` → ``$DEVPLUG_DEVICE`` or ``"auto"``) into a usable :class:`Device`.
+
+        ``options`` (free-form device options) and ``channels_last`` are the Trainer options the device
+        carries to every hook.
+        """
         if request is None:
             request = os.environ.get(ENV_DEVICE, "").strip() or "auto"
         request = request.strip().lower()
@@ -121,6 +106,7 @@ class DeviceRegistry:
                 raise UnknownDeviceError(
                     f"unknown device {request!r}; known devices: {self._describe_known()}. "
                     "Use 'auto', one of those names, or NAME:INDEX; install a plugin for other devices"
+                    + self._load_problems(match["name"] if match else request)
                 )
             entry = self.devices[match["name"]]
             index = int(match["index"]) if match["index"] is not None else None
@@ -137,7 +123,17 @@ class DeviceRegistry:
                     f"device {request!r} does not exist: {count} {entry.spec.name} device(s) visible "
                     f"(indices 0..{count - 1})"
                 )
-        return Device(spec=entry.spec, index=index, plugin_name=entry.plugin_name, options=dict(options or {}))
+        return Device(spec=entry.spec, index=index, plugin_name=entry.plugin_name, options=dict(options or {}),
+                      channels_last=channels_last)
+
+    def _load_problems(self, name: str) -> str:
+        """Plugin load failures (and skipped clashing devices) that may explain a missing device."""
+        related = [str(f) for f in self.pm.failures if f.name.lower() == name]
+        related += [str(c) for c in self.conflicts if c.skipped.spec.name == name]
+        if not related and self.pm.failures:
+            related = [f"{len(self.pm.failures)} plugin(s) failed to load: "
+                       + "; ".join(str(f) for f in self.pm.failures)]
+        return "".join(f". Note: {text}" for text in related)
 
     def _describe_known(self) -> str:
         parts = []
@@ -150,26 +146,23 @@ class DeviceRegistry:
 class DeviceHooks:
     """Operational hooks routed to one device plugin plus the device-neutral plugins.
 
-    ``hooks.devplug_optimizer(name=..., ...)`` calls the hook on the resolved device's plugin, on
-    every plugin that registered no device, and on the core fallback, never on other device plugins.
-    The ``device`` argument is filled in.
+    ``hooks(hookspecs.devplug_optimizer, name=..., params=..., options=...)`` calls the hook on the
+    resolved device's plugin, on every plugin that declares no device, and on the core fallback, never
+    on other device plugins; ``device`` is filled in. The call is typed by the spec function itself:
+    its keyword arguments and its return type are the spec's.
     """
 
     def __init__(self, registry: DeviceRegistry, device: Device) -> None:
         self.device = device
-        others = [
-            registry.pm.get_plugin(name)
-            for name in registry.device_plugin_names() - {device.plugin_name}
-            if registry.pm.get_plugin(name) is not None
-        ]
-        self._callers = {
-            name: registry.pm.subset_hook_caller(name, remove_plugins=others)
+        pm = registry.pm
+        others = [pm.get_plugin(name) for name in registry.device_plugin_names() - {device.plugin_name}]
+        self._callers: dict[str, Callable[..., Any]] = {
+            name: pm.subset_hook_caller(name, remove_plugins=[p for p in others if p is not None])
             for name in hookspecs.OPERATIONAL_HOOKS
         }
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            caller = self._callers[name]
-        except KeyError:
-            raise AttributeError(name) from None
-        return functools.partial(caller, device=self.device)
+    def __call__(self, spec: Callable[Concatenate[Device, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call the hook ``spec`` (a function of :mod:`devplug.core.hookspecs`) with keyword arguments."""
+        if args:
+            raise TypeError("hook arguments are passed by keyword")
+        return self._callers[spec.__name__](device=self.device, **kwargs)  # type: ignore[no-any-return]

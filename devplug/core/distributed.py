@@ -23,11 +23,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from devplug.core.errors import ConfigError
-from devplug.core.records import CollectiveSetup, LaunchInfo
+from devplug.core.records import CollectiveSetup, Device, LaunchInfo
 
 if TYPE_CHECKING:
     from devplug.core.config import TrainerConfig
-    from devplug.core.trainer import Trainer
 
 log = logging.getLogger("devplug")
 
@@ -73,20 +72,18 @@ def elastic_store(launch: LaunchInfo, env: Mapping[str, str] | None = None,
     return dist.PrefixStore(f"devplug/{run_id}/attempt{attempt}", store)
 
 
-def init_process_group(trainer: Trainer) -> CollectiveSetup:
-    """Ask the device plugin for its collective setup and join the default process group.
+def init_process_group(launch: LaunchInfo, setup: CollectiveSetup | None, device: Device) -> CollectiveSetup:
+    """Join the default process group as the device plugin's collective ``setup`` says.
 
-    The plugin's hook runs first (it may select the local device or import a collective library);
-    its ``init_kwargs`` override devplug's defaults (backend, rank, world size, rendezvous, a 10-minute
-    timeout). A process group the author already initialised is kept as it is. Either way the
-    process gets a short grace at exit (:func:`register_exit_grace`).
+    The plugin's ``devplug_collective_setup`` hook has run already (it may select the local device or
+    import a collective library); its ``init_kwargs`` override devplug's defaults (backend, rank, world
+    size, rendezvous, a 10-minute timeout). A process group the author already initialised is kept as
+    it is. Either way the process gets a short grace at exit (:func:`register_exit_grace`).
     """
-    launch = trainer.launch
-    setup = trainer.hooks.devplug_collective_setup(launch=launch)
     if not isinstance(setup, CollectiveSetup):
         raise ConfigError(
-            f"device {trainer.device} cannot train on several processes: its plugin "
-            f"{trainer.device.plugin_name!r} returned no collective setup (got {setup!r})"
+            f"device {device} cannot train on several processes: its plugin "
+            f"{device.plugin_name!r} returned no collective setup (got {setup!r})"
         )
     register_exit_grace()
     if dist.is_initialized():
@@ -126,7 +123,7 @@ def _ddp_parameters() -> frozenset[str]:
 def _normalise(options: Mapping[str, Any]) -> dict[str, Any]:
     """Spell buffer syncing the way the installed torch does.
 
-    devplug (and seed 001) call it ``broadcast_buffers``; torch 2.13 deprecated that name for
+    devplug (and the DDP tuning guides) call it ``broadcast_buffers``; torch 2.13 deprecated that name for
     ``forward_sync_buffers`` (buffers are still broadcast once at wrap time, so replicas start equal).
     """
     options = dict(options)
@@ -151,18 +148,18 @@ def ddp_options(collective: CollectiveSetup, config: TrainerConfig) -> dict[str,
     return kwargs
 
 
-def wrap_ddp(trainer: Trainer, module: torch.nn.Module) -> torch.nn.Module:
-    """Wrap ``module`` in DDP with the plugin's defaults overridden by the author's options.
+def wrap_ddp(module: torch.nn.Module, collective: CollectiveSetup | None, config: TrainerConfig) -> torch.nn.Module:
+    """Wrap ``module`` in DDP with the plugin's ``collective`` defaults overridden by the author's options.
 
     A module with no trainable parameter (a frozen feature extractor, an EMA copy) has no gradient to
     synchronise and is returned unwrapped.
     """
-    if trainer.collective is None:
+    if collective is None:
         raise ConfigError("wrap_ddp needs a joined process group (Trainer with a world size above 1)")
     if not any(p.requires_grad for p in module.parameters()):
         log.info("%s has no trainable parameters: not wrapped in DistributedDataParallel", type(module).__name__)
         return module
-    kwargs = ddp_options(trainer.collective, trainer.config)
+    kwargs = ddp_options(collective, config)
     log.debug("DistributedDataParallel(%s, %s)", type(module).__name__, kwargs)
     return DistributedDataParallel(module, **kwargs)
 
@@ -213,9 +210,3 @@ def wait_for_release(tensor: torch.Tensor, timeout: float = 2.0) -> bool:
             return False
         time.sleep(0.0002)  # releases the GIL, which the worker thread needs
     return True
-
-
-def destroy_process_group() -> None:
-    """Leave the default process group if one is joined (end of training)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()

@@ -19,8 +19,12 @@ class DeviceUnavailableError(DevplugError, RuntimeError):
     """A plugin serves the device, but it cannot be used on this machine."""
 
 
-class PluginConflictError(DevplugError, RuntimeError):
-    """Two plugins claim the same device name."""
+class PluginError(DevplugError, RuntimeError):
+    """A plugin broke the hook contract: a wrong answer, or an exception raised inside one of its hooks.
+
+    The message names the plugin, its distribution, the hook and what was expected; the plugin's own
+    exception, if any, is chained as ``__cause__``.
+    """
 
 
 class PrecisionError(DevplugError, ValueError):

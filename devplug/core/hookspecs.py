@@ -10,17 +10,25 @@ Two kinds of plugin implement these hooks:
   ``@devplug.hookimpl(wrapper=True)``) any operational hook for every device: profilers, loggers,
   a different optimizer policy.
 
+Whether a plugin is a device plugin is a static fact: it implements ``devplug_register_devices``.
+A plugin that implements it must return at least one device whatever the machine has (availability
+belongs in the probe); one that returns nothing is rejected at load.
+
 The core ships a fallback plugin (``devplug.core.fallback``) implementing every first-result hook
 with plain, device-neutral PyTorch, registered so that it runs last. A device plugin therefore only
 needs ``devplug_register_devices`` and the hooks where its device differs.
 
 Every operational hook receives ``device``, the resolved :class:`~devplug.core.records.Device`.
-Pluggy lets an implementation accept only the arguments it needs.
+Pluggy lets an implementation accept only the arguments it needs. Every answer is checked against
+the return annotation of its spec where the core receives it: a wrong type raises a
+``devplug.PluginError`` naming the plugin, its distribution, the hook and the expected record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import inspect
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pluggy
@@ -42,30 +50,17 @@ from devplug.core.records import (
 PROJECT = "devplug"
 hookspec = pluggy.HookspecMarker(PROJECT)
 
-#: Hooks called on the resolved device plugin plus device-neutral plugins only.
-OPERATIONAL_HOOKS = (
-    "devplug_device_setup",
-    "devplug_to_device",
-    "devplug_optimizer",
-    "devplug_precision",
-    "devplug_region",
-    "devplug_mark_step",
-    "devplug_collective_setup",
-    "devplug_dataloader",
-    "devplug_synchronize",
-    "devplug_memory_stats",
-    "devplug_compile",
-)
-
 
 @hookspec
-def devplug_register_devices() -> Iterable[DeviceSpec] | DeviceSpec | None:
+def devplug_register_devices() -> DeviceSpec | Iterable[DeviceSpec]:
     """Announce the device types this plugin serves.
 
-    Called once on every plugin right after plugin loading (``devplug devices`` and device resolution
-    both start here). Return a :class:`DeviceSpec`, an iterable of them, or ``None`` for a
-    device-neutral plugin. Must be cheap and must not import a vendor stack: availability belongs in
-    ``DeviceSpec.probe``, which runs only when needed. Not first-result: every plugin answers.
+    Called once on every plugin that implements it, when the plugin is loaded. Implementing it makes a
+    plugin a device plugin: return a :class:`DeviceSpec` or a list of them, the same on every machine
+    (a runtime that is missing makes the device *unavailable* through ``DeviceSpec.probe``, never
+    absent). A plugin that returns nothing, or something else, is reported and skipped. Must be cheap
+    and must not import a vendor stack: the probe runs only when availability matters. A
+    device-neutral plugin does not implement this hook. Not first-result: every plugin answers.
     """
 
 
@@ -117,7 +112,7 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
 
 
 @hookspec(firstresult=True)
-def devplug_region(device: Device, name: str) -> Any:
+def devplug_region(device: Device, name: str) -> contextlib.AbstractContextManager[Any] | None:
     """Return a context manager that marks a named region of the step for profilers.
 
     Called around ``"forward"`` (``Trainer.autocast``), ``"backward"`` and ``"optimizer_step"``.
@@ -183,3 +178,14 @@ def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, 
     Called by ``Trainer.setup`` when compilation is enabled. ``options`` are passed on to the
     compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. First-result.
     """
+
+
+#: Every hook of the contract, in the order above (the hook reference and the conformance kit follow it).
+HOOKS: tuple[Callable[..., Any], ...] = tuple(
+    fn for name, fn in list(globals().items()) if name.startswith("devplug_") and inspect.isfunction(fn)
+)
+
+#: Hooks routed to the resolved device's plugin plus device-neutral plugins: those that take ``device``.
+OPERATIONAL_HOOKS: tuple[str, ...] = tuple(
+    fn.__name__ for fn in HOOKS if "device" in inspect.signature(fn).parameters
+)

@@ -9,17 +9,27 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
 import torch
 
-#: Version of the hook contract. A plugin may declare ``DEVPLUG_CONTRACT = "<major>.<minor>"``; a plugin
-#: declaring another major version is reported and skipped.
-CONTRACT_VERSION = "1.0"
+#: Version of the hook contract (not of the devplug package; see docs/plugins.md "Contract versions").
+#: A plugin declares what it needs with ``DEVPLUG_CONTRACT``: ``"1.1"`` (that minor or newer, same major)
+#: or a range such as ``">=1.0,<3"``; a plugin this devplug cannot serve is reported and skipped.
+CONTRACT_VERSION = "1.1"
 
-_NAME_RE = r"^[a-z][a-z0-9_]*$"
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _check_device_name(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ValueError(
+            f"invalid device name {value!r}: use lower-case letters, digits and '_', starting with a letter "
+            "(e.g. 'npu' or 'my_accel')"
+        )
 
 
 def _nullcontext() -> contextlib.AbstractContextManager[None]:
@@ -56,7 +66,7 @@ class DeviceSpec:
     of this type the process can see. ``priority`` orders ``"auto"``: highest available wins.
     """
 
-    name: str = attrs.field(validator=attrs.validators.matches_re(_NAME_RE))
+    name: str = attrs.field(validator=_check_device_name)
     description: str
     priority: int
     probe: Callable[[], Availability]
@@ -77,14 +87,21 @@ class DeviceSpec:
 class Device:
     """The device a Trainer runs on, passed as ``device`` to every operational hook.
 
-    ``options`` carries device options from the Trainer configuration (for example
-    ``channels_last`` or ``bucket_cap_mb``); plugins read what they know and ignore the rest.
+    Typed fields are Trainer options every device plugin must honour (the built-ins and the core
+    fallback do, and the conformance kit checks it):
+
+    - ``channels_last``: modules and 4-D tensors moved by ``devplug_to_device`` use the
+      ``torch.channels_last`` memory format.
+
+    ``options`` carries the free-form ``Trainer(device_options={...})`` for this plugin (each plugin
+    documents the keys it reads and ignores the rest).
     """
 
     spec: DeviceSpec
     index: int | None
     plugin_name: str
     options: Mapping[str, Any] = attrs.field(factory=dict)
+    channels_last: bool = False
 
     @property
     def name(self) -> str:
@@ -97,6 +114,11 @@ class Device:
         return torch.device(self.spec.torch_type, self.index) if self.index is not None else torch.device(
             self.spec.torch_type
         )
+
+    @property
+    def memory_format(self) -> torch.memory_format | None:
+        """``torch.channels_last`` when the Trainer asked for it, else ``None`` (keep the layout)."""
+        return torch.channels_last if self.channels_last else None
 
     def __str__(self) -> str:
         return self.name if self.index is None else f"{self.name}:{self.index}"

@@ -23,8 +23,9 @@ from typing import Any
 import attrs
 import torch
 
+from devplug.core import hookspecs
 from devplug.core.devices import DeviceHooks, DeviceRegistry, RegisteredDevice
-from devplug.core.errors import DevplugError, PrecisionError
+from devplug.core.errors import DevplugError, PluginError, PrecisionError
 from devplug.core.manager import BUILTIN_DISTRIBUTION, DevplugPluginManager, create_plugin_manager
 from devplug.core.records import (
     CONTRACT_VERSION,
@@ -54,6 +55,21 @@ class ConformanceError(AssertionError):
 
 class NotApplicable(Exception):
     """A check cannot run on this machine (for example the device is not available here)."""
+
+
+class KitHooks(DeviceHooks):
+    """Hooks routed as a Trainer routes them; a contract violation the core detects fails the check."""
+
+    def __init__(self, registry: DeviceRegistry, device: Device, label: str) -> None:
+        super().__init__(registry, device)
+        self.label = label
+
+    def __call__(self, spec: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """Call the hook ``spec``; a :class:`devplug.PluginError` becomes a :class:`ConformanceError`."""
+        try:
+            return super().__call__(spec, *args, **kwargs)
+        except PluginError as exc:
+            raise ConformanceError(f"{self.label}: {exc}") from exc
 
 
 @attrs.define
@@ -89,15 +105,15 @@ class DeviceUnderTest:
         """The resolved :class:`Device` (resolution runs on first use)."""
         if self._device is None:
             self.require_available()
-            self._device = self.registry.resolve(self.name, self.options)
+            self._device = self.registry.resolve(self.name, options=self.options)
         return self._device
 
     @property
     def hooks(self) -> DeviceHooks:
         """Operational hooks routed as a Trainer routes them; ``devplug_device_setup`` has run once."""
         if self._hooks is None:
-            hooks = DeviceHooks(self.registry, self.device)
-            hooks.devplug_device_setup()
+            hooks = KitHooks(self.registry, self.device, self.label)
+            hooks(hookspecs.devplug_device_setup)
             self._hooks = hooks
         return self._hooks
 
@@ -247,7 +263,7 @@ def check_device_setup(dut: DeviceUnderTest) -> str:
     """``devplug_device_setup`` runs, and can run again for a second Trainer in the same process."""
     dut.hooks  # noqa: B018 - runs device setup once
     try:
-        DeviceHooks(dut.registry, dut.device).devplug_device_setup()
+        KitHooks(dut.registry, dut.device, dut.label)(hookspecs.devplug_device_setup)
     except Exception as exc:
         raise dut.fail(f"devplug_device_setup raised {type(exc).__name__}: {exc} when called a second time") from exc
     return f"set up {dut.device} (torch device {dut.device.torch_device})"
@@ -257,7 +273,7 @@ def check_to_device(dut: DeviceUnderTest) -> str:
     """``devplug_to_device`` moves a module (in place), a tensor and a nested batch, keeping structure."""
     hooks, device = dut.hooks, dut.device
     module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
-    moved = hooks.devplug_to_device(obj=module)
+    moved = hooks(hookspecs.devplug_to_device, obj=module)
     if not isinstance(moved, torch.nn.Module):
         raise dut.fail(f"devplug_to_device(module) returned {type(moved).__name__}, not the module")
     stray = [n for n, t in [*moved.named_parameters(), *moved.named_buffers()] if not _on_device(t, device)]
@@ -265,7 +281,7 @@ def check_to_device(dut: DeviceUnderTest) -> str:
         raise dut.fail(f"devplug_to_device(module) left {', '.join(stray)} off {device.torch_device}")
 
     tensor = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    out = hooks.devplug_to_device(obj=tensor)
+    out = hooks(hookspecs.devplug_to_device, obj=tensor)
     if not isinstance(out, torch.Tensor) or not _on_device(out, device):
         raise dut.fail(f"devplug_to_device(tensor) returned {_where(out)}, expected a tensor on {device.torch_device}")
     if out.shape != tensor.shape or out.dtype != tensor.dtype or not torch.equal(out.cpu(), tensor):
@@ -278,7 +294,7 @@ def check_to_device(dut: DeviceUnderTest) -> str:
         "named": _BatchTuple(torch.ones(2, 1), 3),
         "meta": marker,
     }
-    out = hooks.devplug_to_device(obj=batch)
+    out = hooks(hookspecs.devplug_to_device, obj=batch)
     shape_ok = (
         isinstance(out, dict)
         and set(out) == set(batch)
@@ -311,10 +327,10 @@ def check_optimizer(dut: DeviceUnderTest, name: str) -> str:
     """``devplug_optimizer`` builds a working ``torch.optim.Optimizer`` for ``name`` honouring the options."""
     hooks = dut.hooks
     torch.manual_seed(0)
-    model = hooks.devplug_to_device(obj=torch.nn.Linear(4, 1))
+    model = hooks(hookspecs.devplug_to_device, obj=torch.nn.Linear(4, 1))
     params = list(model.parameters())
     options = _author_options(name)
-    choice = hooks.devplug_optimizer(name=name, params=params, options=dict(options))
+    choice = hooks(hookspecs.devplug_optimizer, name=name, params=params, options=dict(options))
     if not isinstance(choice, OptimizerChoice):
         raise dut.fail(f"devplug_optimizer({name!r}) returned {choice!r}, not a devplug.OptimizerChoice")
     optimizer = choice.optimizer
@@ -330,7 +346,7 @@ def check_optimizer(dut: DeviceUnderTest, name: str) -> str:
         got = group.get(key)
         if got is None or (tuple(got) if isinstance(value, tuple) else got) != value:
             raise dut.fail(f"{choice.implementation} ignored option {key}={value!r} (param group has {got!r})")
-    x, y = (hooks.devplug_to_device(obj=t) for t in _toy_regression(32))
+    x, y = (hooks(hookspecs.devplug_to_device, obj=t) for t in _toy_regression(32))
     losses = []
     for _ in range(5):
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -351,7 +367,7 @@ def check_precision(dut: DeviceUnderTest, precision: str) -> str:
     """
     hooks = dut.hooks
     try:
-        plan = hooks.devplug_precision(precision=precision)
+        plan = hooks(hookspecs.devplug_precision, precision=precision)
     except PrecisionError as exc:
         if precision in ("auto", "32-true"):
             raise dut.fail(f"refused precision {precision!r} ({exc}); every device must run it") from exc
@@ -382,8 +398,8 @@ def check_precision(dut: DeviceUnderTest, precision: str) -> str:
         module = converted if converted is not None else module
         if not isinstance(module, torch.nn.Module):
             raise dut.fail(f"the {plan.name} plan's convert_module returned {type(module).__name__}, not a module")
-    module = hooks.devplug_to_device(obj=module)
-    x = hooks.devplug_to_device(obj=torch.ones(3, 4))
+    module = hooks(hookspecs.devplug_to_device, obj=module)
+    x = hooks(hookspecs.devplug_to_device, obj=torch.ones(3, 4))
     try:
         with plan.autocast():
             out = module(x)
@@ -406,7 +422,7 @@ def check_precision(dut: DeviceUnderTest, precision: str) -> str:
 def check_region(dut: DeviceUnderTest) -> str:
     """``devplug_region`` returns an enterable context manager (or ``None``) for each region the Trainer opens."""
     for name in REGIONS:
-        ctx = dut.hooks.devplug_region(name=name)
+        ctx = dut.hooks(hookspecs.devplug_region, name=name)
         if ctx is None:
             continue
         if not (hasattr(ctx, "__enter__") and hasattr(ctx, "__exit__")):
@@ -422,10 +438,10 @@ def check_region(dut: DeviceUnderTest) -> str:
 def check_mark_step(dut: DeviceUnderTest, phase: Phase) -> str:
     """``devplug_mark_step`` accepts ``phase`` (called after backward and after each optimizer step)."""
     hooks = dut.hooks
-    model = hooks.devplug_to_device(obj=torch.nn.Linear(2, 1))
-    model(hooks.devplug_to_device(obj=torch.ones(1, 2))).sum().backward()
+    model = hooks(hookspecs.devplug_to_device, obj=torch.nn.Linear(2, 1))
+    model(hooks(hookspecs.devplug_to_device, obj=torch.ones(1, 2))).sum().backward()
     try:
-        hooks.devplug_mark_step(phase=phase)
+        hooks(hookspecs.devplug_mark_step, phase=phase)
     except Exception as exc:
         raise dut.fail(f"devplug_mark_step(phase={phase}) raised {type(exc).__name__}: {exc}") from exc
     return f"mark_step({phase.value}) ok"
@@ -451,7 +467,7 @@ def check_collective_setup(dut: DeviceUnderTest) -> str:
     if not dist.is_available():
         raise NotApplicable("this torch build has no torch.distributed")
     launch = LaunchInfo(rank=0, world_size=2, local_rank=0, local_world_size=2, launcher="torchrun")
-    setup = dut.hooks.devplug_collective_setup(launch=launch)
+    setup = dut.hooks(hookspecs.devplug_collective_setup, launch=launch)
     if not isinstance(setup, CollectiveSetup):
         raise dut.fail(f"devplug_collective_setup returned {setup!r}, not a devplug.CollectiveSetup")
     if not isinstance(setup.backend, str) or not setup.backend.strip():
@@ -481,7 +497,7 @@ def check_dataloader(dut: DeviceUnderTest) -> str:
     x, y = _toy_regression(10)
     dataset = torch.utils.data.TensorDataset(x, y)
     options = LoaderOptions(batch_size=4, shuffle=True, num_workers=0, persistent_workers=False, seed=3)
-    choice = hooks.devplug_dataloader(source=dataset, options=options)
+    choice = hooks(hookspecs.devplug_dataloader, source=dataset, options=options)
     if not isinstance(choice, LoaderChoice):
         raise dut.fail(f"devplug_dataloader returned {choice!r}, not a devplug.LoaderChoice")
     if not choice.implementation:
@@ -489,7 +505,7 @@ def check_dataloader(dut: DeviceUnderTest) -> str:
     seen = 0
     for batch in choice.loader:
         if not choice.on_device:
-            batch = hooks.devplug_to_device(obj=batch)
+            batch = hooks(hookspecs.devplug_to_device, obj=batch)
         inputs, _targets = batch
         if not _on_device(inputs, device):
             where = "on_device=True but batches arrive on " if choice.on_device else "batches moved to "
@@ -507,9 +523,9 @@ def check_dataloader(dut: DeviceUnderTest) -> str:
 def check_synchronize_and_memory(dut: DeviceUnderTest) -> str:
     """``devplug_synchronize`` returns; ``devplug_memory_stats`` gives :class:`MemoryStats` or ``None``."""
     hooks = dut.hooks
-    hooks.devplug_to_device(obj=torch.ones(8)).sum()
-    hooks.devplug_synchronize()
-    stats = hooks.devplug_memory_stats()
+    hooks(hookspecs.devplug_to_device, obj=torch.ones(8)).sum()
+    hooks(hookspecs.devplug_synchronize)
+    stats = hooks(hookspecs.devplug_memory_stats)
     if stats is None:
         return "memory stats: not reported"
     if not isinstance(stats, MemoryStats):
@@ -524,14 +540,14 @@ def check_synchronize_and_memory(dut: DeviceUnderTest) -> str:
 def check_compile(dut: DeviceUnderTest, *, run: bool = False) -> str:
     """``devplug_compile`` returns a callable module (or ``None``); with ``run=True`` the result is called."""
     hooks = dut.hooks
-    module = hooks.devplug_to_device(obj=torch.nn.Linear(4, 2))
-    compiled = hooks.devplug_compile(module=module, options={})
+    module = hooks(hookspecs.devplug_to_device, obj=torch.nn.Linear(4, 2))
+    compiled = hooks(hookspecs.devplug_compile, module=module, options={})
     if compiled is None:
         return "compile: deferred (module used as is)"
     if not callable(compiled):
         raise dut.fail(f"devplug_compile returned {compiled!r}, which cannot be called")
     if run:
-        x = hooks.devplug_to_device(obj=torch.ones(3, 4))
+        x = hooks(hookspecs.devplug_to_device, obj=torch.ones(3, 4))
         with torch.no_grad():
             expected = module(x)
             got = compiled(x)

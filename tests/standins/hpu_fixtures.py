@@ -90,11 +90,11 @@ class StandIn:
     def hooks(self, **options: Any) -> DeviceHooks:
         """The operational hooks routed to the HPU plugin, for a resolved ``hpu`` device."""
         registry = DeviceRegistry(self.plugin_manager())
-        return DeviceHooks(registry, registry.resolve("hpu", options))
+        return DeviceHooks(registry, registry.resolve("hpu", options=options))
 
     def device(self, **options: Any) -> Device:
         """A resolved ``hpu`` device record."""
-        return DeviceRegistry(self.plugin_manager()).resolve("hpu", options)
+        return DeviceRegistry(self.plugin_manager()).resolve("hpu", options=options)
 
 
 def standin(monkeypatch: pytest.MonkeyPatch, *, lazy: bool = True, devices: int = 1) -> Iterator[StandIn]:

@@ -1,19 +1,4 @@
-"""Built-in CPU device plugin: torch fused optimizers, bf16 autocast where the CPU has native bf16, gloo."""
+"""Built-in CPU device plugin: torch fused optimizers, bf16 autocast where the CPU has native bf16, gloo.
 
-from devplug.plugins.cpu.plugin import (
-    devplug_collective_setup,
-    devplug_memory_stats,
-    devplug_optimizer,
-    devplug_precision,
-    devplug_register_devices,
-)
-
-DEVPLUG_CONTRACT = "1.0"
-
-__all__ = [
-    "devplug_collective_setup",
-    "devplug_memory_stats",
-    "devplug_optimizer",
-    "devplug_precision",
-    "devplug_register_devices",
-]
+The hooks live in :mod:`.plugin`, which devplug registers directly (nothing is re-exported here).
+"""

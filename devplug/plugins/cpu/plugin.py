@@ -9,9 +9,7 @@ from typing import Any
 
 import torch
 
-from devplug.core.fallback import autocast_plan, torch_optimizer_class
-from devplug.core.hookimpl import hookimpl
-from devplug.core.records import (
+from devplug import (
     Availability,
     CollectiveSetup,
     Device,
@@ -20,7 +18,11 @@ from devplug.core.records import (
     MemoryStats,
     OptimizerChoice,
     PrecisionPlan,
+    hookimpl,
 )
+from devplug.toolkit import autocast_plan, process_memory_stats, torch_optimizer_class
+
+DEVPLUG_CONTRACT = "1.1"
 
 #: Optimizers that torch implements with a fused CPU kernel in recent releases.
 FUSED_CANDIDATES = ("adam", "adamw", "sgd", "adagrad")
@@ -101,10 +103,4 @@ def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSe
 @hookimpl
 def devplug_memory_stats(device: Device) -> MemoryStats:
     """Resident memory of this process (peak as reported by the OS)."""
-    try:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if platform.system() == "Darwin" else 1024)
-    except (ImportError, OSError):
-        peak = None
-    return MemoryStats(peak_allocated=peak)
+    return process_memory_stats()

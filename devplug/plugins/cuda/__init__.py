@@ -3,36 +3,6 @@
 Modules, one job each: :mod:`.probe` (is a GPU usable, and why not), :mod:`.optimizers` (apex or torch
 fused), :mod:`.precision` (AMP plans, TF32), :mod:`.dali` (DALI image-folder loader), :mod:`.plugin`
 (the hook implementations). Neither apex nor DALI is imported when the plugin is registered.
+
+The hooks live in :mod:`.plugin`, which devplug registers directly (nothing is re-exported here).
 """
-
-from devplug.plugins.cuda.plugin import (
-    devplug_collective_setup,
-    devplug_compile,
-    devplug_dataloader,
-    devplug_device_setup,
-    devplug_mark_step,
-    devplug_memory_stats,
-    devplug_optimizer,
-    devplug_precision,
-    devplug_region,
-    devplug_register_devices,
-    devplug_synchronize,
-    devplug_to_device,
-)
-
-DEVPLUG_CONTRACT = "1.0"
-
-__all__ = [
-    "devplug_collective_setup",
-    "devplug_compile",
-    "devplug_dataloader",
-    "devplug_device_setup",
-    "devplug_mark_step",
-    "devplug_memory_stats",
-    "devplug_optimizer",
-    "devplug_precision",
-    "devplug_region",
-    "devplug_register_devices",
-    "devplug_synchronize",
-    "devplug_to_device",
-]

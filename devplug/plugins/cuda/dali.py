@@ -1,7 +1,7 @@
 """NVIDIA DALI loader for image folders: decode on the GPU, resize, crop, normalize, batches on the device.
 
-The pipeline reads the same files with the same labels as :class:`devplug.core.data.ImageFolderDataset`
-(both list them with :func:`devplug.core.data.list_images`) and applies the same transform (resize the
+The pipeline reads the same files with the same labels as :class:`devplug.toolkit.ImageFolderDataset`
+(both list them with :func:`devplug.toolkit.list_images`) and applies the same transform (resize the
 short side, center crop, normalize with the source's mean/std), so switching loaders does not change
 what the model sees beyond decoder and resampling rounding.
 
@@ -22,9 +22,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from devplug.core.data import list_images
-from devplug.core.errors import DataError
-from devplug.core.records import ImageFolderSource, LoaderChoice, LoaderOptions
+from devplug import DataError, ImageFolderSource, LoaderChoice, LoaderOptions
+from devplug.toolkit import list_images
 
 #: Name of the file reader inside the pipeline; the iterator asks it for the shard size.
 READER_NAME = "devplug_reader"

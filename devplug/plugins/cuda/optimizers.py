@@ -25,9 +25,8 @@ from typing import Any
 import attrs
 import torch
 
-from devplug.core.errors import OptimizerError
-from devplug.core.fallback import torch_optimizer_class, torch_optimizer_defaults
-from devplug.core.records import OptimizerChoice
+from devplug import OptimizerChoice, OptimizerError
+from devplug.toolkit import torch_optimizer_class, torch_optimizer_defaults
 
 #: apex class for each optimizer name.
 APEX_CLASSES: dict[str, str] = {"adam": "FusedAdam", "adamw": "FusedAdam", "sgd": "FusedSGD", "lamb": "FusedLAMB"}

@@ -1,9 +1,9 @@
 """Hook implementations of the CUDA plugin.
 
 The core routes operational hooks here only when the resolved device is ``cuda``, so no hook asks
-"is this my device?". Device options read (``Trainer(device_options={...})`` unless noted):
+"is this my device?". ``device.channels_last`` (the Trainer option) gives channels_last modules, 4-D
+batches and DALI output. Device options read (``Trainer(device_options={...})``):
 
-- ``channels_last`` (Trainer option ``channels_last``): channels_last modules and 4-D batches.
 - ``tf32`` (default True): TF32 matmuls and cuDNN convolutions on Ampere and newer.
 - ``apex`` (default True): use NVIDIA apex's fused optimizers when apex is installed.
 - ``profile`` (default False): NVTX ranges around forward, backward and optimizer step.
@@ -21,14 +21,11 @@ from typing import Any
 import attrs
 import torch
 
-from devplug.core.data import torch_dataloader
-from devplug.core.errors import DevplugError
-from devplug.core.fallback import TORCH_OPTIMIZERS
-from devplug.core.hookimpl import hookimpl
-from devplug.core.records import (
+from devplug import (
     CollectiveSetup,
     Device,
     DeviceSpec,
+    DevplugError,
     ImageFolderSource,
     LaunchInfo,
     LoaderChoice,
@@ -37,29 +34,17 @@ from devplug.core.records import (
     OptimizerChoice,
     Phase,
     PrecisionPlan,
+    hookimpl,
 )
-from devplug.core.tree import move_to
 from devplug.plugins.cuda.dali import build_dali_loader, dali_status
 from devplug.plugins.cuda.optimizers import build_optimizer
 from devplug.plugins.cuda.precision import configure_tf32, plan_precision
 from devplug.plugins.cuda.probe import compute_capability, device_count, probe
+from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_dataloader
+
+DEVPLUG_CONTRACT = "1.1"
 
 log = logging.getLogger("devplug")
-
-_reported: set[str] = set()
-
-
-def report_once(message: str) -> None:
-    """Log ``message`` at INFO level the first time it is seen in this process."""
-    if message not in _reported:
-        _reported.add(message)
-        log.info("%s", message)
-
-
-def forget_reports() -> None:
-    """Forget which messages :func:`report_once` has logged (tests)."""
-    _reported.clear()
-
 
 @hookimpl
 def devplug_register_devices() -> DeviceSpec:
@@ -87,9 +72,8 @@ def devplug_device_setup(device: Device) -> None:
 
 @hookimpl
 def devplug_to_device(device: Device, obj: Any) -> Any:
-    """``.to("cuda")``, non-blocking from pinned memory; channels_last when the option is set."""
-    memory_format = torch.channels_last if device.options.get("channels_last") else None
-    return move_to(obj, device.torch_device, memory_format=memory_format)
+    """``.to("cuda")``, non-blocking from pinned memory; channels_last when the Trainer asks."""
+    return move_to(obj, device.torch_device, memory_format=device.memory_format)
 
 
 @hookimpl
@@ -159,12 +143,12 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
                 device_id = torch.cuda.current_device()
             try:
                 return build_dali_loader(source, options, device_id,
-                                         channels_last=bool(device.options.get("channels_last")))
+                                         channels_last=device.channels_last)
             except DevplugError:  # a missing or empty folder: the torch loader would say the same
                 raise
             except Exception as exc:  # a DALI that imports but cannot run here must not stop training
                 reason = f"the DALI pipeline could not be built ({type(exc).__name__}: {exc})"
-    report_once(f"cuda: loading {source.root} with the torch DataLoader, not DALI: {reason}")
+    log_once(f"cuda: loading {source.root} with the torch DataLoader, not DALI: {reason}")
     return torch_dataloader(source, options, reason=reason)
 
 

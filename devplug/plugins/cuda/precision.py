@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from devplug.core.fallback import autocast_plan
-from devplug.core.records import Device, PrecisionPlan
+from devplug import Device, PrecisionPlan
+from devplug.toolkit import autocast_plan
 
 #: First compute capability with TF32 and native bf16 tensor cores (Ampere).
 AMPERE = (8, 0)

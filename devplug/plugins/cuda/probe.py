@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from devplug.core.records import Availability
+from devplug import Availability
 
 #: Driver API results worth naming (``CUresult`` values from ``cuda.h``).
 _CU_ERRORS = {

@@ -8,32 +8,6 @@ is imported until a Gaudi device is probed or selected. See ``docs/devices/hpu.m
 
 Modules: ``probe`` (availability), ``mode`` (lazy/eager, step marking, compile), ``optimizers``,
 ``precision``, ``distributed``, ``data``, ``stats``, ``runtime`` (process-wide state), ``plugin`` (hooks).
+
+The hooks live in :mod:`.plugin`, which devplug registers directly (nothing is re-exported here).
 """
-
-from devplug.plugins.hpu.plugin import (
-    devplug_collective_setup,
-    devplug_compile,
-    devplug_dataloader,
-    devplug_device_setup,
-    devplug_mark_step,
-    devplug_memory_stats,
-    devplug_optimizer,
-    devplug_precision,
-    devplug_register_devices,
-    devplug_synchronize,
-)
-
-DEVPLUG_CONTRACT = "1.0"
-
-__all__ = [
-    "devplug_collective_setup",
-    "devplug_compile",
-    "devplug_dataloader",
-    "devplug_device_setup",
-    "devplug_mark_step",
-    "devplug_memory_stats",
-    "devplug_optimizer",
-    "devplug_precision",
-    "devplug_register_devices",
-    "devplug_synchronize",
-]

@@ -3,7 +3,7 @@
 ``HabanaDataLoader`` takes ``torch.utils.data.DataLoader``'s arguments and accelerates torchvision
 ``ImageFolder`` datasets (Gaudi 2 decodes JPEGs on the device's media engine; first-gen Gaudi uses a
 faster host pipeline); for anything else it runs a plain torch DataLoader. The plugin therefore uses it
-when the source is an :class:`~devplug.core.records.ImageFolderSource` laid out as class folders or a
+when the source is an :class:`devplug.ImageFolderSource` laid out as class folders or a
 torchvision ``ImageFolder``, and otherwise builds the torch loader itself, saying why once. Host memory
 is pinned unless the author says otherwise (Habana's performance guide), so copies to the card are
 asynchronous DMAs without an extra host copy.
@@ -19,24 +19,16 @@ from typing import Any
 
 import attrs
 
-from devplug.core.data import IMAGE_EXTENSIONS, make_sampler, torch_dataloader
-from devplug.core.records import Device, ImageFolderSource, LoaderChoice, LoaderOptions
+from devplug import Device, ImageFolderSource, LoaderChoice, LoaderOptions
 from devplug.plugins.hpu import runtime
+from devplug.toolkit import IMAGE_EXTENSIONS, image_transform, make_sampler, torch_dataloader
 
 
 def image_folder_dataset(source: ImageFolderSource) -> Any:
     """A torchvision ``ImageFolder`` with the resize, crop and normalization the source describes."""
-    from torchvision import datasets, transforms
+    from torchvision import datasets
 
-    transform = transforms.Compose(
-        [
-            transforms.Resize(source.image_size),
-            transforms.CenterCrop(source.image_size),
-            transforms.ToTensor(),
-            transforms.Normalize(source.mean, source.std),
-        ]
-    )
-    return datasets.ImageFolder(source.root, transform=transform)
+    return datasets.ImageFolder(source.root, transform=image_transform(source))
 
 
 def habana_dataset(source: Any, options: LoaderOptions) -> tuple[Any, str]:

@@ -20,8 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from devplug.core.errors import ConfigError
-from devplug.core.records import CollectiveSetup, Device, LaunchInfo
+from devplug import CollectiveSetup, ConfigError, Device, LaunchInfo
 from devplug.plugins.hpu import runtime
 
 HCCL_MODULE = "habana_frameworks.torch.distributed.hccl"

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from devplug.core.records import Device, Phase
+from devplug import Device, Phase
 from devplug.plugins.hpu import runtime
 
 ENV_LAZY = "PT_HPU_LAZY_MODE"

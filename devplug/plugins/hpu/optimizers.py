@@ -26,9 +26,9 @@ from typing import Any
 import attrs
 import torch
 
-from devplug.core.fallback import torch_optimizer_class, torch_optimizer_defaults
-from devplug.core.records import Device, OptimizerChoice
+from devplug import Device, OptimizerChoice
 from devplug.plugins.hpu import runtime
+from devplug.toolkit import torch_optimizer_class, torch_optimizer_defaults
 
 HPEX_OPTIMIZERS = "habana_frameworks.torch.hpex.optimizers"
 #: torch options that choose among torch's own kernels; they mean nothing to a Habana fused optimizer.

@@ -6,8 +6,7 @@ from typing import Any
 
 import torch
 
-from devplug.core.hookimpl import hookimpl
-from devplug.core.records import (
+from devplug import (
     CollectiveSetup,
     Device,
     DeviceSpec,
@@ -18,9 +17,12 @@ from devplug.core.records import (
     OptimizerChoice,
     Phase,
     PrecisionPlan,
+    hookimpl,
 )
 from devplug.plugins.hpu import data, distributed, mode, optimizers, probe, stats
 from devplug.plugins.hpu import precision as precision_plans
+
+DEVPLUG_CONTRACT = "1.1"
 
 
 @hookimpl

@@ -26,10 +26,9 @@ from typing import Any
 import attrs
 import torch
 
-from devplug.core.errors import PrecisionError
-from devplug.core.fallback import autocast_plan
-from devplug.core.records import Device, PrecisionPlan
+from devplug import Device, PrecisionError, PrecisionPlan
 from devplug.plugins.hpu import runtime
+from devplug.toolkit import autocast_plan
 
 HMP_MODULE = "habana_frameworks.torch.hpex.hmp"
 HMP_OPT_LEVELS = ("O1", "O2")

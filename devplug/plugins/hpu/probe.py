@@ -10,7 +10,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-from devplug.core.records import Availability
+from devplug import Availability
 
 #: The torch device type HPU tensors live on. The shipped value is "hpu"; the plugin's tests run the
 #: plugin on a CPU-backed stand-in of the Intel packages and set it to "cpu" for that purpose only.

@@ -11,7 +11,10 @@ from typing import Any
 
 import attrs
 
-log = logging.getLogger("devplug.plugins.hpu")
+from devplug.toolkit import forget_logged
+from devplug.toolkit import log_once as toolkit_log_once
+
+LOGGER = "devplug.plugins.hpu"
 
 
 @attrs.define
@@ -21,13 +24,11 @@ class HpuRuntime:
     - ``htcore``: ``habana_frameworks.torch.core``, imported by ``devplug_device_setup``.
     - ``lazy``: True in lazy mode (graphs flushed by ``htcore.mark_step()``), False in eager mode.
     - ``hmp_converted``: ``hmp.convert`` has patched torch (it must run once per process).
-    - ``said``: messages already logged by :func:`log_once`.
     """
 
     htcore: Any = None
     lazy: bool | None = None
     hmp_converted: bool = False
-    said: set[str] = attrs.field(factory=set)
 
 
 _runtime = HpuRuntime()
@@ -42,11 +43,9 @@ def reset() -> None:
     """Forget everything learned (tests; a real process keeps one Gaudi runtime for its lifetime)."""
     global _runtime
     _runtime = HpuRuntime()
+    forget_logged()
 
 
 def log_once(message: str, level: int = logging.INFO) -> None:
-    """Log ``message`` at ``level`` the first time it comes up in this process."""
-    said = _runtime.said
-    if message not in said:
-        said.add(message)
-        log.log(level, "%s", message)
+    """Log ``message`` on the plugin's logger at ``level`` the first time it comes up in this process."""
+    toolkit_log_once(message, level, logger=LOGGER)

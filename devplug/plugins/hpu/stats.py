@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from devplug.core.records import Device, MemoryStats
+from devplug import Device, MemoryStats
 from devplug.plugins.hpu.probe import hpu_module
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -18,10 +17,12 @@ from devplug.core.manager import (
     BUILTIN_DISTRIBUTION,
     ENV_BLOCK,
     ENV_DISABLE_AUTOLOAD,
+    FALLBACK_NAME,
     DevplugPluginManager,
     get_plugin_manager,
 )
 from devplug.core.records import CONTRACT_VERSION
+from devplug.testing.checks import ConformanceError, run_checks
 
 #: How ``devplug devices --verbose`` marks a hook implementation's pluggy options.
 _HOOK_OPTIONS = ("wrapper", "hookwrapper", "tryfirst", "trylast")
@@ -43,7 +44,7 @@ class PluginInfo:
         """``"device plugin (cpu)"``, ``"device-neutral"`` or ``"core fallback"``."""
         if self.devices:
             return f"device plugin ({', '.join(self.devices)})"
-        return "core fallback" if self.name == "devplug.fallback" else "device-neutral"
+        return "core fallback" if self.name == FALLBACK_NAME else "device-neutral"
 
 
 def _split_distribution(distribution: str, plugin: Any) -> tuple[str, str]:
@@ -109,10 +110,6 @@ def _table(rows: list[tuple[str, ...]], indent: str = "") -> list[str]:
     return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
-def _autoload_disabled() -> bool:
-    return os.environ.get(ENV_DISABLE_AUTOLOAD, "").strip().lower() not in ("", "0", "false", "no")
-
-
 def devices_report(pm: DevplugPluginManager | None = None, *, verbose: bool = False) -> str:
     """The text ``devplug devices`` prints: every device, where it came from, available or why not.
 
@@ -155,17 +152,21 @@ def devices_report(pm: DevplugPluginManager | None = None, *, verbose: bool = Fa
             lines.append(f"      hooks: {', '.join(info.hooks) or 'none'}")
         if pm.blocked_names:
             lines += ["", f"Blocked plugins ({ENV_BLOCK} or blocked=): {', '.join(sorted(pm.blocked_names))}"]
-        if _autoload_disabled():
+        if not pm.autoload:
             lines += ["", f"Entry-point plugins were not loaded: {ENV_DISABLE_AUTOLOAD} is set."]
+    if registry.conflicts:
+        lines += ["", "Device name conflicts (the other plugin's device was skipped):"]
+        lines += [f"  {conflict}" for conflict in registry.conflicts]
     if pm.failures:
         lines += ["", "Plugins that failed to load (skipped):"]
         lines += [f"  {failure}" for failure in pm.failures]
+    if pm.warnings:
+        lines += ["", "Warnings:", *(f"  {warning}" for warning in pm.warnings)]
     return "\n".join(lines)
 
 
 def check_report(device: str, *, run_compiled: bool = False) -> tuple[str, bool]:
     """Run the conformance kit against ``device``; return the report and whether every check passed."""
-    from devplug.testing.checks import run_checks  # lazy: only this command needs the kit
 
     results = run_checks(device, get_plugin_manager(), run_compiled=run_compiled)
     failed = [r for r in results if r.outcome == "failed"]
@@ -206,10 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report, ok = check_report(args.device, run_compiled=args.run_compiled)
             print(report)
             return 0 if ok else 1
-    except DevplugError as exc:
-        print(f"devplug: error: {exc}", file=sys.stderr)
-        return 2
-    except AssertionError as exc:  # the kit's ConformanceError when the device is not registered at all
+    except (DevplugError, ConformanceError) as exc:  # ConformanceError: the device is not registered at all
         print(f"devplug: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -1,0 +1,162 @@
+"""Hook answers checked where the core receives them, and plugin failures named.
+
+Every hook implementation a plugin registers is wrapped once, at registration, by :func:`guard_hookimpl`:
+
+- an answer that does not fit the return annotation of the hook's spec (a bare optimizer instead of an
+  ``OptimizerChoice``, a tuple instead of a ``PrecisionPlan``) raises one :class:`PluginError`
+  naming the plugin, its distribution, the hook and the expected record;
+- an exception raised inside the hook (wrapper or not) is re-raised as a :class:`PluginError` with the
+  same naming and the original chained; devplug's own errors (``PrecisionError`` for a setting the
+  device cannot run, ``OptimizerError``, ...) are part of the contract and pass through unchanged;
+- a ``wrapper=True`` implementation that swallows the inner answer (``yield`` without ``return``) is
+  reported as such instead of surfacing later as "no plugin can build ...".
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from collections.abc import Callable, Generator
+from typing import Any
+
+import pluggy
+
+from devplug.core.errors import DevplugError, PluginError
+
+
+@functools.cache
+def expected_types(spec_function: Callable[..., Any]) -> tuple[type, ...]:
+    """Runtime classes an answer of ``spec_function``'s hook may be (``None`` excluded); ``()``: unchecked."""
+    annotation = typing.get_type_hints(spec_function).get("return", Any)
+    members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    classes = []
+    for member in members:
+        origin = typing.get_origin(member) or member
+        if origin is Any:
+            return ()
+        if isinstance(origin, type) and origin is not type(None):
+            classes.append(origin)
+    return tuple(classes)
+
+
+def describe_types(classes: tuple[type, ...], optional: bool) -> str:
+    """``"an OptimizerChoice or None"``: the expected answer in words."""
+    names = [_article(_FRIENDLY_NAMES.get(n, n)) for n in map(_type_name, classes)] + (["None"] if optional else [])
+    return " or ".join(names)
+
+
+_FRIENDLY_NAMES = {"contextlib.AbstractContextManager": "context manager"}
+
+
+def _type_name(cls: type) -> str:
+    if cls.__module__.startswith("devplug."):
+        return f"devplug.{cls.__qualname__}"
+    if cls.__module__ in ("builtins", "collections.abc", "contextlib"):
+        return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _article(name: str) -> str:
+    return ("an " if name[:1].lower() in "aeiou" else "a ") + name
+
+
+def _describe_value(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} (a {type(value).__module__}.{type(value).__qualname__})"
+
+
+class HookLabel:
+    """Who answered: ``devplug_optimizer of plugin 'acme' (devplug-acme 1.2.0)``, the prefix of every error."""
+
+    def __init__(self, hook: str, plugin_name: str, distribution: str) -> None:
+        self.hook, self.plugin_name, self.distribution = hook, plugin_name, distribution
+
+    def __str__(self) -> str:
+        return f"{self.hook} of plugin {self.plugin_name!r} ({self.distribution})"
+
+    def raised(self, exc: BaseException) -> PluginError:
+        """The PluginError for an exception raised inside the hook."""
+        return PluginError(f"{self} raised {type(exc).__name__}: {exc}")
+
+    def wrong_answer(self, value: Any, classes: tuple[type, ...], optional: bool) -> PluginError:
+        """The PluginError for an answer of the wrong type."""
+        return PluginError(
+            f"{self} returned {_describe_value(value)}, not {describe_types(classes, False)}; the contract expects "
+            f"{describe_types(classes, optional)} (see docs/hooks.md#{self.hook}); report this to the maintainers "
+            f"of {self.distribution}"
+        )
+
+
+def guard_hookimpl(impl: pluggy.HookImpl, spec: pluggy.HookSpec | None, distribution: str) -> None:
+    """Replace ``impl.function`` by a checked call (idempotent); old-style ``hookwrapper`` impls are left alone."""
+    if impl.hookwrapper or getattr(impl.function, "__devplug_guarded__", False):
+        return
+    label = HookLabel(spec.name if spec is not None else impl.function.__name__, impl.plugin_name, distribution)
+    classes = expected_types(spec.function) if spec is not None else ()
+    firstresult = bool(spec is not None and spec.opts.get("firstresult"))
+    function = impl.function
+    guarded = _guard_wrapper(function, label, classes, firstresult) if impl.wrapper else _guard_call(
+        function, label, classes)
+    guarded.__devplug_guarded__ = True  # type: ignore[attr-defined]
+    impl.function = guarded  # type: ignore[misc]  # pluggy calls impl.function; argnames stay the original's
+
+
+def _guard_call(function: Callable[..., Any], label: HookLabel, classes: tuple[type, ...]) -> Callable[..., Any]:
+    def guarded(*args: Any) -> Any:
+        try:
+            result = function(*args)
+        except DevplugError:
+            raise
+        except Exception as exc:
+            raise label.raised(exc) from exc
+        if result is not None and classes and not isinstance(result, classes):
+            raise label.wrong_answer(result, classes, True)
+        return result
+
+    return guarded
+
+
+def _guard_wrapper(
+    function: Callable[..., Any], label: HookLabel, classes: tuple[type, ...], firstresult: bool
+) -> Callable[..., Generator[Any, Any, Any]]:
+    def guarded(*args: Any) -> Generator[Any, Any, Any]:
+        generator = function(*args)
+        try:
+            request = next(generator)
+        except StopIteration:
+            raise PluginError(f"{label} is a wrapper that did not yield; write `return (yield)`") from None
+        except DevplugError:
+            raise
+        except Exception as exc:
+            raise label.raised(exc) from exc
+        try:
+            inner = yield request
+        except BaseException as thrown:
+            return _finish(label, functools.partial(generator.throw, thrown), passthrough=thrown)
+        result = _finish(label, functools.partial(generator.send, inner), passthrough=None)
+        if result is None and inner is not None and (firstresult or isinstance(inner, list)):
+            raise PluginError(
+                f"{label} is a wrapper that dropped the answer of the other implementations (it returned None); "
+                "write `return (yield)` or `result = yield ... return result`"
+            )
+        if result is not None and firstresult and classes and not isinstance(result, classes):
+            raise label.wrong_answer(result, classes, True)
+        return result
+
+    return guarded
+
+
+def _finish(label: HookLabel, resume: Callable[[], Any], passthrough: BaseException | None) -> Any:
+    """Run a wrapper past its ``yield``; its return value, or its own exception named."""
+    try:
+        resume()
+    except StopIteration as stop:
+        return stop.value
+    except BaseException as exc:
+        if exc is passthrough or isinstance(exc, DevplugError) or not isinstance(exc, Exception):
+            raise
+        raise label.raised(exc) from exc
+    raise PluginError(f"{label} is a wrapper that yielded more than once; yield exactly once")

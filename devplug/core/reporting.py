@@ -1,0 +1,145 @@
+"""What a Trainer reports: logged values at log points, TensorBoard, the progress bar, throughput.
+
+Values stay on the device between log points (:class:`~devplug.core.metrics.MetricBuffer`); at a log
+point they are averaged, reduced across ranks, checked for NaN/inf, written to TensorBoard (rank 0)
+and shown on the progress bar.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from devplug.core.errors import NonFiniteLossError
+from devplug.core.metrics import MetricBuffer, Throughput, nonfinite
+
+
+class Reporter:
+    """Logged values, throughput, TensorBoard writer and progress bar of one Trainer.
+
+    ``log_dir`` (TensorBoard) and ``progress`` apply on the main process only; ``nonfinite`` is the
+    policy for a NaN/inf value (``"raise"``, ``"warn"``, ``"ignore"``).
+    """
+
+    def __init__(self, *, log_dir: str | None, progress: bool, nonfinite: str, is_main: bool,
+                 world_size: int) -> None:
+        self.log_dir = log_dir if is_main else None
+        self.show_progress = progress and is_main
+        self.nonfinite_policy = nonfinite
+        self.is_main = is_main
+        self.world_size = world_size
+        self.metrics = MetricBuffer()
+        self.throughput = Throughput()
+        self.last_metrics: dict[str, float] = {}
+        self._writer: Any = None
+        self.progress_bar: Any = None
+
+    # ---- TensorBoard --------------------------------------------------------------------------------
+    @property
+    def writer(self) -> Any:
+        """The TensorBoard SummaryWriter (rank 0 with ``log_dir`` set), created on first use; else None."""
+        if self._writer is None and self.log_dir:
+            from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy
+
+            self._writer = SummaryWriter(self.log_dir)
+        return self._writer
+
+    def log_images(self, tag: str, images: torch.Tensor, step: int, *, nrow: int = 8,
+                   path: str | None = None) -> None:
+        """Write a grid of images (N×C×H×W in [-1, 1]) to TensorBoard and optionally a PNG file (rank 0)."""
+        if not self.is_main:
+            return
+        from torchvision.utils import make_grid, save_image
+
+        grid = make_grid(images.detach().float().cpu(), nrow=nrow, normalize=True, value_range=(-1, 1))
+        if self.writer is not None:
+            self.writer.add_image(tag, grid, step)
+        if path is not None:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            save_image(grid, path)
+
+    # ---- progress -----------------------------------------------------------------------------------
+    def open_progress(self, total: int | None, initial: int) -> None:
+        """Show a progress bar of ``total`` steps (``None``: unknown) starting at ``initial``."""
+        if not self.show_progress:
+            return
+        from tqdm.auto import tqdm
+
+        self.progress_bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                                 mininterval=5.0, smoothing=0.1)
+
+    def close_progress(self) -> None:
+        """Close the progress bar, if one is shown."""
+        if self.progress_bar is not None:
+            self.progress_bar.close()
+            self.progress_bar = None
+
+    # ---- log points ---------------------------------------------------------------------------------
+    def flush(
+        self,
+        step: int,
+        *,
+        synchronize: Callable[[], None],
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None,
+        learning_rates: Mapping[str, Any],
+    ) -> dict[str, float] | None:
+        """Report pending values at ``step``: the only place they are read from the device."""
+        if not self.metrics:
+            return None
+        synchronize()
+        rate = self.throughput.lap() if self.throughput.samples_since else 0.0
+        values = self.metrics.flush(reduce)
+        bad = nonfinite(values)
+        if bad:
+            self._on_nonfinite(bad, values, step)
+        values["samples_per_sec"] = rate * self.world_size
+        for key, lr in learning_rates.items():
+            if isinstance(lr, (int, float)):
+                values[f"lr/{key}"] = float(lr)
+        self.last_metrics = values
+        if self.is_main:
+            if self.writer is not None:
+                for name, value in values.items():
+                    self.writer.add_scalar(name, value, step)
+            if self.progress_bar is not None:
+                self.progress_bar.n = step
+                shown = {k: f"{v:.4g}" for k, v in values.items() if not k.startswith("lr/")}
+                self.progress_bar.set_postfix(shown, refresh=False)
+                self.progress_bar.refresh()
+        return values
+
+    def _on_nonfinite(self, bad: list[str], values: dict[str, float], step: int) -> None:
+        message = (
+            f"{', '.join(f'{k}={values[k]}' for k in bad)} at step {step}: training diverged. "
+            "Lower the learning rate, check the input data, or try precision='32-true'; "
+            "checkpoints already saved are untouched"
+        )
+        if self.nonfinite_policy == "raise":
+            raise NonFiniteLossError(message)
+        if self.nonfinite_policy == "warn":
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+    def rates(self) -> dict[str, float]:
+        """Mean throughput of the whole job so far: ``samples_per_sec`` and ``samples_per_hour``."""
+        rate = self.throughput.mean_rate * self.world_size
+        return {"samples_per_sec": rate, "samples_per_hour": rate * 3600}
+
+    def close(self) -> None:
+        """Flush and close TensorBoard and the progress bar."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self.close_progress()
+
+
+def epoch_length(lengths: list[Any]) -> float:
+    """Batches per epoch from the loaders' lengths (the shortest; ``inf`` when unknown or none)."""
+    try:
+        return min(len(x) for x in lengths) if lengths else math.inf
+    except TypeError:
+        return math.inf
