@@ -266,7 +266,8 @@ def params() -> list[nn.Parameter]:
 
 
 def test_adamw_maps_every_option_with_torch_defaults(hpu):
-    choice = hpu.hooks()(hookspecs.devplug_optimizer, name="adamw", params=params(), options={"lr": 1e-3, "foreach": True})
+    choice = hpu.hooks()(hookspecs.devplug_optimizer, name="adamw", params=params(),
+                         options={"lr": 1e-3, "foreach": True})
     assert choice.implementation == FUSED_ADAMW and not choice.reason
     assert hpu.details("FusedAdamW") == [
         {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01, "bias_correction": True}
@@ -274,7 +275,8 @@ def test_adamw_maps_every_option_with_torch_defaults(hpu):
 
 
 def test_adam_with_l2_weight_decay_stays_torch_adam(hpu):
-    choice = hpu.hooks()(hookspecs.devplug_optimizer, name="adam", params=params(), options={"lr": 1e-3, "weight_decay": 1e-4})
+    choice = hpu.hooks()(hookspecs.devplug_optimizer, name="adam", params=params(),
+                         options={"lr": 1e-3, "weight_decay": 1e-4})
     assert isinstance(choice.optimizer, torch.optim.Adam) and choice.implementation == "torch.optim.Adam"
     assert "L2" in choice.reason and "adamw" in choice.reason
     assert hpu.count("FusedAdamW") == 0
@@ -387,7 +389,8 @@ def image_folder(tmp_path: Path, flat: bool = False) -> Path:
 
 def test_habana_dataloader_shards_with_a_distributed_sampler(hpu, tmp_path):
     options = LoaderOptions(batch_size=2, shuffle=True, world_size=2, rank=1, num_workers=2)
-    choice = hpu.hooks()(hookspecs.devplug_dataloader, source=ImageFolderSource(str(image_folder(tmp_path)), 8), options=options)
+    choice = hpu.hooks()(hookspecs.devplug_dataloader, source=ImageFolderSource(str(image_folder(tmp_path)), 8),
+                         options=options)
     (call,) = hpu.details("HabanaDataLoader")
     assert isinstance(call["sampler"], torch.utils.data.DistributedSampler) and "shuffle" not in call
     assert call["prefetch_factor"] == 2 and "persistent_workers" not in call
