@@ -24,6 +24,7 @@ import attrs
 import torch
 
 from devplug.core import hookspecs
+from devplug.core.contract import contract_problem
 from devplug.core.devices import DeviceHooks, DeviceRegistry, RegisteredDevice
 from devplug.core.errors import DevplugError, PluginError, PrecisionError
 from devplug.core.manager import BUILTIN_DISTRIBUTION, DevplugPluginManager, create_plugin_manager
@@ -55,6 +56,54 @@ class ConformanceError(AssertionError):
 
 class NotApplicable(Exception):
     """A check cannot run on this machine (for example the device is not available here)."""
+
+
+@attrs.frozen
+class CheckSpec:
+    """One conformance check: the hooks it covers, what it is parametrised over, what it needs.
+
+    ``over`` names a selection (``"optimizer_names"``, ``"precisions"``, ``"phases"``) with one case per
+    value; ``options`` maps a keyword argument of the check to a selection value (``run`` →
+    ``run_compiled``); ``needs_device`` is False for checks that run without the device available.
+    """
+
+    name: str
+    function: Callable[..., str]
+    hooks: tuple[str, ...]
+    over: str | None = None
+    options: Mapping[str, str] = attrs.field(factory=dict)
+    needs_device: bool = True
+
+    @property
+    def position(self) -> int:
+        """Order in the kit: the contract's order of the first hook covered; end-to-end checks last."""
+        order = [fn.__name__ for fn in hookspecs.HOOKS]
+        return min((order.index(h) for h in self.hooks), default=len(order))
+
+
+#: Every check, registered by :func:`conformance_check` in definition order.
+CHECKS: list[CheckSpec] = []
+
+
+def conformance_check(*hooks: str, over: str | None = None, options: Mapping[str, str] | None = None,
+                      needs_device: bool = True) -> Callable[[Callable[..., str]], Callable[..., str]]:
+    """Register a ``check_<name>`` function as the check of ``hooks`` (none: an end-to-end check)."""
+    unknown = set(hooks) - {fn.__name__ for fn in hookspecs.HOOKS}
+    if unknown:
+        raise ValueError(f"conformance_check names unknown hooks {sorted(unknown)}")
+
+    def register(function: Callable[..., str]) -> Callable[..., str]:
+        name = function.__name__.removeprefix("check_")
+        CHECKS.append(CheckSpec(name, function, hooks, over, dict(options or {}), needs_device))
+        return function
+
+    return register
+
+
+def uncovered_hooks() -> list[str]:
+    """Hooks of the contract that no conformance check covers (a new hook needs its check)."""
+    covered = {h for spec in CHECKS for h in spec.hooks}
+    return [fn.__name__ for fn in hookspecs.HOOKS if fn.__name__ not in covered]
 
 
 class KitHooks(DeviceHooks):
@@ -197,6 +246,7 @@ def _plugin_family(dut: DeviceUnderTest) -> list[tuple[str, Any]]:
 
 
 # ---- checks --------------------------------------------------------------------------------------------
+@conformance_check("devplug_register_devices", needs_device=False)
 def check_plugin_loaded(dut: DeviceUnderTest) -> str:
     """The plugin loaded cleanly: no failures from its distribution, a compatible ``DEVPLUG_CONTRACT``
     declared, and no ``devplug_*`` function left without ``@devplug.hookimpl`` (pluggy would ignore it)."""
@@ -214,8 +264,9 @@ def check_plugin_loaded(dut: DeviceUnderTest) -> str:
                 f"plugin {plugin_name!r} does not declare the hook contract it was written for; "
                 f'add DEVPLUG_CONTRACT = "{CONTRACT_VERSION}" to its module'
             )
-        if str(declared).split(".")[0] != CONTRACT_VERSION.split(".")[0]:  # pragma: no cover - loader rejects
-            raise dut.fail(f"plugin {plugin_name!r} declares contract {declared!r}, devplug speaks {CONTRACT_VERSION}")
+        problem = contract_problem(declared)
+        if problem is not None:  # pragma: no cover - the loader rejects such a plugin first
+            raise dut.fail(f"plugin {plugin_name!r}: {problem}")
         unmarked = [
             attr
             for attr in dir(plugin)
@@ -232,6 +283,7 @@ def check_plugin_loaded(dut: DeviceUnderTest) -> str:
     return "loaded: " + ", ".join(notes)
 
 
+@conformance_check("devplug_register_devices", needs_device=False)
 def check_probe(dut: DeviceUnderTest) -> str:
     """The probe returns an :class:`Availability` (never raises); a reason when unavailable; a count."""
     spec = dut.entry.spec
@@ -259,6 +311,7 @@ def check_probe(dut: DeviceUnderTest) -> str:
     return f"available, count {count}, priority {spec.priority}"
 
 
+@conformance_check("devplug_device_setup")
 def check_device_setup(dut: DeviceUnderTest) -> str:
     """``devplug_device_setup`` runs, and can run again for a second Trainer in the same process."""
     dut.hooks  # noqa: B018 - runs device setup once
@@ -269,6 +322,7 @@ def check_device_setup(dut: DeviceUnderTest) -> str:
     return f"set up {dut.device} (torch device {dut.device.torch_device})"
 
 
+@conformance_check("devplug_to_device")
 def check_to_device(dut: DeviceUnderTest) -> str:
     """``devplug_to_device`` moves a module (in place), a tensor and a nested batch, keeping structure."""
     hooks, device = dut.hooks, dut.device
@@ -311,7 +365,21 @@ def check_to_device(dut: DeviceUnderTest) -> str:
         raise dut.fail(f"devplug_to_device(nested batch) left tensors on {', '.join(stray_leaves) or '?'}")
     if out["pair"][0].dtype != torch.long or not torch.equal(out["pair"][1][0].cpu(), torch.full((1,), 7.0)):
         raise dut.fail("devplug_to_device(nested batch) changed tensor values or dtypes")
-    return f"module, tensor and nested batch moved to {device.torch_device}"
+    _check_channels_last(dut)
+    return f"module, tensor and nested batch moved to {device.torch_device}; channels_last honoured"
+
+
+def _check_channels_last(dut: DeviceUnderTest) -> None:
+    """With ``Trainer(channels_last=True)`` (``Device.channels_last``) conv weights and 4-D batches are channels_last."""
+    device = attrs.evolve(dut.device, channels_last=True)
+    hooks = KitHooks(dut.registry, device, dut.label)
+    conv = hooks(hookspecs.devplug_to_device, obj=torch.nn.Conv2d(3, 4, 3))
+    images, labels = hooks(hookspecs.devplug_to_device, obj=(torch.ones(2, 3, 5, 5), torch.zeros(2)))
+    if not conv.weight.is_contiguous(memory_format=torch.channels_last):
+        raise dut.fail("with channels_last=True, devplug_to_device(module) left conv weights in the default layout; "
+                       "move modules with memory_format=device.memory_format (devplug.toolkit.move_to does)")
+    if not images.is_contiguous(memory_format=torch.channels_last) or labels.dim() != 1:
+        raise dut.fail("with channels_last=True, devplug_to_device(batch) did not make 4-D tensors channels_last")
 
 
 def _author_options(name: str) -> dict[str, Any]:
@@ -323,6 +391,7 @@ def _author_options(name: str) -> dict[str, Any]:
     return options
 
 
+@conformance_check("devplug_optimizer", over="optimizer_names")
 def check_optimizer(dut: DeviceUnderTest, name: str) -> str:
     """``devplug_optimizer`` builds a working ``torch.optim.Optimizer`` for ``name`` honouring the options."""
     hooks = dut.hooks
@@ -359,6 +428,7 @@ def check_optimizer(dut: DeviceUnderTest, name: str) -> str:
     return choice.implementation + (f" ({choice.reason})" if choice.reason else "")
 
 
+@conformance_check("devplug_precision", over="precisions")
 def check_precision(dut: DeviceUnderTest, precision: str) -> str:
     """``devplug_precision`` returns a consistent plan, or refuses a mixed setting with ``PrecisionError``.
 
@@ -419,6 +489,7 @@ def check_precision(dut: DeviceUnderTest, precision: str) -> str:
     return f"{precision} -> {plan.name}" + (f": {plan.description}" if plan.description else "")
 
 
+@conformance_check("devplug_region")
 def check_region(dut: DeviceUnderTest) -> str:
     """``devplug_region`` returns an enterable context manager (or ``None``) for each region the Trainer opens."""
     for name in REGIONS:
@@ -435,6 +506,7 @@ def check_region(dut: DeviceUnderTest) -> str:
     return "regions: " + ", ".join(REGIONS)
 
 
+@conformance_check("devplug_mark_step", over="phases")
 def check_mark_step(dut: DeviceUnderTest, phase: Phase) -> str:
     """``devplug_mark_step`` accepts ``phase`` (called after backward and after each optimizer step)."""
     hooks = dut.hooks
@@ -456,6 +528,7 @@ def _parameters(fn: Callable[..., Any]) -> set[str]:
     return set(inspect.signature(fn).parameters) - {"self", "module"}
 
 
+@conformance_check("devplug_collective_setup")
 def check_collective_setup(dut: DeviceUnderTest) -> str:
     """``devplug_collective_setup`` names a backend torch.distributed knows, with valid DDP/init arguments.
 
@@ -491,6 +564,7 @@ def check_collective_setup(dut: DeviceUnderTest) -> str:
     return f"backend {setup.backend}, DDP defaults {dict(setup.ddp_kwargs)}"
 
 
+@conformance_check("devplug_dataloader")
 def check_dataloader(dut: DeviceUnderTest) -> str:
     """``devplug_dataloader`` returns a :class:`LoaderChoice` whose loader yields every sample in batches."""
     hooks, device = dut.hooks, dut.device
@@ -520,6 +594,7 @@ def check_dataloader(dut: DeviceUnderTest) -> str:
     return choice.implementation
 
 
+@conformance_check("devplug_synchronize", "devplug_memory_stats")
 def check_synchronize_and_memory(dut: DeviceUnderTest) -> str:
     """``devplug_synchronize`` returns; ``devplug_memory_stats`` gives :class:`MemoryStats` or ``None``."""
     hooks = dut.hooks
@@ -537,6 +612,7 @@ def check_synchronize_and_memory(dut: DeviceUnderTest) -> str:
     return f"memory stats: {stats}"
 
 
+@conformance_check("devplug_compile", options={"run": "run_compiled"})
 def check_compile(dut: DeviceUnderTest, *, run: bool = False) -> str:
     """``devplug_compile`` returns a callable module (or ``None``); with ``run=True`` the result is called."""
     hooks = dut.hooks
@@ -584,6 +660,7 @@ def _train(dut: DeviceUnderTest, precision: str, steps_epochs: int = 4) -> tuple
     return trainer, model, losses
 
 
+@conformance_check(options={"precision": "training_precision"})
 def check_training(dut: DeviceUnderTest, precision: str = "auto") -> str:
     """A few Trainer steps (setup, optimizer, loader, autocast, backward, step, log) lower a toy loss."""
     trainer, _model, losses = _train(dut, precision)
@@ -595,6 +672,7 @@ def check_training(dut: DeviceUnderTest, precision: str = "auto") -> str:
             f"({summary['precision']}, {summary['optimizers']['adam0']})")
 
 
+@conformance_check(options={"precision": "training_precision"})
 def check_checkpoint_on_cpu(dut: DeviceUnderTest, precision: str = "auto") -> str:
     """A checkpoint saved by a Trainer on the device holds only CPU tensors and loads into a CPU model."""
     trainer, model, _losses = _train(dut, precision, steps_epochs=1)
@@ -640,26 +718,26 @@ def all_checks(
     training_precision: str = "auto",
     run_compiled: bool = False,
 ) -> list[tuple[str, Callable[[DeviceUnderTest], str]]]:
-    """Every check as ``(name, function of a DeviceUnderTest)``, in the order :func:`run_checks` runs them."""
-    checks: list[tuple[str, Callable[[DeviceUnderTest], str]]] = [
-        ("plugin_loaded", check_plugin_loaded),
-        ("probe", check_probe),
-        ("device_setup", check_device_setup),
-        ("to_device", check_to_device),
-    ]
-    checks += [(f"optimizer[{n}]", lambda d, n=n: check_optimizer(d, n)) for n in optimizer_names]
-    checks += [(f"precision[{p}]", lambda d, p=p: check_precision(d, p)) for p in precisions]
-    checks += [("region", check_region)]
-    checks += [(f"mark_step[{ph.value}]", lambda d, ph=ph: check_mark_step(d, ph)) for ph in Phase]
-    checks += [
-        ("collective_setup", check_collective_setup),
-        ("dataloader", check_dataloader),
-        ("synchronize_and_memory", check_synchronize_and_memory),
-        ("compile", lambda d: check_compile(d, run=run_compiled)),
-        ("training", lambda d: check_training(d, training_precision)),
-        ("checkpoint_on_cpu", lambda d: check_checkpoint_on_cpu(d, training_precision)),
-    ]
-    return checks
+    """Every check as ``(name, function of a DeviceUnderTest)``, in the order :func:`run_checks` runs them.
+
+    The list follows the hook contract: each hook's checks in the order of :mod:`devplug.core.hookspecs`,
+    parametrised checks expanded (``optimizer[adam]``), end-to-end checks last.
+    """
+    selection: dict[str, Any] = {"optimizer_names": optimizer_names, "precisions": precisions, "phases": list(Phase),
+                                 "training_precision": training_precision, "run_compiled": run_compiled}
+    result: list[tuple[str, Callable[[DeviceUnderTest], str]]] = []
+    for spec in sorted(CHECKS, key=lambda c: c.position):
+        kwargs = {arg: selection[key] for arg, key in spec.options.items()}
+        cases = [None] if spec.over is None else list(selection[spec.over])
+        for case in cases:
+            label = spec.name if case is None else f"{spec.name}[{getattr(case, 'value', case)}]"
+            args = () if case is None else (case,)
+            result.append((label, _bind(spec.function, args, kwargs)))
+    return result
+
+
+def _bind(function: Callable[..., str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[Any], str]:
+    return lambda dut: function(dut, *args, **kwargs)
 
 
 def run_checks(

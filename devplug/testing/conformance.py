@@ -7,9 +7,10 @@
     class TestMyDevice(DeviceConformance):
         device_name = "mydev"
 
-Every check of :mod:`devplug.testing.checks` becomes one test (optimizers, precisions and phases
-parametrised). Tests that need the device skip, with the probe's reason, where it is not available,
-unless ``require_available = True`` (set it on CI machines that have the hardware).
+Every check of :mod:`devplug.testing.checks` becomes one test, ``test_<check>`` (optimizers,
+precisions and phases parametrised), so a check added to the kit is a test in every plugin's suite.
+Tests that need the device skip, with the probe's reason, where it is not available, unless
+``require_available = True`` (set it on CI machines that have the hardware).
 """
 
 from __future__ import annotations
@@ -56,13 +57,12 @@ class DeviceConformance:
         return create_plugin_manager()
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        """Parametrise over the class's optimizer names, precisions and step phases."""
-        if "optimizer_name" in metafunc.fixturenames:
-            metafunc.parametrize("optimizer_name", list(self.optimizer_names))
-        if "precision" in metafunc.fixturenames:
-            metafunc.parametrize("precision", list(self.precisions))
-        if "phase" in metafunc.fixturenames:
-            metafunc.parametrize("phase", list(Phase), ids=[p.value for p in Phase])
+        """Parametrise each generated test over its check's cases (optimizer names, precisions, phases)."""
+        spec = getattr(metafunc.function, "check", None)
+        if spec is None or spec.over is None or "case" not in metafunc.fixturenames:
+            return
+        cases = list(Phase) if spec.over == "phases" else list(getattr(self, spec.over))
+        metafunc.parametrize("case", cases, ids=[str(getattr(c, "value", c)) for c in cases])
 
     @pytest.fixture
     def device_under_test(self) -> DeviceUnderTest:
@@ -89,61 +89,30 @@ class DeviceConformance:
                 pytest.fail(f"{exc} (require_available is set)")
             pytest.skip(str(exc))
 
-    # ---- registration ------------------------------------------------------------------------------------
-    def test_plugin_loaded(self, device_under_test: DeviceUnderTest) -> None:
-        """The plugin loaded cleanly, declares a compatible contract, and has no unmarked hook functions."""
-        self._run(checks.check_plugin_loaded, device_under_test)
+    def _selection(self) -> dict[str, Any]:
+        return {"training_precision": self.training_precision, "run_compiled": self.run_compiled}
 
-    def test_probe_returns_availability(self, device_under_test: DeviceUnderTest) -> None:
-        """The probe returns an Availability (with a reason when unavailable) and never raises."""
-        self._run(checks.check_probe, device_under_test)
 
-    # ---- operational hooks ---------------------------------------------------------------------------------
-    def test_device_setup(self, available: DeviceUnderTest) -> None:
-        """``devplug_device_setup`` runs (twice, as two Trainers in one process would call it)."""
-        self._run(checks.check_device_setup, available)
+def _generated_test(spec: checks.CheckSpec) -> Callable[..., None]:
+    """The test method of one check: ``test_<name>``, parametrised by ``case`` when the check has cases."""
+    fixture = "available" if spec.needs_device else "device_under_test"
 
-    def test_to_device(self, available: DeviceUnderTest) -> None:
-        """Modules, tensors and nested batches arrive on the device with their structure intact."""
-        self._run(checks.check_to_device, available)
+    def run(self: DeviceConformance, request: pytest.FixtureRequest, *case: Any) -> None:
+        kwargs = {arg: self._selection()[key] for arg, key in spec.options.items()}
+        self._run(spec.function, request.getfixturevalue(fixture), *case, **kwargs)
 
-    def test_optimizer(self, available: DeviceUnderTest, optimizer_name: str) -> None:
-        """Each standard optimizer name builds a working torch optimizer that names its implementation."""
-        self._run(checks.check_optimizer, available, optimizer_name)
+    if spec.over is None:
+        def test(self: DeviceConformance, request: pytest.FixtureRequest) -> None:
+            run(self, request)
+    else:
+        def test(self: DeviceConformance, request: pytest.FixtureRequest, case: Any) -> None:
+            run(self, request, case)
 
-    def test_precision(self, available: DeviceUnderTest, precision: str) -> None:
-        """Each precision yields a consistent plan, or a clear PrecisionError for a mixed setting."""
-        self._run(checks.check_precision, available, precision)
+    test.__name__ = f"test_{spec.name}"
+    test.__doc__ = (spec.function.__doc__ or "").strip().splitlines()[0]
+    test.check = spec  # type: ignore[attr-defined]
+    return test
 
-    def test_region(self, available: DeviceUnderTest) -> None:
-        """Profiler regions are context managers (or None)."""
-        self._run(checks.check_region, available)
 
-    def test_mark_step(self, available: DeviceUnderTest, phase: Phase) -> None:
-        """Step marking accepts every phase."""
-        self._run(checks.check_mark_step, available, phase)
-
-    def test_collective_setup(self, available: DeviceUnderTest) -> None:
-        """The collective backend is one torch.distributed knows; DDP and init arguments exist."""
-        self._run(checks.check_collective_setup, available)
-
-    def test_dataloader(self, available: DeviceUnderTest) -> None:
-        """The data loader yields every sample, and its batches end up on the device."""
-        self._run(checks.check_dataloader, available)
-
-    def test_synchronize_and_memory_stats(self, available: DeviceUnderTest) -> None:
-        """Synchronize returns; memory statistics are a MemoryStats record or None."""
-        self._run(checks.check_synchronize_and_memory, available)
-
-    def test_compile(self, available: DeviceUnderTest) -> None:
-        """Compile returns a callable module or defers."""
-        self._run(checks.check_compile, available, run=self.run_compiled)
-
-    # ---- end to end ------------------------------------------------------------------------------------------
-    def test_training_lowers_loss(self, available: DeviceUnderTest) -> None:
-        """A few Trainer steps on the device lower a toy regression loss."""
-        self._run(checks.check_training, available, self.training_precision)
-
-    def test_checkpoint_loads_on_cpu(self, available: DeviceUnderTest) -> None:
-        """A checkpoint the Trainer saves on the device holds CPU tensors and loads into a CPU model."""
-        self._run(checks.check_checkpoint_on_cpu, available, self.training_precision)
+for _spec in checks.CHECKS:  # one test per check, derived from the kit (and so from the hook contract)
+    setattr(DeviceConformance, f"test_{_spec.name}", _generated_test(_spec))

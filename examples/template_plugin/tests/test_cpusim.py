@@ -11,7 +11,6 @@ from devplug_template_device import device as cpusim
 from devplug_template_device import stepcount
 
 import devplug
-from devplug.core.manager import create_plugin_manager
 from devplug.testing import DeviceConformance
 
 
@@ -27,7 +26,7 @@ def test_refuses_fp16_with_a_clear_error():
 
 
 def test_trainer_uses_the_plugin_and_the_step_counter_sees_every_step():
-    pm = create_plugin_manager()
+    pm = devplug.create_plugin_manager()
     before_marks, before_steps = sum(cpusim.MARKED.values()), stepcount.steps("cpusim")
     trainer = devplug.Trainer(device="cpusim", precision="32-true", progress=False, plugin_manager=pm)
     model = trainer.setup(torch.nn.Linear(3, 1))

@@ -31,7 +31,7 @@ from devplug.toolkit import autocast_plan, move_to, torch_dataloader, torch_opti
 
 #: The hook contract this plugin was written for. devplug skips, with a clear message, a plugin whose
 #: major version differs from its own (``devplug.CONTRACT_VERSION``).
-DEVPLUG_CONTRACT = "1.0"
+DEVPLUG_CONTRACT = "1.1"
 
 NAME = "cpusim"
 #: Setting this variable makes the device report itself unavailable (to see a probe's reason in action).
@@ -88,9 +88,8 @@ def devplug_device_setup(device: devplug.Device) -> None:
 
 @devplug.hookimpl
 def devplug_to_device(device: devplug.Device, obj: Any) -> Any:
-    """Move a module, tensor or nested batch; honours the ``channels_last`` device option for 4-D data."""
-    memory_format = torch.channels_last if device.options.get("channels_last") else None
-    return move_to(obj, device.torch_device, memory_format=memory_format)
+    """Move a module, tensor or nested batch; honours ``device.channels_last`` (the Trainer option)."""
+    return move_to(obj, device.torch_device, memory_format=device.memory_format)
 
 
 @devplug.hookimpl
