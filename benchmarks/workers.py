@@ -28,7 +28,7 @@ from _dcgan import EpochDriver, make_demo_folder
 from _timing import interleaved, report
 
 import devplug
-from devplug.core.data import list_images
+from devplug.toolkit import list_images
 
 
 def main() -> None:

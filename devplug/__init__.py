@@ -21,6 +21,7 @@ from devplug.core.errors import (
     UnknownDeviceError,
 )
 from devplug.core.hookimpl import hookimpl
+from devplug.core.launch import detect_launch
 from devplug.core.manager import create_plugin_manager, reset_plugin_manager
 from devplug.core.records import (
     CONTRACT_VERSION,
@@ -37,11 +38,13 @@ from devplug.core.records import (
     Phase,
     PrecisionPlan,
 )
-from devplug.core.schedules import LRSchedule, scale_lr
+from devplug.core.schedules import DECAYS, LR_SCALING_RULES, LRSchedule, scale_lr
 from devplug.core.trainer import Trainer
 
 __all__ = [
     "CONTRACT_VERSION",
+    "DECAYS",
+    "LR_SCALING_RULES",
     "Availability",
     "CheckpointError",
     "CollectiveSetup",
@@ -69,6 +72,7 @@ __all__ = [
     "UnknownDeviceError",
     "__version__",
     "create_plugin_manager",
+    "detect_launch",
     "hookimpl",
     "reset_plugin_manager",
     "scale_lr",

@@ -30,7 +30,7 @@ from dcgan_lib.summary import Stopwatch, build_summary, format_summary, write_su
 from torch import nn
 
 import devplug
-from devplug.core.data import list_images
+from devplug.toolkit import list_images
 
 SAMPLE_COUNT = 64  # images in the fixed-noise sample grid (8×8)
 

@@ -3,16 +3,22 @@
 import inspect
 from pathlib import Path
 
+from devplug import docgen
 from devplug.core import hookspecs
-from devplug.core.hookdoc import render_hook_reference
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-def test_hook_reference_matches_hookspec_docstrings():
-    assert (DOCS / "hooks.md").read_text() == render_hook_reference(), (
-        "docs/hooks.md is stale: run `python -m devplug.core.hookdoc > docs/hooks.md`"
-    )
+def test_generated_docs_match_the_code():
+    for path, text in docgen.outputs(DOCS).items():
+        assert path.read_text() == text, f"{path} is stale: run `python -m devplug.docgen`"
+
+
+def test_plugins_page_tables_are_generated_from_the_contract_and_the_kit():
+    page = (DOCS / "plugins.md").read_text()
+    for fn in hookspecs.HOOKS:
+        assert f"| [`{fn.__name__}`](hooks.md#{fn.__name__}) |" in page
+    assert "| `test_optimizer[adam/adamw/sgd]` | `devplug_optimizer` |" in page
 
 
 def test_every_hook_documents_when_called_and_what_it_returns():

@@ -46,7 +46,7 @@ def describe_types(classes: tuple[type, ...], optional: bool) -> str:
     return " or ".join(names)
 
 
-_FRIENDLY_NAMES = {"contextlib.AbstractContextManager": "context manager"}
+_FRIENDLY_NAMES = {"contextlib.AbstractContextManager": "context manager", "collections.abc.Iterable": "list of them"}
 
 
 def _type_name(cls: type) -> str:

@@ -370,7 +370,7 @@ def check_to_device(dut: DeviceUnderTest) -> str:
 
 
 def _check_channels_last(dut: DeviceUnderTest) -> None:
-    """With ``Trainer(channels_last=True)`` (``Device.channels_last``) conv weights and 4-D batches are channels_last."""
+    """With ``Trainer(channels_last=True)`` conv weights and 4-D batches arrive channels_last."""
     device = attrs.evolve(dut.device, channels_last=True)
     hooks = KitHooks(dut.registry, device, dut.label)
     conv = hooks(hookspecs.devplug_to_device, obj=torch.nn.Conv2d(3, 4, 3))

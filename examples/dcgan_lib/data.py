@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from devplug import DataError
-from devplug.core.data import list_images
+from devplug.toolkit import list_images
 
 CACHE_FORMAT = 1
 
