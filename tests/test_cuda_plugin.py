@@ -556,7 +556,7 @@ def test_grad_scaler_state_round_trips_through_a_trainer_checkpoint(monkeypatch,
 @needs_gpu
 def test_gpu_probe_count_memory_and_synchronize():
     assert probe.probe().available and probe.device_count() == torch.cuda.device_count() >= 1
-    assert probe.device_names()[0]
+    assert torch.cuda.get_device_name(0)
     device = cuda_device(index=0)
     assert cuda_plugin.devplug_synchronize(device=device) is True
     stats = cuda_plugin.devplug_memory_stats(device=device)

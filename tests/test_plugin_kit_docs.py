@@ -71,5 +71,5 @@ def test_cli_marks_the_snippets_hooks_with_their_pluggy_options(hook):
     module = snippet("@devplug.hookimpl(tryfirst=True)" if hook == "devplug_optimizer" else "nvtx.range_push")
     [info] = [i for i in plugin_infos(create_plugin_manager(autoload=False, extra_plugins=[("doc", module)]))
               if i.name == "doc"]
-    assert info.kind == "device-neutral" and info.contract == "1.0"
+    assert info.kind == "device-neutral" and info.contract == devplug.CONTRACT_VERSION
     assert info.hooks == ((f"{hook} [tryfirst]",) if hook == "devplug_optimizer" else (f"{hook} [wrapper]",))

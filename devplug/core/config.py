@@ -9,22 +9,13 @@ import attrs
 
 from devplug.core.errors import ConfigError
 from devplug.core.records import PRECISIONS
+from devplug.core.validators import non_negative_int, positive_int
 
 NONFINITE_POLICIES = ("raise", "warn", "ignore")
 
 
 def _optional(validator: Any) -> Any:
     return attrs.validators.optional(validator)
-
-
-def _positive_int(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
-
-
-def _non_negative_int(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{attribute.name} must be an integer >= 0, got {value!r}")
 
 
 def _precision(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -64,14 +55,14 @@ class TrainerConfig:
     device: str | None = attrs.field(default=None, validator=_optional(attrs.validators.instance_of(str)))
     precision: str = attrs.field(default="auto", validator=_precision)
     log_dir: str | None = attrs.field(default=None, converter=attrs.converters.optional(str))
-    log_every: int = attrs.field(default=50, validator=_positive_int)
+    log_every: int = attrs.field(default=50, validator=positive_int)
     progress: bool = attrs.field(default=True, validator=_bool)
-    seed: int | None = attrs.field(default=None, validator=_optional(_non_negative_int))
+    seed: int | None = attrs.field(default=None, validator=_optional(non_negative_int))
     compile: bool = attrs.field(default=False, validator=_bool)
     compile_options: Mapping[str, Any] = attrs.field(factory=dict)
     channels_last: bool = attrs.field(default=False, validator=_bool)
     nonfinite: str = attrs.field(default="raise", validator=attrs.validators.in_(NONFINITE_POLICIES))
-    bucket_cap_mb: int | None = attrs.field(default=None, validator=_optional(_positive_int))
+    bucket_cap_mb: int | None = attrs.field(default=None, validator=_optional(positive_int))
     broadcast_buffers: bool | None = attrs.field(default=None, validator=_optional_bool)
     gradient_as_bucket_view: bool | None = attrs.field(default=None, validator=_optional_bool)
     find_unused_parameters: bool | None = attrs.field(default=None, validator=_optional_bool)

@@ -23,16 +23,18 @@ class Reporter:
     """Logged values, throughput, TensorBoard writer and progress bar of one Trainer.
 
     ``log_dir`` (TensorBoard) and ``progress`` apply on the main process only; ``nonfinite`` is the
-    policy for a NaN/inf value (``"raise"``, ``"warn"``, ``"ignore"``).
+    policy for a NaN/inf value (``"raise"``, ``"warn"``, ``"ignore"``); ``reduce`` averages values
+    across ranks at log points (``None`` in a single process).
     """
 
-    def __init__(self, *, log_dir: str | None, progress: bool, nonfinite: str, is_main: bool,
-                 world_size: int) -> None:
+    def __init__(self, *, log_dir: str | None, progress: bool, nonfinite: str, is_main: bool, world_size: int,
+                 reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.log_dir = log_dir if is_main else None
         self.show_progress = progress and is_main
         self.nonfinite_policy = nonfinite
         self.is_main = is_main
         self.world_size = world_size
+        self.reduce = reduce
         self.metrics = MetricBuffer()
         self.throughput = Throughput()
         self.last_metrics: dict[str, float] = {}
@@ -85,7 +87,6 @@ class Reporter:
         step: int,
         *,
         synchronize: Callable[[], None],
-        reduce: Callable[[torch.Tensor], torch.Tensor] | None,
         learning_rates: Mapping[str, Any],
     ) -> dict[str, float] | None:
         """Report pending values at ``step``: the only place they are read from the device."""
@@ -93,7 +94,7 @@ class Reporter:
             return None
         synchronize()
         rate = self.throughput.lap() if self.throughput.samples_since else 0.0
-        values = self.metrics.flush(reduce)
+        values = self.metrics.flush(self.reduce)
         bad = nonfinite(values)
         if bad:
             self._on_nonfinite(bad, values, step)

@@ -1,7 +1,7 @@
 """Large-batch learning rates: scaling by global batch, linear warmup, cosine decay.
 
 Training on more devices grows the global batch; the learning rate tuned for a base batch then needs
-scaling (seed 001 uses the square-root rule, Goyal et al. the linear rule with warmup)::
+scaling (multi-GPU tutorials use the square-root rule, Goyal et al. the linear rule with warmup)::
 
     lr = devplug.scale_lr(2e-4, global_batch_size=256 * trainer.world_size, base_batch_size=256, rule="sqrt")
     opt = trainer.optimizer("adam", model.parameters(), lr=lr)
@@ -24,6 +24,7 @@ import attrs
 import torch
 
 from devplug.core.errors import ConfigError
+from devplug.core.validators import non_negative_int, positive_int
 
 LR_SCALING_RULES = ("none", "linear", "sqrt")
 DECAYS = ("none", "cosine", "linear")
@@ -63,16 +64,6 @@ def cosine_factor(step: int, total_steps: int, *, warmup_steps: int = 0, min_fac
     return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _positive(_inst: object, attribute: attrs.Attribute, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
-
-
-def _non_negative(_inst: object, attribute: attrs.Attribute, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
-
-
 def _decay(_inst: object, _attribute: attrs.Attribute, value: str) -> None:
     if value not in DECAYS:
         raise ConfigError(f"unknown decay {value!r}; use one of {', '.join(DECAYS)}")
@@ -97,8 +88,8 @@ class LRSchedule:
     optimizer).
     """
 
-    total_steps: int = attrs.field(validator=_positive)
-    warmup_steps: int = attrs.field(default=0, validator=_non_negative)
+    total_steps: int = attrs.field(validator=positive_int)
+    warmup_steps: int = attrs.field(default=0, validator=non_negative_int)
     decay: str = attrs.field(default="cosine", validator=_decay)
     min_factor: float = attrs.field(default=0.0, converter=float, validator=_fraction)
 

@@ -1,10 +1,8 @@
 """The Trainer: the device-specific pieces of a training loop that stays the author's own.
 
-The Trainer never names a device. It resolves one device plugin and asks it (through the hooks in
-:mod:`devplug.core.hookspecs`) how to move things, which optimizer and precision to use, when to mark
-steps, how to load data and how to join a process group. Its loop position lives in
-:mod:`~devplug.core.loading`, its reporting in :mod:`~devplug.core.reporting`, its checkpoint state in
-:mod:`~devplug.core.state`.
+The Trainer never names a device: it resolves one device plugin and asks it, through the hooks, how to move
+things, which optimizer and precision to use, when to mark steps, how to load data and join a process group.
+Its loop position lives in :mod:`.loading`, its reporting in :mod:`.reporting`, its checkpoints in :mod:`.state`.
 """
 
 from __future__ import annotations
@@ -53,12 +51,12 @@ class Trainer:
                                             channels_last=self.config.channels_last)
         self.hooks = DeviceHooks(self.registry, self.device)
         self.hooks(spec.devplug_device_setup)
-        self.collective = None
+        self.collective, reduce = None, None
         if self.launch.distributed:
-            from devplug.core.distributed import init_process_group
+            from devplug.core.distributed import init_process_group, mean_across_ranks
 
             setup = self.hooks(spec.devplug_collective_setup, launch=self.launch)
-            self.collective = init_process_group(self.launch, setup, self.device)
+            self.collective, reduce = init_process_group(self.launch, setup, self.device), mean_across_ranks
         if self.config.seed is not None:
             rng.seed_everything(self.config.seed)
         plan = self.hooks(spec.devplug_precision, precision=self.config.precision)
@@ -72,7 +70,7 @@ class Trainer:
                                   optimizers=self.optimizers, loaders=self.loaders, position=self.position)
         self.reporter = Reporter(log_dir=self.config.log_dir, progress=self.config.progress,
                                  nonfinite=self.config.nonfinite, is_main=self.is_main_process,
-                                 world_size=self.world_size)
+                                 world_size=self.world_size, reduce=reduce)
         self.throughput = self.reporter.throughput
 
     # ---- where am I -------------------------------------------------------------------------------
@@ -271,9 +269,8 @@ class Trainer:
     def log(self, **scalars: Any) -> dict[str, float] | None:
         """Record scalars (tensors stay on the device); at every ``log_every``-th step, report them.
 
-        At a log point the values since the previous one are averaged, reduced across ranks, checked for
-        NaN/inf, written to TensorBoard (rank 0) and shown on the progress bar. Returns the reported
-        values at a log point, else ``None``. This is the only place values are read from the device.
+        A log point averages the values since the previous one, reduces them across ranks, checks for
+        NaN/inf and writes them (rank 0): the only place values are read from the device. Returns them.
         """
         for name, value in scalars.items():
             self.reporter.metrics.add(name, value)
@@ -283,14 +280,8 @@ class Trainer:
 
     def flush_logs(self) -> dict[str, float] | None:
         """Report pending logged values now (also called at the end of ``epochs``)."""
-        reduce = None
-        if self.launch.distributed:
-            from devplug.core.distributed import mean_across_ranks
-
-            reduce = mean_across_ranks
         rates = {key: c.optimizer.param_groups[0].get("lr") for key, c in self.optimizers.items()}
-        return self.reporter.flush(self.global_step, synchronize=self.synchronize, reduce=reduce,
-                                   learning_rates=rates)
+        return self.reporter.flush(self.global_step, synchronize=self.synchronize, learning_rates=rates)
 
     def log_images(self, tag: str, images: torch.Tensor, *, nrow: int = 8, path: str | None = None) -> None:
         """Write a grid of images (N×C×H×W in [-1, 1]) to TensorBoard and optionally a PNG file (rank 0)."""

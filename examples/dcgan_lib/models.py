@@ -7,7 +7,7 @@ ends in a 4×4 convolution that returns one **logit** per image (no sigmoid: the
 
 At 64×64 the layer widths are exactly pytorch/examples' DCGAN (``ngf*8 … ngf``, ``ndf … ndf*8``);
 each doubling of the image size adds one block to each network and doubles the widest layer, which is
-how seed 000's ``safe-128`` is built.
+how the ``safe-128`` preset (the 128×128 model of the GPU-vs-Gaudi DCGAN report) is built.
 """
 
 from __future__ import annotations
@@ -126,5 +126,5 @@ def build_models(spec: ModelSpec) -> tuple[Generator, Discriminator]:
 
 
 def count_parameters(model: nn.Module) -> int:
-    """Trainable elements across all parameters (seed 000's ``count_parameters``)."""
+    """Trainable elements across all parameters (what the presets' parameter counts refer to)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,4 +1,4 @@
-"""The run summary: seed 000's Table 2.1 measures (images/s, images/hour, images per dollar) and context."""
+"""The run summary: images/s, images/hour and images per dollar (a GPU-vs-Gaudi report's measures) and context."""
 
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ def main() -> None:
         resumed_from = trainer.global_step
     event(args.events, kind="start", rank=rank, restart=restart, launcher=trainer.launch.launcher,
           world_size=trainer.world_size, resumed_from=resumed_from, checkpoint=latest.name if latest else None,
-          epoch=trainer.epoch, batches_in_epoch=trainer._batches_in_epoch)
+          epoch=trainer.epoch, batches_in_epoch=trainer.position.batches_in_epoch)
 
     steps_run = 0
     for _epoch in trainer.epochs(1000, max_steps=args.steps):

@@ -110,11 +110,6 @@ def device_count() -> int:
         return 0
 
 
-def device_names() -> list[str]:
-    """Names of the visible CUDA devices, e.g. ``["NVIDIA A100-SXM4-40GB"]`` (empty without CUDA)."""
-    return [torch.cuda.get_device_name(i) for i in range(device_count())]
-
-
 def compute_capability(index: int | None = None) -> tuple[int, int]:
     """Compute capability ``(major, minor)`` of device ``index`` (the current device when ``None``)."""
     major, minor = torch.cuda.get_device_capability(index)

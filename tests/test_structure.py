@@ -1,0 +1,150 @@
+"""The codebase's boundaries: built-ins registered from their modules, a public API enforced by lint, no import
+cycle in the core, one place to add a hook."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import devplug
+from devplug import cli
+from devplug.core import hookspecs
+from devplug.core.manager import BUILTIN_PLUGINS, create_plugin_manager
+from devplug.testing import checks
+
+REPO = Path(__file__).resolve().parents[1]
+CORE = REPO / "devplug" / "core"
+
+
+def test_a_hook_added_to_a_builtin_plugin_module_is_called(monkeypatch):
+    from devplug.plugins.cpu import plugin as cpu_plugin
+
+    entered = []
+
+    class Region:
+        def __enter__(self):
+            entered.append("in")
+
+        def __exit__(self, *exc):
+            return False
+
+    @devplug.hookimpl
+    def devplug_region(device, name):
+        return Region()
+
+    monkeypatch.setattr(cpu_plugin, "devplug_region", devplug_region, raising=False)
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False,
+                              plugin_manager=create_plugin_manager(autoload=False))
+    with trainer.autocast():
+        pass
+    assert entered == ["in"]
+
+
+def test_builtin_plugins_are_their_implementation_modules():
+    for _name, module in BUILTIN_PLUGINS:
+        assert module.endswith(".plugin")
+        package = module.rsplit(".", 1)[0]
+        tree = ast.parse((REPO / Path(*package.split(".")) / "__init__.py").read_text())
+        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert not imports, f"{package} re-exports hooks; devplug registers {module} directly"
+
+
+def _ruff() -> list[str]:
+    exe = shutil.which("ruff", path=str(Path(sys.executable).parent))
+    return [exe] if exe else [sys.executable, "-m", "ruff"]
+
+
+@pytest.mark.parametrize("where", ["examples/bad_example.py", "devplug/plugins/cpu/bad.py", "benchmarks/bad.py"])
+def test_the_lint_rule_rejects_core_imports_outside_the_core(where):
+    source = "from devplug.core.data import list_images\nimport devplug.core.manager\n\nprint(list_images)\n"
+    result = subprocess.run([*_ruff(), "check", "--no-cache", "--select", "TID251", "--stdin-filename", where, "-"],
+                            input=source, capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.count("TID251") == 2 and "devplug.core is private" in result.stdout
+
+
+def test_the_lint_rule_allows_the_public_api_and_the_core_itself():
+    source = "from devplug import toolkit\nfrom devplug.core import records\n\nprint(toolkit, records)\n"
+    for where, expected in (("examples/good.py", 1), ("devplug/core/good.py", 0)):
+        result = subprocess.run([*_ruff(), "check", "--no-cache", "--select", "TID251", "--stdin-filename", where,
+                                 "-"], input=source, capture_output=True, text=True, cwd=REPO)
+        assert result.returncode == expected, result.stdout  # examples may import devplug.toolkit, not the core
+
+
+def _core_imports(path: Path) -> set[str]:
+    """devplug.core modules imported by ``path`` at any level, except under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("devplug.core"):
+            names = [node.module] if node.module != "devplug.core" else [f"devplug.core.{a.name}" for a in node.names]
+            found.update(names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("devplug.core."))
+    return found
+
+
+def test_no_import_cycle_in_the_core():
+    graph = {f"devplug.core.{p.stem}": _core_imports(p) for p in CORE.glob("*.py") if p.stem != "__init__"}
+    state: dict[str, int] = {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                pytest.fail("import cycle: " + " -> ".join([*trail[trail.index(target):], target]))
+            if target in graph and not state.get(target):
+                visit(target, [*trail, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if not state.get(module):
+            visit(module, [module])
+
+
+def test_the_core_does_not_import_the_layers_above_it():
+    for path in CORE.glob("*.py"):
+        text = path.read_text()
+        for above in ("devplug.testing", "devplug.cli", "devplug.plugins", "devplug.toolkit"):
+            assert f"from {above}" not in text and f"import {above}" not in text, f"{path.name} imports {above}"
+
+
+def test_one_place_to_add_a_hook():
+    operational = [fn.__name__ for fn in hookspecs.HOOKS if "device" in inspect.signature(fn).parameters]
+    assert list(hookspecs.OPERATIONAL_HOOKS) == operational
+    assert checks.uncovered_hooks() == []
+    assert hookspecs.HOOKS[0].__name__ == "devplug_register_devices"
+
+
+def test_the_trainer_stays_small():
+    lines = (CORE / "trainer.py").read_text().count("\n")
+    assert lines < 350, f"devplug/core/trainer.py has {lines} lines; move a topic into a module of its own"
+
+
+def test_the_cli_does_not_swallow_an_internal_assertion(monkeypatch):
+    def broken(*args, **kwargs):
+        raise AssertionError("an internal invariant failed")
+
+    monkeypatch.setattr(cli, "devices_report", broken)
+    with pytest.raises(AssertionError, match="internal invariant"):
+        cli.main(["devices"])
+
+
+def test_typed_hook_calls_return_the_specs_record():
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
+    choice = trainer.hooks(hookspecs.devplug_optimizer, name="sgd", params=[torch.nn.Parameter(torch.zeros(1))],
+                           options={"lr": 0.1})
+    assert isinstance(choice, devplug.OptimizerChoice)
+    with pytest.raises(TypeError, match="by keyword"):
+        trainer.hooks(hookspecs.devplug_synchronize, trainer.device)  # type: ignore[call-arg]
