@@ -2,16 +2,16 @@
 
 Two kinds of plugin implement these hooks:
 
-- a **device plugin** returns one or more :class:`~devplug.core.records.DeviceSpec` from
-  ``devplug_register_devices``; once a device is resolved, only the plugin that registered it (plus
-  device-neutral plugins) sees the operational hooks, so a device plugin never has to ask "is this my
-  device?";
-- a **device-neutral plugin** registers no device and may implement (or wrap, with
+- a **device plugin** implements ``devplug_register_devices`` and returns one or more
+  :class:`~devplug.core.records.DeviceSpec` from it; once a device is resolved, only the plugin that
+  registered it (plus device-neutral plugins) sees the operational hooks, so a device plugin never has
+  to ask "is this my device?";
+- a **device-neutral plugin** does not implement ``devplug_register_devices`` and may implement (or wrap, with
   ``@devplug.hookimpl(wrapper=True)``) any operational hook for every device: profilers, loggers,
   a different optimizer policy.
 
-Whether a plugin is a device plugin is a static fact: it implements ``devplug_register_devices``.
-A plugin that implements it must return at least one device whatever the machine has (availability
+The kind is a static fact about the plugin, the same on every machine: a plugin that implements
+``devplug_register_devices`` must return at least one device whatever the machine has (availability
 belongs in the probe); one that returns nothing is rejected at load.
 
 The core ships a fallback plugin (``devplug.core.fallback``) implementing every first-result hook
