@@ -154,7 +154,7 @@ def test_a_trainer_in_process_runs_every_hook_of_the_plugin(on_path):
     summary = trainer.summary()
     assert summary["device_plugin"] == "cpusim"
     assert summary["precision_detail"] == "cpusim: torch.autocast('cpu', bfloat16)"
-    assert summary["optimizers"] == {"sgd0": "torch.optim.SGD(foreach=True)"}
+    assert summary["optimizers"] == {"linear": "torch.optim.SGD(foreach=True)"}  # keyed by its module
     assert summary["loaders"] == ["cpusim: torch DataLoader(workers=0, pin_memory=False)"]
     assert summary["memory"].peak_allocated > 0
     assert cpusim.MARKED["optimizer_step"] >= 2 and stepcount.steps("cpusim") >= 2

@@ -41,6 +41,7 @@ class TrainerConfig:
     - ``precision``: ``"auto"``, ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, or a name a plugin knows.
     - ``log_dir``: TensorBoard directory (nothing is written when ``None``).
     - ``log_every``: steps between log points, the only places values are read back from the device.
+    - ``accumulate_grad_batches``: micro-batches per optimizer step (gradient accumulation; one step each).
     - ``progress``: show a tqdm progress bar (rank 0 only), refreshed at log points.
     - ``seed``: seeds Python, torch and every rank identically, so replicas start equal.
     - ``compile`` / ``compile_options``: ``torch.compile`` through the device plugin.
@@ -56,6 +57,7 @@ class TrainerConfig:
     precision: str = attrs.field(default="auto", validator=_precision)
     log_dir: str | None = attrs.field(default=None, converter=attrs.converters.optional(str))
     log_every: int = attrs.field(default=50, validator=positive_int)
+    accumulate_grad_batches: int = attrs.field(default=1, validator=positive_int)
     progress: bool = attrs.field(default=True, validator=_bool)
     seed: int | None = attrs.field(default=None, validator=_optional(non_negative_int))
     compile: bool = attrs.field(default=False, validator=_bool)

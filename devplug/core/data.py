@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from devplug.core.errors import DataError
 from devplug.core.records import ImageFolderSource, LoaderChoice, LoaderOptions
@@ -128,8 +128,15 @@ def as_dataset(source: Any) -> Dataset:
 
 
 def make_sampler(dataset: Dataset, options: LoaderOptions) -> Any:
-    """A DistributedSampler when the job has several ranks and the author gave no sampler."""
-    if options.sampler is not None or options.world_size <= 1:
+    """The author's sampler, else a ``DistributedSampler`` over this rank's shard (one shard in one process).
+
+    The sampler is a DistributedSampler even in a single process, so the order of samples is the same
+    permutation (seeded with ``seed + epoch``) whatever the world size: rank ``r`` of ``W`` reads every
+    ``W``-th sample of it, and a job that consumed ``k`` batches of ``B`` on ``W`` ranks has read the
+    first ``k·B·W`` samples, which lets a checkpoint resume at the same place on another world size.
+    An ``IterableDataset`` has no sampler.
+    """
+    if options.sampler is not None or isinstance(dataset, IterableDataset):
         return options.sampler
     return DistributedSampler(
         dataset,
@@ -137,7 +144,7 @@ def make_sampler(dataset: Dataset, options: LoaderOptions) -> Any:
         rank=options.rank,
         shuffle=options.shuffle,
         seed=options.seed,
-        drop_last=options.drop_last,
+        drop_last=options.drop_last and options.world_size > 1,
     )
 
 

@@ -52,6 +52,14 @@ def devplug_region(device: Device, name: str) -> Any:
 
 
 @hookimpl(trylast=True)
+def devplug_clip_grad_norm(
+    device: Device, parameters: list[torch.Tensor], max_norm: float, norm_type: float
+) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` (its multi-tensor ``foreach`` kernels where torch has them for the device)."""
+    return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+
+@hookimpl(trylast=True)
 def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup:
     """gloo, the backend that runs everywhere."""
     return CollectiveSetup(backend="gloo")

@@ -132,6 +132,20 @@ def devplug_mark_step(device: Device, phase: Phase) -> None:
 
 
 @hookspec(firstresult=True)
+def devplug_clip_grad_norm(
+    device: Device, parameters: list[torch.Tensor], max_norm: float, norm_type: float
+) -> torch.Tensor | None:
+    """Clip the gradients of ``parameters`` in place to a total ``norm_type``-norm of ``max_norm``.
+
+    Called by ``Trainer.clip_grad_norm`` once per optimizer step, after the grad scaler (if any) has
+    unscaled the gradients; ``parameters`` are those of one optimizer that have a gradient. Returns the
+    total norm before clipping as a tensor on the device (never read back to the host here), or
+    ``None`` to defer (the core's fallback uses ``torch.nn.utils.clip_grad_norm_``). A device with a
+    fused clip kernel implements it here (Gaudi: ``hpex.normalization.FusedClipNorm``). First-result.
+    """
+
+
+@hookspec(firstresult=True)
 def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup | None:
     """Prepare ``device`` for a multi-process job and name its collective backend.
 

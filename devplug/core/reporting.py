@@ -7,7 +7,7 @@ and shown on the progress bar.
 
 from __future__ import annotations
 
-import math
+import logging
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -17,6 +17,8 @@ import torch
 
 from devplug.core.errors import NonFiniteLossError
 from devplug.core.metrics import MetricBuffer, Throughput, nonfinite
+
+log = logging.getLogger("devplug")
 
 
 class Reporter:
@@ -91,7 +93,7 @@ class Reporter:
     ) -> dict[str, float] | None:
         """Report pending values at ``step``: the only place they are read from the device."""
         if not self.metrics:
-            return None
+            return dict(self.last_metrics) if self.last_metrics else None
         synchronize()
         rate = self.throughput.lap() if self.throughput.samples_since else 0.0
         values = self.metrics.flush(self.reduce)
@@ -125,6 +127,15 @@ class Reporter:
         if self.nonfinite_policy == "warn":
             warnings.warn(message, RuntimeWarning, stacklevel=4)
 
+    def flush_quietly(self, flush: Callable[[], Any]) -> None:
+        """Report pending values on the way out of a loop left early; a failure there is logged, not raised."""
+        if not self.metrics:
+            return
+        try:
+            flush()
+        except Exception as exc:  # the loop is already unwinding (break, exception): do not mask it
+            log.warning("values logged before leaving the loop were not reported: %s", exc)
+
     def rates(self) -> dict[str, float]:
         """Mean throughput of the whole job so far: ``samples_per_sec`` and ``samples_per_hour``."""
         rate = self.throughput.mean_rate * self.world_size
@@ -137,10 +148,3 @@ class Reporter:
             self._writer = None
         self.close_progress()
 
-
-def epoch_length(lengths: list[Any]) -> float:
-    """Batches per epoch from the loaders' lengths (the shortest; ``inf`` when unknown or none)."""
-    try:
-        return min(len(x) for x in lengths) if lengths else math.inf
-    except TypeError:
-        return math.inf

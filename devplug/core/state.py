@@ -10,12 +10,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import torch
 
 from devplug.core import checkpoint as ckpt
 from devplug.core import rng
 from devplug.core.errors import CheckpointError
-from devplug.core.loading import LoopPosition
+from devplug.core.loading import LoopPosition, ResumePoint
 from devplug.core.records import Device, OptimizerChoice, PrecisionPlan
 
 
@@ -27,27 +28,40 @@ class TrainerState:
     """
 
     def __init__(self, *, device: Device, precision: PrecisionPlan, modules: dict[str, torch.nn.Module],
-                 optimizers: dict[str, OptimizerChoice], loaders: list[Any], position: LoopPosition) -> None:
+                 optimizers: dict[str, OptimizerChoice], loaders: list[Any], position: LoopPosition,
+                 world_size: int = 1) -> None:
         self.device, self.precision, self.scaler = device, precision, precision.scaler
         self.modules, self.optimizers, self.loaders, self.position = modules, optimizers, loaders, position
+        self.world_size = world_size
+
+    def training_loaders(self) -> list[Any]:
+        """The training loaders, primary first (evaluation loaders hold no position)."""
+        return [loader for loader in self.loaders if loader.train]
 
     def _device_rng(self) -> Any:
         return rng.device_module(self.device.torch_device.type)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume: modules, optimizers, scaler, counters, RNG states."""
+        """Everything needed to resume: modules, optimizers, scaler, counters, data positions, RNG states.
+
+        Saved inside an unfinished accumulation window, the position is that of the window's start: the
+        partial gradients are not saved, so a resume recomputes the whole step.
+        """
         position, scaler = self.position, self.scaler
+        open_window = 0 if position.window_closed() else position.in_window
+        points = [(loader.seed, loader.resume_point(self.world_size)) for loader in self.training_loaders()]
         return {
             "format": ckpt.FORMAT_VERSION,
             "device": str(self.device),
             "precision": self.precision.name,
-            "global_step": position.global_step,
+            "global_step": position.global_step - (1 if open_window else 0),
             "epoch": position.epoch,
-            "batches_in_epoch": position.batches_in_epoch,
+            "batches_in_epoch": position.batches_in_epoch - open_window,
+            "world_size": self.world_size,
+            "loaders": [{"seed": seed, **attrs.asdict(point)} for seed, point in points],
             "modules": {k: m.state_dict() for k, m in self.modules.items()},
             "optimizers": {k: c.optimizer.state_dict() for k, c in self.optimizers.items()},
             "scaler": scaler.state_dict() if scaler is not None else None,
-            "loader_seeds": [loader.seed for loader in self.loaders],
             "rng": rng.rng_state(self._device_rng()),
         }
 
@@ -61,11 +75,19 @@ class TrainerState:
         """Check a checkpoint against the setup, then restore it; the author's ``extra`` state."""
         state = ckpt.read_checkpoint(path)
         check_matches(state, self.modules, self.optimizers, path)
+        points = {i: ResumePoint(**{k: v for k, v in entry.items() if k != "seed"})
+                  for i, entry in enumerate(state.get("loaders", []))}
+        for loader in self.training_loaders():  # a loader that cannot continue at the same sample says so now
+            if loader.index in points:
+                points[loader.index].skip(loader.batch_size, self.world_size, loader.sharded,
+                                          f"training loader {loader.index}")
         restore(state, modules=self.modules, optimizers=self.optimizers, scaler=self.scaler,
                 position=self.position, device_module=self._device_rng(), path=path)
+        self.position.resume_points = points
         # the data order continues as it was, even if the resumed run was given another seed
-        for loader, seed in zip(self.loaders, state.get("loader_seeds", []), strict=False):
-            loader.seed = int(seed)
+        self.position.resume_seeds = {i: int(entry["seed"]) for i, entry in enumerate(state.get("loaders", []))}
+        for loader in self.training_loaders():
+            loader.seed = self.position.resume_seeds.pop(loader.index, loader.seed)
         return dict(state.get("extra") or {})
 
 
@@ -121,5 +143,5 @@ def restore(state: Mapping[str, Any], *, modules: Mapping[str, torch.nn.Module],
     position.global_step = int(state["global_step"])
     position.epoch = int(state["epoch"])
     position.batches_in_epoch = int(state["batches_in_epoch"])
-    position.resume_skip = position.batches_in_epoch
+    position.in_window = 0
     rng.restore_rng_state(state["rng"], device_module)

@@ -7,7 +7,6 @@ Its loop position lives in :mod:`.loading`, its reporting in :mod:`.reporting`, 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -22,20 +21,22 @@ from devplug.core.config import TrainerConfig
 from devplug.core.devices import DeviceHooks, DeviceRegistry
 from devplug.core.errors import ConfigError, OptimizerError
 from devplug.core.launch import detect_launch
-from devplug.core.loading import DeviceLoader, LoopPosition, loader_options
+from devplug.core.loading import DeviceLoader, LoopPosition, is_dataset, loader_options, own_loader_choice
 from devplug.core.manager import DevplugPluginManager, get_plugin_manager
-from devplug.core.records import OptimizerChoice, Phase, PrecisionPlan
-from devplug.core.reporting import Reporter, epoch_length
+from devplug.core.optimizers import algorithm_name, optimizer_key, own_choice
+from devplug.core.records import OptimizerChoice, PrecisionPlan
+from devplug.core.reporting import Reporter
 from devplug.core.state import TrainerState
+from devplug.core.step import StepMethods
 
 log = logging.getLogger("devplug")
 
 
-class Trainer:
+class Trainer(StepMethods):
     """Device-specific pieces of a training loop, supplied by the resolved device plugin.
 
     ``setup`` a model, build its ``optimizer`` and ``dataloader``, then loop over ``epochs`` with
-    ``autocast``, ``backward``, ``step`` and ``log`` (docs/trainer.md). Options are
+    ``autocast``, ``backward``, ``step`` and ``log`` (docs/trainer.md; the step's methods: :mod:`.step`). Options are
     :class:`~devplug.core.config.TrainerConfig` fields, given as keyword arguments or as ``config=``;
     ``plugin_manager`` replaces the process-wide one (tests, embedding).
     """
@@ -65,9 +66,10 @@ class Trainer:
         self.modules: dict[str, torch.nn.Module] = {}
         self.optimizers: dict[str, OptimizerChoice] = {}
         self.loaders: list[DeviceLoader] = []
-        self.position = LoopPosition()
+        self.position = LoopPosition(accumulation=self.config.accumulate_grad_batches)
         self.state = TrainerState(device=self.device, precision=self.precision, modules=self.modules,
-                                  optimizers=self.optimizers, loaders=self.loaders, position=self.position)
+                                  optimizers=self.optimizers, loaders=self.loaders, position=self.position,
+                                  world_size=self.world_size)
         self.reporter = Reporter(log_dir=self.config.log_dir, progress=self.config.progress,
                                  nonfinite=self.config.nonfinite, is_main=self.is_main_process,
                                  world_size=self.world_size, reduce=reduce)
@@ -154,21 +156,25 @@ class Trainer:
             module = wrap_ddp(module, self.collective, self.config)
         return module
 
-    def optimizer(self, name: str, params: Iterable[Any], **options: Any) -> torch.optim.Optimizer:
-        """Build the device's fastest implementation of optimizer ``name`` with the author's options.
+    def optimizer(self, algorithm: str | type[torch.optim.Optimizer], params: Iterable[Any], *,
+                  name: str | None = None, **options: Any) -> torch.optim.Optimizer:
+        """Build the device's fastest implementation of ``algorithm`` (``"adamw"`` or ``torch.optim.AdamW``).
 
-        ``trainer.optimizer_implementation(opt)`` tells which implementation the plugin chose.
+        ``name`` keys its state in checkpoints (default: the set-up module whose parameters it holds);
+        another optimizer class is built as it is. ``optimizer_implementation(opt)`` names what was built.
         """
         params = list(params)
+        algo, own_class = algorithm_name(algorithm)
         if not params:
-            raise OptimizerError(f"optimizer {name!r} got no parameters to optimize")
-        choice = self.hooks(spec.devplug_optimizer, name=name, params=params, options=dict(options))
+            raise OptimizerError(f"optimizer {algo!r} got no parameters to optimize")
+        key = optimizer_key(params, self.modules, self.optimizers, algo, name)
+        choice = own_choice(own_class, params, options) if own_class else self.hooks(
+            spec.devplug_optimizer, name=algo, params=params, options=dict(options))
         if choice is None:
-            raise OptimizerError(f"no plugin can build optimizer {name!r} on {self.device}")
-        key = f"{name.lower()}{len(self.optimizers)}"
+            raise OptimizerError(f"no plugin can build optimizer {algo!r} on {self.device}")
         self.optimizers[key] = choice
         if choice.reason:
-            log.info("optimizer %s: %s (%s)", name, choice.implementation, choice.reason)
+            log.info("optimizer %s: %s (%s)", key, choice.implementation, choice.reason)
         return choice.optimizer
 
     def optimizer_implementation(self, optimizer: torch.optim.Optimizer) -> str:
@@ -179,92 +185,69 @@ class Trainer:
         raise ValueError("this optimizer was not built by Trainer.optimizer()")
 
     def dataloader(
-        self, source: Any, batch_size: int, *, shuffle: bool = False, drop_last: bool = False,
-        num_workers: int | None = None, pin_memory: bool | None = None, persistent_workers: bool = True,
-        prefetch_factor: int | None = 2, collate_fn: Any = None, sampler: Any = None, seed: int | None = None,
+        self, source: Any, batch_size: int | None = None, *, train: bool = True, shuffle: bool = False,
+        drop_last: bool = False, num_workers: int | None = None, pin_memory: bool | None = None,
+        persistent_workers: bool = True, prefetch_factor: int | None = 2, collate_fn: Any = None,
+        sampler: Any = None, seed: int | None = None,
     ) -> DeviceLoader:
-        """A loader over ``source`` (a Dataset or an ImageFolderSource) whose batches arrive on the device.
+        """A loader whose batches arrive on the device: a training loader, or an evaluation one (``train=False``).
 
-        The device plugin picks the implementation (DALI, HabanaDataLoader, a tuned torch DataLoader).
-        ``num_workers`` defaults to the cores left after the main process (at most 8); ``pin_memory``
-        defaults to what the device plugin prefers. Under DDP each rank reads its own shard.
+        ``source`` is a Dataset or ImageFolderSource (the device plugin picks the loader: DALI,
+        HabanaDataLoader, a tuned torch DataLoader; under DDP each rank reads its own shard), or a
+        DataLoader or iterable of batches the author built (used as it is). Training loaders count steps;
+        an evaluation loader never does, always yields its whole dataset, and is never skipped on resume.
         """
         base_seed = self.config.seed if seed is None and self.config.seed is not None else (seed or 0)
-        options = loader_options(
-            batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
-            pin_memory=pin_memory, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
-            seed=base_seed, rank=self.rank, world_size=self.world_size, collate_fn=collate_fn, sampler=sampler,
-        )
-        choice = self.hooks(spec.devplug_dataloader, source=source, options=options)
-        assert choice is not None  # the core fallback always answers
+        if is_dataset(source):
+            if batch_size is None:
+                raise ConfigError("batch_size is required to load a Dataset: trainer.dataloader(dataset, 64)")
+            options = loader_options(
+                batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+                pin_memory=pin_memory, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
+                seed=base_seed, rank=self.rank, world_size=self.world_size, collate_fn=collate_fn, sampler=sampler)
+            choice = self.hooks(spec.devplug_dataloader, source=source, options=options)
+            assert choice is not None  # the core fallback always answers
+        else:
+            choice = own_loader_choice(source, batch_size)
         if choice.reason:
             log.info("data loader: %s (%s)", choice.implementation, choice.reason)
-        loader = DeviceLoader(choice, base_seed, self.position, self.to_device, self.throughput.add)
+        index = sum(1 for loader in self.loaders if loader.train)
+        loader = DeviceLoader(choice, base_seed, self.position, self.to_device, self.throughput.add, train=train,
+                              index=index, world_size=self.world_size)
         self.loaders.append(loader)
         return loader
 
-    # ---- the step ------------------------------------------------------------------------------------
-    def region(self, name: str) -> contextlib.AbstractContextManager[Any]:
-        """A profiler region named ``name`` as the device plugin marks it (NVTX on CUDA when profiling)."""
-        return self.hooks(spec.devplug_region, name=name) or contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
-        """Context for forward and loss: the precision plan's autocast inside a ``"forward"`` region."""
-        with self.region("forward"), self.precision.autocast():
-            yield
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward through the grad scaler when there is one, then mark the step boundary."""
-        with self.region("backward"):
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
-            else:
-                loss.backward()
-        self.hooks(spec.devplug_mark_step, phase=Phase.BACKWARD)
-
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Optimizer step (through the scaler), step marking, then ``zero_grad(set_to_none=True)``."""
-        step_context = self.precision.optimizer_step_context
-        with self.region("optimizer_step"), (step_context() if step_context else contextlib.nullcontext()):
-            if self.scaler is not None:
-                self.scaler.step(optimizer)
-                self.scaler.update()
-            else:
-                optimizer.step()
-        self.hooks(spec.devplug_mark_step, phase=Phase.OPTIMIZER_STEP)
-        optimizer.zero_grad(set_to_none=True)
-
-    @contextlib.contextmanager
-    def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
-        """Skip DDP's gradient all-reduce inside (gradient accumulation); a no-op without DDP."""
-        sync_off = getattr(module, "no_sync", None)
-        with sync_off() if callable(sync_off) else contextlib.nullcontext():
-            yield
-
     # ---- epochs, logging, progress ---------------------------------------------------------------------
     def epochs(self, n: int, *, max_steps: int | None = None) -> Iterator[int]:
-        """Yield epoch numbers from where a resumed run left off up to ``n``.
+        """Yield epoch numbers from where a resumed run left off up to ``n``; stop after ``max_steps`` steps.
 
-        Sets loader sampler epochs, shows progress on rank 0, and stops early once ``max_steps``
-        iterations have run in total (``None``: no step limit).
+        Sets loader sampler epochs and shows progress on rank 0. Leaving the loop early (``break``) reports
+        the values logged since the last log point.
         """
         if max_steps is not None and max_steps < 1:
             raise ConfigError(f"max_steps must be a positive integer, got {max_steps!r}")
         position = self.position
         position.max_steps = max_steps
-        per_epoch = epoch_length(self.loaders)
+        per_epoch = position.steps_per_epoch(self._epoch_batches())
         total = max_steps if max_steps is not None or per_epoch is math.inf else int(per_epoch * n)
-        self.reporter.open_progress(total, position.global_step)
+        self.reporter.open_progress(None if total is math.inf else total, position.global_step)
+        finished = False
         try:
             while position.epoch < n and position.steps_left():
                 yield position.epoch
-                if not position.steps_left() and position.batches_in_epoch < epoch_length(self.loaders):
+                if not position.steps_left() and position.batches_in_epoch < self._epoch_batches():
                     break  # stopped by max_steps inside the epoch: a resume continues it
                 position.finish_epoch()
+            finished = True
             self.flush_logs()
         finally:
+            if not finished:
+                self.reporter.flush_quietly(self.flush_logs)
             self.reporter.close_progress()
+
+    def _epoch_batches(self) -> float:
+        primary = next((loader for loader in self.loaders if loader.primary), None)
+        return primary.length() if primary is not None else math.inf
 
     def log(self, **scalars: Any) -> dict[str, float] | None:
         """Record scalars (tensors stay on the device); at every ``log_every``-th step, report them.
@@ -274,12 +257,13 @@ class Trainer:
         """
         for name, value in scalars.items():
             self.reporter.metrics.add(name, value)
-        if self.global_step % self.config.log_every == 0:
+        position = self.position
+        if position.global_step and position.global_step % self.config.log_every == 0 and position.sync_now:
             return self.flush_logs()
         return None
 
     def flush_logs(self) -> dict[str, float] | None:
-        """Report pending logged values now (also called at the end of ``epochs``)."""
+        """Report pending logged values now (also at the end of ``epochs``); the last values if none are pending."""
         rates = {key: c.optimizer.param_groups[0].get("lr") for key, c in self.optimizers.items()}
         return self.reporter.flush(self.global_step, synchronize=self.synchronize, learning_rates=rates)
 

@@ -519,6 +519,27 @@ def check_mark_step(dut: DeviceUnderTest, phase: Phase) -> str:
     return f"mark_step({phase.value}) ok"
 
 
+@conformance_check("devplug_clip_grad_norm")
+def check_clip_grad_norm(dut: DeviceUnderTest) -> str:
+    """``devplug_clip_grad_norm`` clips gradients to ``max_norm`` in place and returns the norm before clipping."""
+    hooks = dut.hooks
+    model = hooks(hookspecs.devplug_to_device, obj=torch.nn.Linear(4, 3))
+    x = hooks(hookspecs.devplug_to_device, obj=torch.full((2, 4), 10.0))
+    model(x).pow(2).sum().backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    expected = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float().cpu()) for p in params]))
+    norm = hooks(hookspecs.devplug_clip_grad_norm, parameters=params, max_norm=1.0, norm_type=2.0)
+    if not isinstance(norm, torch.Tensor):
+        raise dut.fail(f"devplug_clip_grad_norm returned {norm!r}, not the total norm as a tensor")
+    if not torch.allclose(norm.float().cpu().reshape(()), expected, rtol=1e-2):
+        raise dut.fail(f"devplug_clip_grad_norm returned norm {float(norm):.4g}, the gradients' norm was "
+                       f"{float(expected):.4g}")
+    clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float().cpu()) for p in params]))
+    if not clipped <= 1.0 + 1e-2:
+        raise dut.fail(f"after devplug_clip_grad_norm(max_norm=1.0) the gradients' norm is {float(clipped):.4g}")
+    return f"norm {float(expected):.4g} clipped to {float(clipped):.3g}"
+
+
 def _backend_names(backend: str) -> list[str]:
     """``"gloo"`` → ``["gloo"]``; ``"cpu:gloo,cuda:nccl"`` → ``["gloo", "nccl"]``."""
     return [part.split(":")[-1].strip().lower() for part in backend.split(",") if part.strip()]
@@ -669,7 +690,7 @@ def check_training(dut: DeviceUnderTest, precision: str = "auto") -> str:
     summary = trainer.summary()
     trainer.close()
     return (f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in {summary['steps']} steps "
-            f"({summary['precision']}, {summary['optimizers']['adam0']})")
+            f"({summary['precision']}, {', '.join(summary['optimizers'].values())})")
 
 
 @conformance_check(options={"precision": "training_precision"})
