@@ -285,6 +285,8 @@ class DeviceLoader:
 
     def _skip(self) -> int:
         skip = self.resume_skip(self.world_size) if self.train else 0
+        if self.index in self.position.resume_points and self.primary:
+            self.position.batches_in_epoch = skip  # in this run's batches (another world size: another count)
         self.position.resume_points.pop(self.index, None)
         if skip and (why := reproducible_order(self.choice)):
             log.warning("resuming mid-epoch: skipping %d batches of %s, but %s; the rest of this epoch may differ "

@@ -7,6 +7,7 @@ and built optimizers raises one :class:`CheckpointError` listing every differenc
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from devplug.core import checkpoint as ckpt
 from devplug.core import rng
 from devplug.core.errors import CheckpointError
 from devplug.core.loading import LoopPosition, ResumePoint
+from devplug.core.optimizers import parameters_outside
 from devplug.core.records import Device, OptimizerChoice, PrecisionPlan
 
 
@@ -66,7 +68,15 @@ class TrainerState:
         }
 
     def save(self, path: str | os.PathLike[str], extra: Mapping[str, Any]) -> str:
-        """Write a checkpoint with the author's ``extra`` state atomically; the path written."""
+        """Write a checkpoint with the author's ``extra`` state atomically; the path written.
+
+        Warns, naming the optimizer, when a Trainer-built optimizer holds parameters of a module that was
+        not set up: their weights are not in the checkpoint.
+        """
+        for key, count in parameters_outside(self.optimizers, self.modules).items():
+            warnings.warn(f"optimizer {key!r} holds {count} parameter(s) of a module that was not passed to "
+                          "trainer.setup(); the checkpoint has that optimizer's state but not those weights. "
+                          "Set the module up with trainer.setup(module, name=...)", RuntimeWarning, stacklevel=3)
         state = self.state_dict()
         state["extra"] = dict(extra)
         return str(ckpt.atomic_save(ckpt.to_cpu(state), path))

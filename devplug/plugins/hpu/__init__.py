@@ -6,7 +6,7 @@ autocast or Habana Mixed Precision, HCCL with Habana's DDP defaults, ``HabanaDat
 folders, and ``torch.hpu`` synchronization and memory statistics. Nothing from the Intel Gaudi stack
 is imported until a Gaudi device is probed or selected. See ``docs/devices/hpu.md``.
 
-Modules: ``probe`` (availability), ``mode`` (lazy/eager, step marking, compile), ``optimizers``,
+Modules: ``probe`` (availability), ``mode`` (lazy/eager, step marking, compile), ``optimizers``, ``clipping``,
 ``precision``, ``distributed``, ``data``, ``stats``, ``runtime`` (process-wide state), ``plugin`` (hooks).
 
 The hooks live in :mod:`.plugin`, which devplug registers directly (nothing is re-exported here).

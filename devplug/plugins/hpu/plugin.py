@@ -19,7 +19,7 @@ from devplug import (
     PrecisionPlan,
     hookimpl,
 )
-from devplug.plugins.hpu import data, distributed, mode, optimizers, probe, stats
+from devplug.plugins.hpu import clipping, data, distributed, mode, optimizers, probe, stats
 from devplug.plugins.hpu import precision as precision_plans
 
 DEVPLUG_CONTRACT = "1.1"
@@ -61,6 +61,13 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
 def devplug_mark_step(device: Device, phase: Phase) -> None:
     """``htcore.mark_step()`` after backward and after each optimizer step in lazy mode; nothing in eager."""
     mode.mark_step(device, phase)
+
+
+@hookimpl
+def devplug_clip_grad_norm(device: Device, parameters: list[torch.Tensor], max_norm: float,
+                           norm_type: float) -> torch.Tensor | None:
+    """``hpex.normalization.FusedClipNorm`` for the L2 norm; torch's ``clip_grad_norm_`` otherwise."""
+    return clipping.clip_grad_norm(device, parameters, max_norm, norm_type)
 
 
 @hookimpl

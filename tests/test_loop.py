@@ -1,0 +1,429 @@
+"""The loop a model author writes: a training loader, an evaluation loader, accumulation, clipping, a schedule.
+
+Steps are training iterations (one per optimizer-step round); evaluation loaders never move them.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import devplug
+from devplug.plugins.cpu import plugin as cpu_plugin
+
+TRAIN, EVAL, BATCH = 32, 10, 4  # 8 training micro-batches per epoch; 3 evaluation batches (an odd number)
+
+
+def datasets() -> tuple[TensorDataset, TensorDataset]:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(TRAIN + EVAL, 6, generator=g)
+    y = x.sum(dim=1, keepdim=True).sin()
+    return TensorDataset(x[:TRAIN], y[:TRAIN]), TensorDataset(x[TRAIN:], y[TRAIN:])
+
+
+def make_model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1))
+
+
+def warmup(step: int) -> float:
+    return min(1.0, (step + 1) / 3)
+
+
+class Run:
+    """A Trainer with the author's loop: accumulation over 2, clipping, LambdaLR, a mid-epoch and an epoch-end eval."""
+
+    def __init__(self, *, workers: int = 0, accumulation: int = 2, seed: int = 0, **options) -> None:
+        train, evaluation = datasets()
+        options.setdefault("progress", False)
+        self.trainer = devplug.Trainer(device="cpu", precision="32-true", seed=seed, log_every=2,
+                                       accumulate_grad_batches=accumulation, **options)
+        self.model = self.trainer.setup(make_model(), name="net")
+        self.opt = self.trainer.optimizer("adamw", self.model.parameters(), lr=1e-2)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warmup)
+        self.train_loader = self.trainer.dataloader(train, BATCH, shuffle=True, num_workers=workers)
+        self.eval_loader = self.trainer.dataloader(evaluation, BATCH, train=False, num_workers=workers)
+        self.eval_sizes: list[int] = []
+        self.log_steps: list[int] = []
+        self.optimizer_steps = 0
+
+    def evaluate(self) -> None:
+        self.model.eval()
+        seen = 0
+        with torch.no_grad():
+            for x, _ in self.eval_loader:
+                seen += x.shape[0]
+        self.model.train()
+        self.eval_sizes.append(seen)
+
+    def train(self, epochs: int, *, max_steps: int | None = None, stop_after_eval_at: int | None = None) -> bool:
+        """Train; with ``stop_after_eval_at``, save right after that step's mid-epoch eval and stop (True)."""
+        trainer = self.trainer
+        for _epoch in trainer.epochs(epochs, max_steps=max_steps):
+            for x, y in self.train_loader:
+                with trainer.accumulate(self.model):
+                    with trainer.autocast():
+                        loss = torch.nn.functional.mse_loss(self.model(x), y)
+                    trainer.backward(loss)
+                    trainer.clip_grad_norm(self.opt, 0.5)
+                    if trainer.step(self.opt):
+                        self.sched.step()
+                        self.optimizer_steps += 1
+                if trainer.log(loss=loss) is not None:
+                    self.log_steps.append(trainer.global_step)
+                if trainer.sync_gradients and trainer.global_step % 3 == 0:
+                    self.evaluate()
+                    if trainer.global_step == stop_after_eval_at:
+                        self.path = trainer.save(self.folder / "mid.pt", scheduler=self.sched.state_dict())
+                        return True
+            self.evaluate()
+        return False
+
+    def weights(self) -> list[torch.Tensor]:
+        return [t.detach().clone() for t in self.model.state_dict().values()]
+
+
+def test_steps_are_optimizer_steps_and_evaluation_never_moves_them():
+    run = Run()
+    run.train(3)
+    assert run.optimizer_steps == 12  # 3 epochs x 8 micro-batches / 2
+    assert run.trainer.global_step == 12
+    assert run.eval_sizes == [EVAL] * len(run.eval_sizes) and len(run.eval_sizes) == 4 + 3
+    assert run.log_steps == [2, 4, 6, 8, 10, 12]
+    assert run.trainer.summary()["steps"] == 12
+
+
+def test_max_steps_counts_steps_and_the_eval_loader_still_yields_everything():
+    run = Run()
+    run.train(3, max_steps=6)
+    assert run.trainer.global_step == run.optimizer_steps == 6
+    assert run.eval_sizes and all(size == EVAL for size in run.eval_sizes)
+
+
+def test_the_progress_total_comes_from_the_training_loader():
+    run = Run(progress=True)
+    seen = []
+    for _epoch in run.trainer.epochs(2):
+        seen.append(run.trainer.reporter.progress_bar.total)
+        for _ in run.eval_loader:
+            pass
+        break
+    assert seen == [8]  # 2 epochs x 4 steps, not the eval loader's 3 batches
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resume_after_a_mid_epoch_eval_ends_bitwise_equal(tmp_path, workers):
+    full = Run(workers=workers)
+    full.train(3)
+
+    first = Run(workers=workers)
+    first.folder = tmp_path
+    assert first.train(3, stop_after_eval_at=6) is True  # mid-epoch: epoch 1 has steps 5-8
+
+    resumed = Run(workers=workers, seed=11)  # another seed: everything must come from the checkpoint
+    extra = resumed.trainer.load(first.path)
+    resumed.sched.load_state_dict(extra["scheduler"])
+    assert (resumed.trainer.global_step, resumed.trainer.epoch) == (6, 1)
+    resumed.train(3)
+    assert resumed.trainer.global_step == full.trainer.global_step == 12
+    for a, b in zip(full.weights(), resumed.weights(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_loop_is_bitwise_equal_to_plain_pytorch():
+    run = Run()
+    run.train(2)
+
+    torch.manual_seed(0)
+    model = make_model()
+    fused = {"fused": True} if cpu_plugin.supports_fused("adamw") else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, **fused)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+    train, _ = datasets()
+    sampler = DistributedSampler(train, num_replicas=1, rank=0, shuffle=True, seed=0)
+    loader = DataLoader(train, batch_size=BATCH, sampler=sampler, generator=torch.Generator())  # no global RNG draw
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for i, (x, y) in enumerate(loader):
+            loss = torch.nn.functional.mse_loss(model(x), y) / 2
+            loss.backward()
+            if i % 2 == 1:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+    for a, b in zip([t.detach() for t in model.state_dict().values()], run.weights(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_checkpoint_inside_an_accumulation_window_resumes_at_the_windows_start(tmp_path):
+    full = Run()
+    full.train(1)
+    first = Run()
+    trainer = first.trainer
+    for _epoch in trainer.epochs(1):
+        for i, (x, y) in enumerate(first.train_loader):
+            with trainer.accumulate(first.model):
+                trainer.backward(torch.nn.functional.mse_loss(first.model(x), y))
+                trainer.clip_grad_norm(first.opt, 0.5)
+                if trainer.step(first.opt):
+                    first.sched.step()
+            if i == 2:  # the first micro-batch of step 2
+                path = trainer.save(tmp_path / "window.pt", scheduler=first.sched.state_dict())
+                break
+        break
+    resumed = Run(seed=3)
+    resumed.sched.load_state_dict(resumed.trainer.load(path)["scheduler"])
+    assert (resumed.trainer.global_step, resumed.trainer.position.batches_in_epoch) == (1, 2)
+    resumed.train(1)
+    assert resumed.trainer.global_step == full.trainer.global_step == 4
+    # The step is recomputed from its first micro-batch; the RNG state is the one at the save, so dropout
+    # draws other masks for the recomputed micro-batch: close to the uninterrupted run, not bitwise equal.
+    for a, b in zip(full.weights(), resumed.weights(), strict=True):
+        assert torch.allclose(a, b, atol=0.05)
+
+
+# ---- the author's own loaders ------------------------------------------------------------------------------
+def _loop(trainer, model, opt, loader, *, epochs: int = 3, max_steps: int | None = None) -> list[int]:
+    logged = []
+    for _epoch in trainer.epochs(epochs, max_steps=max_steps):
+        for x, y in loader:
+            trainer.backward(torch.nn.functional.mse_loss(model(x), y))
+            trainer.step(opt)
+            if trainer.log(loss=model(x).mean()) is not None:
+                logged.append(trainer.global_step)
+    return logged
+
+
+def test_the_authors_dataloader_trains_logs_and_stops_at_max_steps():
+    trainer = devplug.Trainer(device="cpu", progress=False, log_every=2, seed=0)
+    model = trainer.setup(make_model())
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.05)
+    loader = trainer.dataloader(DataLoader(datasets()[0], batch_size=BATCH, shuffle=True))
+    assert loader.implementation == "author's DataLoader(workers=0)"
+    assert _loop(trainer, model, opt, loader, max_steps=5) == [2, 4]
+    assert trainer.global_step == 5
+
+
+def test_a_generator_of_batches_trains_logs_and_stops_at_max_steps():
+    trainer = devplug.Trainer(device="cpu", progress=False, log_every=2, seed=0)
+    model = trainer.setup(make_model())
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.05)
+    train, _ = datasets()
+    batches = (train[i:i + BATCH] for i in range(0, TRAIN, BATCH))
+    assert _loop(trainer, model, opt, trainer.dataloader(batches), epochs=1, max_steps=6) == [2, 4, 6]
+    assert trainer.global_step == 6
+
+
+def test_a_batch_size_that_contradicts_the_authors_dataloader_is_a_clear_error():
+    trainer = devplug.Trainer(device="cpu", progress=False)
+    with pytest.raises(devplug.ConfigError, match="differs from your DataLoader's batch_size=4"):
+        trainer.dataloader(DataLoader(datasets()[0], batch_size=4), 8)
+    with pytest.raises(devplug.ConfigError, match="batch_size is required"):
+        trainer.dataloader(datasets()[0])
+
+
+def test_the_authors_shuffled_dataloader_resumes_at_the_same_sample(tmp_path):
+    def order(trainer, loader, stop=None):
+        seen = []
+        for _epoch in trainer.epochs(2):
+            for x, _ in loader:
+                seen.append(round(float(x[0, 0]), 5))
+                if len(seen) == stop:
+                    return seen, trainer.save(tmp_path / "own.pt")
+        return seen, None
+
+    def build(seed):
+        trainer = devplug.Trainer(device="cpu", progress=False, seed=seed)
+        trainer.setup(make_model())
+        return trainer, trainer.dataloader(DataLoader(datasets()[0], batch_size=BATCH, shuffle=True))
+
+    full, _ = order(*build(0))
+    head, path = order(*build(0), stop=11)
+    resumed, loader = build(4)
+    resumed.load(path)
+    tail, _ = order(resumed, loader)
+    assert head + tail == full
+
+
+# ---- clipping ---------------------------------------------------------------------------------------------
+def test_clipping_under_16_mixed_matches_torchs_recipe_and_unscales_once():
+    train, _ = datasets()
+    trainer = devplug.Trainer(device="cpu", precision="16-mixed", progress=False, seed=0)
+    model = trainer.setup(make_model())
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    calls = []
+    real_unscale = trainer.scaler.unscale_
+    trainer.scaler.unscale_ = lambda o: (calls.append(o), real_unscale(o))[1]
+    norms = []
+    for i in range(0, 16, BATCH):
+        x, y = train[i:i + BATCH]
+        with trainer.autocast():
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        trainer.backward(loss)
+        norms.append(trainer.clip_grad_norm(opt, 0.05))
+        trainer.step(opt)
+
+    torch.manual_seed(0)  # the reference draws the same initial weights and dropout masks
+    ref_model = make_model()
+    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.1)
+    ref_scaler = torch.amp.GradScaler("cpu")
+    ref_norms = []
+    for i in range(0, 16, BATCH):
+        x, y = train[i:i + BATCH]
+        with torch.autocast("cpu", dtype=torch.float16):
+            ref_loss = torch.nn.functional.mse_loss(ref_model(x).float(), y)
+        ref_scaler.scale(ref_loss).backward()
+        ref_scaler.unscale_(ref_opt)
+        ref_norms.append(torch.nn.utils.clip_grad_norm_(ref_model.parameters(), 0.05))
+        ref_scaler.step(ref_opt)
+        ref_scaler.update()
+        ref_opt.zero_grad(set_to_none=True)
+    assert len(calls) == 4  # once per step; the scaler's own step did not unscale again
+    assert torch.equal(torch.stack(norms), torch.stack(ref_norms))  # inf included: that step is skipped alike
+    for a, b in zip(ref_model.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_clip_grad_value_clamps_after_unscaling():
+    trainer = devplug.Trainer(device="cpu", precision="16-mixed", progress=False, seed=0)
+    model = trainer.setup(torch.nn.Linear(6, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    x, y = datasets()[0][:BATCH]
+    with trainer.autocast():
+        trainer.backward(torch.nn.functional.mse_loss(model(x).float(), y) * 0.01)
+    scaled = [p.grad.clone() for p in model.parameters()]
+    true_grads = [g / trainer.scaler.get_scale() for g in scaled]
+    assert trainer.clip_grad_value(opt, 1e-3) is True
+    for p, g in zip(model.parameters(), true_grads, strict=True):
+        assert torch.equal(p.grad, g.clamp(-1e-3, 1e-3))  # clamped in the true gradients' units
+
+
+# ---- loop hygiene -------------------------------------------------------------------------------------------
+def test_breaking_out_of_epochs_reports_pending_values():
+    trainer = devplug.Trainer(device="cpu", progress=False, log_every=100)
+    loader = trainer.dataloader(datasets()[0], BATCH)
+    for _epoch in trainer.epochs(2):
+        for x, _ in loader:
+            trainer.log(value=x.mean())
+        break
+    assert "value" in trainer.last_metrics
+    assert trainer.flush_logs() == trainer.last_metrics  # nothing pending: the last reported values
+
+
+def test_flush_logs_right_after_a_log_point_returns_the_last_values():
+    trainer = devplug.Trainer(device="cpu", progress=False, log_every=1)
+    loader = trainer.dataloader(datasets()[0], BATCH)
+    for _epoch in trainer.epochs(1):
+        for x, _ in loader:
+            reported = trainer.log(value=x.mean())
+    assert reported is not None and trainer.flush_logs() == reported
+
+
+def test_log_without_a_training_loader_is_not_a_log_point_every_call():
+    trainer = devplug.Trainer(device="cpu", progress=False, log_every=5)
+    assert [trainer.log(value=1.0) for _ in range(3)] == [None, None, None]
+
+
+def test_optimizers_are_keyed_by_module_so_creation_order_does_not_matter(tmp_path):
+    def build(order):
+        trainer = devplug.Trainer(device="cpu", progress=False, seed=0)
+        nets = {"generator": trainer.setup(torch.nn.Linear(3, 3), name="generator"),
+                "discriminator": trainer.setup(torch.nn.Linear(3, 1), name="discriminator")}
+        opts = {key: trainer.optimizer("adam", nets[key].parameters(), lr=1e-2) for key in order}
+        return trainer, nets, opts
+
+    trainer, nets, opts = build(["generator", "discriminator"])
+    assert sorted(trainer.optimizers) == ["discriminator", "generator"]
+    for key, net in nets.items():
+        net(torch.ones(2, 3)).sum().backward()
+        trainer.step(opts[key])
+    path = trainer.save(tmp_path / "gan.pt")
+    other, _, other_opts = build(["discriminator", "generator"])
+    other.load(path)
+    for key in opts:
+        saved, loaded = opts[key].state_dict()["state"], other_opts[key].state_dict()["state"]
+        assert torch.equal(saved[0]["exp_avg"], loaded[0]["exp_avg"])
+
+
+def test_a_second_optimizer_over_the_same_module_needs_a_name():
+    trainer = devplug.Trainer(device="cpu", progress=False)
+    model = trainer.setup(torch.nn.Linear(3, 3))
+    trainer.optimizer("adam", model.parameters())
+    with pytest.raises(devplug.ConfigError, match="optimizer named 'linear' already exists"):
+        trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    trainer.optimizer("sgd", model.parameters(), lr=0.1, name="linear_sgd")
+    assert sorted(trainer.optimizers) == ["linear", "linear_sgd"]
+
+
+def test_an_optimizer_class_works_or_fails_with_one_clear_line():
+    trainer = devplug.Trainer(device="cpu", progress=False)
+    model = trainer.setup(torch.nn.Linear(3, 3))
+    opt = trainer.optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
+    assert isinstance(opt, torch.optim.AdamW)
+    assert trainer.optimizer_implementation(opt).startswith("torch.optim.AdamW")
+
+    class Custom(torch.optim.SGD):
+        pass
+
+    custom = trainer.optimizer(Custom, model.parameters(), lr=0.1, name="custom")
+    assert type(custom) is Custom
+    with pytest.raises(devplug.OptimizerError, match=r"must be a name such as 'adamw' or a torch\.optim\.Optimizer"):
+        trainer.optimizer(42, model.parameters())
+
+
+def test_saving_warns_about_an_optimizer_over_a_module_that_was_not_set_up(tmp_path):
+    trainer = devplug.Trainer(device="cpu", progress=False)
+    trainer.setup(torch.nn.Linear(3, 3), name="encoder")
+    head = torch.nn.Linear(3, 1)  # used in the loop, never passed to setup()
+    trainer.optimizer("sgd", head.parameters(), lr=0.1, name="head")
+    with pytest.warns(RuntimeWarning, match="optimizer 'head' holds 2 parameter"):
+        trainer.save(tmp_path / "ck.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer.setup(head, name="head")
+        trainer.save(tmp_path / "ck2.pt")
+
+
+# ---- HPU (stand-in): the fused clip op, step marking with clipping and accumulation -----------------------
+@pytest.fixture
+def hpu(monkeypatch):
+    from standins import hpu_fixtures
+
+    yield from hpu_fixtures.standin(monkeypatch)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_lazy_gaudi_clips_with_the_fused_op_and_marks_steps_only_at_boundaries(hpu, accumulation):
+    trainer = devplug.Trainer(device="hpu", precision="32-true", progress=False, plugin_manager=hpu.plugin_manager(),
+                              accumulate_grad_batches=accumulation)
+    model = trainer.setup(make_model())
+    opt = trainer.optimizer("adamw", model.parameters(), lr=1e-3)
+    loader = trainer.dataloader(datasets()[0], BATCH, num_workers=0)
+    hpu.reset()
+    for _epoch in trainer.epochs(1):
+        for x, y in loader:
+            with trainer.accumulate(model):
+                trainer.backward(torch.nn.functional.mse_loss(model(x), y))
+                norm = trainer.clip_grad_norm(opt, 1.0)
+                trainer.step(opt)
+            assert (norm is None) is (not trainer.sync_gradients)
+    steps = TRAIN // BATCH // accumulation
+    assert hpu.count("FusedAdamW.step") == steps
+    assert hpu.count("FusedClipNorm.clip_norm") == steps and hpu.count("FusedClipNorm") <= 1
+    assert hpu.count("mark_step") == 2 * steps
+    marks = [n for n in hpu.names() if n in ("mark_step", "FusedClipNorm.clip_norm", "FusedAdamW.step")]
+    assert marks == ["mark_step", "FusedClipNorm.clip_norm", "FusedAdamW.step", "mark_step"] * steps
+
+
+def test_a_norm_other_than_l2_falls_back_to_torch_on_gaudi(hpu):
+    trainer = devplug.Trainer(device="hpu", precision="32-true", progress=False, plugin_manager=hpu.plugin_manager())
+    model = trainer.setup(torch.nn.Linear(6, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    x, y = datasets()[0][:BATCH]
+    trainer.backward(torch.nn.functional.mse_loss(model(x), y))
+    norm = trainer.clip_grad_norm(opt, 1.0, norm_type=math.inf)
+    assert hpu.count("FusedClipNorm.clip_norm") == 0 and torch.isfinite(norm)
