@@ -1,6 +1,7 @@
 """The hook reference is generated from the hookspec docstrings and must not drift from them."""
 
 import inspect
+import re
 from pathlib import Path
 
 from devplug import docgen
@@ -30,8 +31,35 @@ def test_every_hook_documents_when_called_and_what_it_returns():
 
 
 def test_docs_link_to_files_that_exist():
-    import re
-
     for page in DOCS.rglob("*.md"):
         for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def _the_loop(path: Path) -> str:
+    text = path.read_text()
+    block = re.search(r"<!-- the loop:.*?-->\n```python\n(.*?)```\n<!-- end of the loop -->", text, re.S)
+    assert block, f"{path.name} lost its loop block"
+    return block.group(1)
+
+
+def test_the_documented_loop_is_the_same_in_readme_and_trainer_md_and_runs(tmp_path, monkeypatch, capsys):
+    import torch
+    from torch.utils.data import TensorDataset
+
+    code = _the_loop(DOCS / "trainer.md")
+    assert _the_loop(DOCS.parent / "README.md") == code
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(160, 8, generator=g)
+    labels = (x[:, 0] > 0).long()
+    namespace = {
+        "MyNet": lambda: torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)),
+        "train_set": TensorDataset(x[:128], labels[:128]),
+        "val_set": TensorDataset(x[128:], labels[128:]),
+    }
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/trainer.md", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.global_step == 10  # 10 epochs x 2 micro-batches of 64 / 2 per step
+    assert (tmp_path / "runs" / "classifier" / "epoch9.pt").is_file()
+    assert "'steps': 10" in capsys.readouterr().out
