@@ -118,21 +118,28 @@ def torch_kernel(name: str, device_type: str) -> tuple[str, str]:
     """
     cls = torch_optimizer_class(name)
     accepted = inspect.signature(cls).parameters
+    try:
+        param = torch.nn.Parameter(torch.zeros(1, device=device_type))
+    except Exception as exc:  # the device type cannot hold a tensor in this process
+        return "", f"no tensor could be placed on {device_type!r} to probe torch's kernels ({_first_line(exc)})"
     reasons: list[str] = []
     for kernel in KERNELS:
         if kernel not in accepted:
             reasons.append(f"torch.optim.{cls.__name__} has no {kernel} option")
             continue
         try:
-            param = torch.nn.Parameter(torch.zeros(1, device=device_type))
             param.grad = torch.zeros_like(param)
             cls([param], **{kernel: True}).step()
         except Exception as exc:  # whatever torch raises for a kernel it lacks on this device type
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            reasons.append(f"no {kernel} {cls.__name__} on {device_type!r} in this torch ({first_line})")
+            reasons.append(f"no {kernel} {cls.__name__} for {device_type!r} in this torch ({_first_line(exc)})")
             continue
         return kernel, "; ".join(reasons)
     return "", "; ".join(reasons)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def fastest_torch_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice:
