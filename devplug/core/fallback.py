@@ -3,7 +3,7 @@
 Registered before all others and marked ``trylast``, so any device or neutral plugin that answers
 a hook takes precedence. It speaks only PyTorch's device-generic API (``torch.accelerator``,
 ``torch.get_device_module``, ``torch.amp``, the distributed backend map, see
-:mod:`devplug.core.accelerator`), never a device name, so a device plugin that only declares its
+:mod:``devplug.core.accelerator``), never a device name, so a device plugin that only declares its
 device is correct, and implements the hooks where it can be faster.
 """
 
@@ -46,13 +46,13 @@ def devplug_device_setup(device: Device) -> None:
 
 @hookimpl(trylast=True)
 def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice:
-    """torch.optim with torch's fastest kernel for the device type: `fused=True`, else `foreach=True`."""
+    """torch.optim with torch's fastest kernel for the device type: ``fused=True``, else ``foreach=True``."""
     return fastest_torch_optimizer(device, name, params, options)
 
 
 @hookimpl(trylast=True)
 def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
-    """torch.autocast; `"auto"` is bf16 where torch reports autocast and native bf16 for the type, else fp32."""
+    """torch.autocast; ``"auto"`` is bf16 where torch reports autocast and native bf16 for the type, else fp32."""
     return torch_precision_plan(device, precision)
 
 
@@ -64,7 +64,7 @@ def devplug_region(device: Device, name: str) -> Any:
 
 @hookimpl(trylast=True)
 def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup:
-    """torch's backend for the device type (`Backend.default_device_backend_map`, gloo where none); local device."""
+    """torch's backend for the device type (``Backend.default_device_backend_map``, gloo where none); local device."""
     kind = device.torch_device.type
     if accelerator.is_current_accelerator(kind):
         count = accelerator.device_count(kind)
@@ -81,13 +81,13 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
 
 @hookimpl(trylast=True)
 def devplug_synchronize(device: Device) -> bool:
-    """`torch.accelerator.synchronize`, else the device module's `synchronize`; False when torch has neither."""
+    """``torch.accelerator.synchronize``, else the device module's ``synchronize``; False when torch has neither."""
     return accelerator.synchronize(device.torch_device)
 
 
 @hookimpl(trylast=True)
 def devplug_memory_stats(device: Device) -> MemoryStats | None:
-    """`torch.accelerator` memory statistics, else the device module's; None where torch reports nothing."""
+    """``torch.accelerator`` memory statistics, else the device module's; None where torch reports nothing."""
     return accelerator.memory_stats(device.torch_device)
 
 
