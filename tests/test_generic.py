@@ -131,6 +131,15 @@ def test_without_an_accelerator_the_list_only_gains_unavailable_entries_with_rea
     assert after.resolve("auto").name == before.resolve("auto").name == "cpu"
 
 
+def test_with_torch_reporting_no_accelerator_at_all_auto_is_the_cpu(monkeypatch):
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: None)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    reg = registry()
+    assert reg.resolve("auto").name == "cpu"
+    for name in set(declared_names()) - DEDICATED:
+        assert reg.devices[name].plugin_name == "generic" and not reg.devices[name].availability().available
+
+
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="this machine has an accelerator")
 def test_devplug_devices_lists_the_generic_devices_with_their_reasons():
     report = devices_report(create_plugin_manager(autoload=False))
