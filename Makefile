@@ -7,7 +7,7 @@ TORCH  ?= torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.devplug-installed
 ARGS   ?=
 
-.PHONY: venv test demo lint bench devices clean
+.PHONY: venv test demo lint bench devices check-device clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,14 @@ demo: $(STAMP)
 
 devices: $(STAMP)
 	$(VENV)/bin/devplug devices --verbose
+
+# On a machine with an accelerator: the device-dependent tests (cuda, mps, xpu, npu, other accelerators;
+# each skips without its hardware), the DCGAN example on the best device here, then the benchmarks.
+check-device: $(STAMP)
+	$(VENV)/bin/devplug devices
+	$(PY) -m pytest -q -rs -m "cuda or mps or xpu or npu or accelerator" $(ARGS)
+	$(PY) examples/dcgan.py --device auto --steps 200 --log-every 50 --no-progress --out runs/check-device
+	$(PY) benchmarks/run_all.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py  # each script takes its own flags: python benchmarks/NAME.py --help

@@ -11,10 +11,17 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   :func:`list_images`, :data:`IMAGE_EXTENSIONS` — the tuned torch loader to fall back to when a faster
   loader does not apply, and the image pipeline every loader of an ``ImageFolderSource`` must match;
 - :func:`process_memory_stats` — the host process's memory figure;
+- PyTorch's device-generic API, as the core fallback uses it for any device type:
+  :func:`device_module`, :func:`current_accelerator_type`, :func:`device_available`, :func:`device_count`,
+  :func:`select_device`, :func:`synchronize`, :func:`memory_stats`, :func:`collective_backend`,
+  :func:`native_bf16`;
+  :func:`fastest_torch_optimizer` / :func:`torch_kernel` (torch's ``fused`` or ``foreach`` kernel where
+  the device type has one) and :func:`torch_precision_plan` (``"auto"`` from what torch reports) — the
+  fallback's answers, to adjust rather than restate;
 - :func:`log_once` — say something (a fallback and its reason) once per process (:func:`forget_logged`
   resets it in tests);
-- :func:`builtin_plugin` — a built-in device plugin, to delegate to its hooks (build on ``cpu``
-  rather than restate it).
+- :func:`builtin_plugin` — a built-in device plugin, to delegate to its hooks (build on ``cpu`` or
+  ``generic`` rather than restate it).
 """
 
 from __future__ import annotations
@@ -22,6 +29,17 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from devplug.core.accelerator import (
+    collective_backend,
+    current_accelerator_type,
+    device_available,
+    device_count,
+    device_module,
+    memory_stats,
+    native_bf16,
+    select_device,
+    synchronize,
+)
 from devplug.core.data import (
     IMAGE_EXTENSIONS,
     ImageFolderDataset,
@@ -34,17 +52,20 @@ from devplug.core.manager import BUILTIN_PLUGINS
 from devplug.core.recipes import (
     TORCH_OPTIMIZERS,
     autocast_plan,
+    fastest_torch_optimizer,
     forget_logged,
     log_once,
     process_memory_stats,
+    torch_kernel,
     torch_optimizer_class,
     torch_optimizer_defaults,
+    torch_precision_plan,
 )
 from devplug.core.tree import map_tensors, move_to
 
 
 def builtin_plugin(name: str) -> ModuleType:
-    """The module of built-in device plugin ``name`` (``"cpu"``, ``"cuda"``, ``"hpu"``), to delegate to its hooks.
+    """The module of built-in device plugin ``name`` (``"cpu"``, ``"cuda"``, ``"hpu"``, ``"generic"``), to delegate to.
 
     Its public surface is its ``devplug_*`` hook functions, called with the same arguments the hook
     takes, e.g. ``toolkit.builtin_plugin("cpu").devplug_memory_stats(device=device)``.
@@ -61,15 +82,27 @@ __all__ = [
     "ImageFolderDataset",
     "autocast_plan",
     "builtin_plugin",
+    "collective_backend",
+    "current_accelerator_type",
+    "device_available",
+    "device_count",
+    "device_module",
+    "fastest_torch_optimizer",
     "forget_logged",
     "image_transform",
     "list_images",
     "log_once",
     "make_sampler",
     "map_tensors",
+    "memory_stats",
     "move_to",
+    "native_bf16",
     "process_memory_stats",
+    "select_device",
+    "synchronize",
     "torch_dataloader",
+    "torch_kernel",
     "torch_optimizer_class",
     "torch_optimizer_defaults",
+    "torch_precision_plan",
 ]

@@ -107,7 +107,7 @@ def test_a_device_name_conflict_is_reported_and_every_device_still_listed(capsys
             return [devplug.DeviceSpec(name="cpu", description="", priority=1, probe=devplug.Availability.yes),
                     devplug.DeviceSpec(name="clonedev", description="", priority=-5, probe=devplug.Availability.yes)]
 
-    process_manager(create_plugin_manager(autoload=False, extra_plugins=[("clone", Clone())]))
+    process_manager(create_plugin_manager(autoload=False, blocked=["generic"], extra_plugins=[("clone", Clone())]))
     assert cli.main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "cpu       0         available    1      cpu     devplug (built-in)" in out
@@ -130,6 +130,6 @@ def test_check_reports_each_check_and_fails_for_a_nonconformant_plugin(capsys, p
 
 
 def test_check_of_an_unknown_device_is_an_error(capsys, process_manager):
-    process_manager(create_plugin_manager(autoload=False))
+    process_manager(create_plugin_manager(autoload=False, blocked=["generic"]))
     assert cli.main(["check", "nosuch"]) == 2
     assert "no loaded plugin registers device 'nosuch'. Registered devices: hpu, cuda, cpu" in capsys.readouterr().err

@@ -15,11 +15,11 @@ import torch.distributed as dist
 from standins import hpu_fixtures
 
 import devplug
-from devplug.core.fallback import autocast_plan
 from devplug.core.manager import DevplugPluginManager, create_plugin_manager
 from devplug.core.tree import move_to
 from devplug.testing import DeviceConformance, checks
 from devplug.testing.checks import ConformanceError
+from devplug.toolkit import autocast_plan
 
 REPO = Path(__file__).resolve().parents[1]
 

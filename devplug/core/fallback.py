@@ -1,7 +1,10 @@
-"""The core's fallback plugin: plain, device-neutral PyTorch for every first-result hook.
+"""The core's fallback plugin: device-generic PyTorch for every first-result hook.
 
 Registered before all others and marked ``trylast``, so any device or neutral plugin that answers
-a hook takes precedence. It lets a third-party device plugin implement only what differs.
+a hook takes precedence. It speaks only PyTorch's device-generic API (``torch.accelerator``,
+``torch.get_device_module``, ``torch.amp``, the distributed backend map, see
+:mod:``devplug.core.accelerator``), never a device name, so a device plugin that only declares its
+device is correct, and implements the hooks where it can be faster.
 """
 
 from __future__ import annotations
@@ -11,15 +14,17 @@ from typing import Any
 
 import torch
 
+from devplug.core import accelerator
 from devplug.core.data import torch_dataloader
 from devplug.core.hookimpl import hookimpl
-from devplug.core.recipes import autocast_plan, torch_optimizer_class
+from devplug.core.recipes import fastest_torch_optimizer, torch_precision_plan
 from devplug.core.records import (
     CollectiveSetup,
     Device,
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
+    MemoryStats,
     OptimizerChoice,
     PrecisionPlan,
 )
@@ -33,16 +38,22 @@ def devplug_to_device(device: Device, obj: Any) -> Any:
 
 
 @hookimpl(trylast=True)
+def devplug_device_setup(device: Device) -> None:
+    """Make ``NAME:INDEX`` the current device of its type (``torch.accelerator.set_device_index``)."""
+    if device.index is not None:
+        accelerator.select_device(device.torch_device.type, device.index)
+
+
+@hookimpl(trylast=True)
 def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice:
-    """The default ``torch.optim`` implementation."""
-    cls = torch_optimizer_class(name)
-    return OptimizerChoice(cls(params, **options), f"torch.optim.{cls.__name__}")
+    """torch.optim with torch's fastest kernel for the device type: ``fused=True``, else ``foreach=True``."""
+    return fastest_torch_optimizer(device, name, params, options)
 
 
 @hookimpl(trylast=True)
 def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
-    """``"auto"`` means fp32 for a device whose plugin says nothing; the rest through torch.autocast."""
-    return autocast_plan(device, "32-true" if precision == "auto" else precision)
+    """torch.autocast; ``"auto"`` is bf16 where torch reports autocast and native bf16 for the type, else fp32."""
+    return torch_precision_plan(device, precision)
 
 
 @hookimpl(trylast=True)
@@ -61,8 +72,13 @@ def devplug_clip_grad_norm(
 
 @hookimpl(trylast=True)
 def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup:
-    """gloo, the backend that runs everywhere."""
-    return CollectiveSetup(backend="gloo")
+    """torch's backend for the device type (``Backend.default_device_backend_map``, gloo where none); local device."""
+    kind = device.torch_device.type
+    if accelerator.is_current_accelerator(kind):
+        count = accelerator.device_count(kind)
+        if device.index is not None or count > 0:
+            accelerator.select_device(kind, device.index if device.index is not None else launch.local_rank % count)
+    return CollectiveSetup(backend=accelerator.collective_backend(kind))
 
 
 @hookimpl(trylast=True)
@@ -73,8 +89,14 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
 
 @hookimpl(trylast=True)
 def devplug_synchronize(device: Device) -> bool:
-    """Nothing to wait for on a device whose plugin does not say otherwise."""
-    return True
+    """``torch.accelerator.synchronize``, else the device module's ``synchronize``; False when torch has neither."""
+    return accelerator.synchronize(device.torch_device)
+
+
+@hookimpl(trylast=True)
+def devplug_memory_stats(device: Device) -> MemoryStats | None:
+    """``torch.accelerator`` memory statistics, else the device module's; None where torch reports nothing."""
+    return accelerator.memory_stats(device.torch_device)
 
 
 @hookimpl(trylast=True)

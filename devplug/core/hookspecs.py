@@ -15,8 +15,9 @@ The kind is a static fact about the plugin, the same on every machine: a plugin 
 belongs in the probe); one that returns nothing is rejected at load.
 
 The core ships a fallback plugin (``devplug.core.fallback``) implementing every first-result hook
-with plain, device-neutral PyTorch, registered so that it runs last. A device plugin therefore only
-needs ``devplug_register_devices`` and the hooks where its device differs.
+with device-generic PyTorch (``torch.accelerator``, ``torch.get_device_module``, ``torch.amp``, the
+distributed backend map), registered so that it runs last. A device plugin therefore only needs
+``devplug_register_devices`` and the hooks where its device is faster.
 
 Every operational hook receives ``device``, the resolved :class:`~devplug.core.records.Device`.
 Pluggy lets an implementation accept only the arguments it needs. Every answer is checked against

@@ -13,7 +13,9 @@ built-ins, then third-party plugins sorted by distribution and plugin name (regi
 pluggy, which calls the last registered first, calls them in that order), then plugins passed at run
 time. A device name two plugins declare stays with a plugin named in ``DEVPLUG_PREFER_PLUGINS``, else
 with the built-in, else with the first in that order; the other plugin's clashing device is
-skipped and reported as a :class:`DeviceConflict`, and every other device keeps working.
+skipped and reported as a :class:`DeviceConflict`, and every other device keeps working. A
+declaration marked ``DeviceSpec.generic`` (the built-in ``generic`` plugin's) yields its name to any
+other plugin's without a conflict.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("cpu", "devplug.plugins.cpu.plugin"),
     ("cuda", "devplug.plugins.cuda.plugin"),
     ("hpu", "devplug.plugins.hpu.plugin"),
+    ("generic", "devplug.plugins.generic.plugin"),
 )
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -229,17 +232,24 @@ class DevplugPluginManager(pluggy.PluginManager):
         return (2, -order.index(name))  # third-party: registered in reverse of their documented order
 
     def device_table(self) -> tuple[list[DeclaredDevice], list[DeviceConflict]]:
-        """Every device with the plugin that keeps its name, and the conflicts that were resolved."""
+        """Every device with the plugin that keeps its name, and the conflicts that were resolved.
+
+        Declarations marked ``DeviceSpec.generic`` come after all others: one whose name another
+        plugin declares without ``generic`` is left out silently (the dedicated plugin serves it).
+        """
         kept: dict[str, DeclaredDevice] = {}
         conflicts: list[DeviceConflict] = []
         declared = self.declared_devices()
-        for plugin_name in sorted(declared, key=self._precedence):
-            for spec in declared[plugin_name]:
+        ordered = [(name, spec) for name in sorted(declared, key=self._precedence) for spec in declared[name]]
+        for generic in (False, True):
+            for plugin_name, spec in ordered:
+                if spec.generic is not generic:
+                    continue
                 entry = DeclaredDevice(spec, plugin_name, self.distribution_of(plugin_name))
                 owner = kept.get(spec.name)
                 if owner is None:
                     kept[spec.name] = entry
-                else:
+                elif owner.spec.generic is generic:
                     conflicts.append(DeviceConflict(owner, entry, self._why_kept(owner.plugin_name)))
         return list(kept.values()), conflicts
 

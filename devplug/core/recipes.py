@@ -1,7 +1,9 @@
 """Plain-PyTorch recipes that the core fallback and device plugins share (public through devplug.toolkit).
 
-Standard optimizer names and their torch classes and defaults, precision plans built from
-``torch.autocast`` and ``torch.amp.GradScaler``, and the memory figure of the host process.
+Standard optimizer names and their torch classes and defaults, torch's fastest optimizer kernel for a
+device type (``fused``, ``foreach``), precision plans built from ``torch.autocast`` and
+``torch.amp.GradScaler`` (with ``"auto"`` resolved from what torch reports for the device type), and the
+memory figure of the host process.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import logging
 import platform
 from typing import Any
 
+import attrs
 import torch
 
+from devplug.core import accelerator
 from devplug.core.errors import OptimizerError, PrecisionError
-from devplug.core.records import Device, MemoryStats, PrecisionPlan
+from devplug.core.records import Device, MemoryStats, OptimizerChoice, PrecisionPlan
 
 log = logging.getLogger("devplug")
 
@@ -80,6 +84,84 @@ def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None)
     )
 
 
+
+def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:
+    """:func:`autocast_plan`, with ``"auto"`` resolved from what torch reports for the device type, and why.
+
+    ``"auto"`` is ``"bf16-mixed"`` where torch has autocast for the type
+    (``torch.amp.is_autocast_available``) and the type's module reports native bf16
+    (``is_bf16_supported``), else ``"32-true"``; the plan's description says which and why.
+    """
+    if precision != "auto":
+        return autocast_plan(device, precision)
+    kind = device.torch_device.type
+    if not torch.amp.is_autocast_available(kind):
+        chosen, why = "32-true", f"torch has no autocast for device type {kind!r}"
+    else:
+        bf16, why = accelerator.native_bf16(kind)
+        chosen = "bf16-mixed" if bf16 else "32-true"
+    plan = autocast_plan(device, chosen)
+    return attrs.evolve(plan, description=f"{plan.description} (auto: {why})")
+
+
+#: torch.optim implementations faster than the default loop, fastest first (constructor options).
+KERNELS: tuple[str, ...] = ("fused", "foreach")
+
+
+@functools.cache
+def torch_kernel(name: str, device_type: str) -> tuple[str, str]:
+    """torch's fastest kernel for optimizer ``name`` on ``device_type``: ``("fused" | "foreach" | "", reason)``.
+
+    Probed once per (name, device type) by building the optimizer over a one-element parameter on the
+    device type and taking a step; ``reason`` says why a faster kernel was not chosen (empty when
+    ``fused`` was).
+    """
+    cls = torch_optimizer_class(name)
+    accepted = inspect.signature(cls).parameters
+    try:
+        param = torch.nn.Parameter(torch.zeros(1, device=device_type))
+    except Exception as exc:  # the device type cannot hold a tensor in this process
+        return "", f"no tensor could be placed on {device_type!r} to probe torch's kernels ({_first_line(exc)})"
+    reasons: list[str] = []
+    for kernel in KERNELS:
+        if kernel not in accepted:
+            reasons.append(f"torch.optim.{cls.__name__} has no {kernel} option")
+            continue
+        try:
+            param.grad = torch.zeros_like(param)
+            cls([param], **{kernel: True}).step()
+        except Exception as exc:  # whatever torch raises for a kernel it lacks on this device type
+            reasons.append(f"no {kernel} {cls.__name__} for {device_type!r} in this torch ({_first_line(exc)})")
+            continue
+        return kernel, "; ".join(reasons)
+    return "", "; ".join(reasons)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def fastest_torch_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice:
+    """torch's fastest implementation of optimizer ``name`` on ``device``: ``fused=True``, ``foreach=True``, default.
+
+    The choice names the implementation (``"torch.optim.Adam(fused=True)"``) and, when a faster kernel
+    was not used, why. ``fused`` or ``foreach`` in ``options`` is the author's choice and is kept.
+    """
+    cls = torch_optimizer_class(name)
+    base = f"torch.optim.{cls.__name__}"
+    chosen = {k: options[k] for k in KERNELS if k in options}
+    if chosen:
+        described = ", ".join(f"{k}={v!r}" for k, v in chosen.items())
+        return OptimizerChoice(cls(params, **options), f"{base}({described})", "the author chose the implementation")
+    params = list(params)
+    kernel, reason = torch_kernel(name.lower(), device.torch_device.type)
+    if kernel:
+        try:
+            return OptimizerChoice(cls(params, **{kernel: True}, **options), f"{base}({kernel}=True)", reason)
+        except (RuntimeError, ValueError, TypeError) as exc:  # e.g. fused with differentiable=True
+            reason = f"{kernel}=True does not take these options ({exc})"
+    return OptimizerChoice(cls(params, **options), base, reason)
 
 
 def process_memory_stats() -> MemoryStats:

@@ -64,6 +64,13 @@ class DeviceSpec:
     ``probe`` is called lazily, only when availability matters, and must not raise (if it does, the
     device is reported unavailable with the exception as the reason). ``count`` tells how many devices
     of this type the process can see. ``priority`` orders ``"auto"``: highest available wins.
+
+    ``generic`` (contract 1.1) marks a declaration that serves the name only where no other plugin
+    does: when a plugin declares the same name without ``generic``, that plugin keeps the name and this
+    declaration is dropped silently, not reported as a conflict. The built-in ``generic`` plugin
+    declares every accelerator type torch knows this way, so a dedicated plugin always wins its type
+    and, once that plugin is blocked, torch's generic path serves the type. Two ``generic``
+    declarations of one name are an ordinary conflict.
     """
 
     name: str = attrs.field(validator=_check_device_name)
@@ -72,6 +79,7 @@ class DeviceSpec:
     probe: Callable[[], Availability]
     count: Callable[[], int] = lambda: 1
     torch_type: str = attrs.field(default=None)
+    generic: bool = attrs.field(default=False, kw_only=True, validator=attrs.validators.instance_of(bool))
 
     @torch_type.validator
     def _check_torch_type(self, _attr: attrs.Attribute, value: str | None) -> None:
