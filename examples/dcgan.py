@@ -25,7 +25,6 @@ from dcgan_lib import cli
 from dcgan_lib.data import CacheReport, prepare_cache
 from dcgan_lib.default_data import FakeImages, ShapesDataset
 from dcgan_lib.models import ModelSpec, build_models, count_parameters
-from dcgan_lib.stop import StopRequest
 from dcgan_lib.summary import Stopwatch, build_summary, format_summary, write_summary
 from torch import nn
 
@@ -236,38 +235,35 @@ def train(settings: cli.Settings) -> int:
     last_checkpoint: str | None = None
     completed = trainer.global_step  # the last step whose updates all finished: a safe point to checkpoint
     interrupted = False
-    with StopRequest(enabled=trainer.world_size == 1) as stop:
-        try:
-            for _epoch in trainer.epochs(settings.epochs or sys.maxsize, max_steps=settings.steps):
-                for real, _labels in loader:
-                    real = to_unit_range(real)
-                    scalars = train_step(real)
-                    # Values stay on the device; the Trainer reads them back every --log-every steps only.
-                    values = trainer.log(**scalars, lr=opt_g.param_groups[0]["lr"])
-                    step = trainer.global_step
-                    if values is not None:
-                        report_log_point(trainer, values, settings, step)
-                    if step % args.sample_every == 0:
-                        last_sample = sample()
-                    if step % args.save_every == 0:
-                        last_checkpoint = save_checkpoint(trainer, settings, extra) or last_checkpoint
-                    stopwatch.add(real.shape[0] * trainer.world_size)
-                    if stopwatch.steady_start is None:  # once: time the steady state after warm-up
-                        trainer.synchronize()
-                        stopwatch.first_step_done()
-                    completed = step
-                    if stop.requested:  # first Ctrl-C: stop here, at a step boundary
-                        break
-                if stop.requested:
-                    break
-        except KeyboardInterrupt:  # second Ctrl-C (or any Ctrl-C under torchrun): stop at once
-            interrupted = True
-            say("\ndcgan: interrupted", file=sys.stderr)
-        except RuntimeError:
-            if not stop.requested:
-                raise
-            # The same Ctrl-C also stopped a loader worker while the next batch was being fetched.
-        interrupted = interrupted or stop.requested
+    try:
+        for _epoch in trainer.epochs(settings.epochs or sys.maxsize, max_steps=settings.steps):
+            for real, _labels in loader:
+                real = to_unit_range(real)
+                scalars = train_step(real)
+                # Values stay on the device; the Trainer reads them back every --log-every steps only.
+                values = trainer.log(**scalars, lr=opt_g.param_groups[0]["lr"])
+                step = trainer.global_step
+                if values is not None:
+                    report_log_point(trainer, values, settings, step)
+                if step % args.sample_every == 0:
+                    last_sample = sample()
+                if step % args.save_every == 0:
+                    last_checkpoint = save_checkpoint(trainer, settings, extra) or last_checkpoint
+                stopwatch.add(real.shape[0] * trainer.world_size)
+                if stopwatch.steady_start is None:  # once: time the steady state after warm-up
+                    trainer.synchronize()
+                    stopwatch.first_step_done()
+                completed = step
+        # Ctrl-C, SIGTERM or SIGUSR1 end trainer.epochs() at a step boundary (every rank at the same step):
+        # the run then samples, saves and summarizes below, and exits with trainer.exit_code.
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once
+        interrupted = True
+        say("\ndcgan: interrupted", file=sys.stderr)
+    except RuntimeError:
+        if trainer.stop.received is None:
+            raise
+        # The same Ctrl-C also stopped a loader worker while the next batch was being fetched.
+    interrupted = interrupted or trainer.exit_code != 0
     trainer.synchronize()
     stopwatch.stop()
     at_safe_point = trainer.global_step == completed
@@ -300,7 +296,7 @@ def train(settings: cli.Settings) -> int:
         print(format_summary(summary), flush=True)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    return 130 if interrupted else 0
+    return trainer.exit_code or (130 if interrupted else 0)
 
 
 def report_log_point(trainer: devplug.Trainer, values: dict[str, float], settings: cli.Settings, step: int) -> None:

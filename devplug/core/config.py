@@ -9,6 +9,7 @@ import attrs
 
 from devplug.core.errors import ConfigError
 from devplug.core.records import PRECISIONS
+from devplug.core.signals import DEFAULT_STOP_SIGNALS, signal_numbers
 from devplug.core.validators import non_negative_int, positive_int
 
 NONFINITE_POLICIES = ("raise", "warn", "ignore")
@@ -51,6 +52,8 @@ class TrainerConfig:
     - ``bucket_cap_mb``, ``broadcast_buffers``, ``gradient_as_bucket_view``, ``find_unused_parameters``,
       ``static_graph``: DistributedDataParallel options over the plugin's defaults (``None`` keeps them).
     - ``device_options``: free-form options for the device plugin (see each plugin's docs).
+    - ``stop_signals``: signals that end ``epochs()`` at the next step boundary (default SIGINT, SIGTERM,
+      SIGUSR1; ``()`` leaves every signal alone); see :mod:`devplug.core.signals`.
     """
 
     device: str | None = attrs.field(default=None, validator=_optional(attrs.validators.instance_of(str)))
@@ -70,6 +73,8 @@ class TrainerConfig:
     find_unused_parameters: bool | None = attrs.field(default=None, validator=_optional_bool)
     static_graph: bool | None = attrs.field(default=None, validator=_optional_bool)
     device_options: Mapping[str, Any] = attrs.field(factory=dict)
+    stop_signals: tuple[str, ...] = attrs.field(default=DEFAULT_STOP_SIGNALS, converter=tuple,
+                                                validator=lambda _i, _a, v: signal_numbers(v))
 
     @classmethod
     def build(cls, **values: Any) -> TrainerConfig:

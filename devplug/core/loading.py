@@ -87,6 +87,8 @@ class LoopPosition:
     epoch_batches: int | None = None
     resume_points: dict[int, ResumePoint] = attrs.field(factory=dict)
     resume_seeds: dict[int, int] = attrs.field(factory=dict)
+    stop_check: Callable[[], bool] | None = None
+    stopped: bool = False
 
     @property
     def sync_now(self) -> bool:
@@ -312,6 +314,9 @@ class DeviceLoader:
         lookahead = self.primary and position.accumulation > 1 and position.epoch_batches is None
         pending = next(batches, _END) if lookahead else _END
         while not self.primary or position.steps_left():
+            if self.primary and position.window_closed() and position.stop_check and position.stop_check():
+                position.stopped = True  # a stop signal: end before the next step begins
+                return
             batch = pending if lookahead else next(batches, _END)
             if batch is _END:
                 return

@@ -90,13 +90,14 @@ class Reporter:
         *,
         synchronize: Callable[[], None],
         learning_rates: Mapping[str, Any],
+        across_ranks: bool = True,
     ) -> dict[str, float] | None:
         """Report pending values at ``step``: the only place they are read from the device."""
         if not self.metrics:
             return dict(self.last_metrics) if self.last_metrics else None
         synchronize()
         rate = self.throughput.lap() if self.throughput.samples_since else 0.0
-        values = self.metrics.flush(self.reduce)
+        values = self.metrics.flush(self.reduce if across_ranks else None)
         bad = nonfinite(values)
         if bad:
             self._on_nonfinite(bad, values, step)
@@ -128,12 +129,12 @@ class Reporter:
             warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def flush_quietly(self, flush: Callable[[], Any]) -> None:
-        """Report pending values on the way out of a loop left early; a failure there is logged, not raised."""
+        """Report pending values on the way out of a loop; a failure there is logged, not raised."""
         if not self.metrics:
             return
         try:
             flush()
-        except Exception as exc:  # the loop is already unwinding (break, exception): do not mask it
+        except Exception as exc:  # the loop may be unwinding (break, exception): do not mask it
             log.warning("values logged before leaving the loop were not reported: %s", exc)
 
     def rates(self) -> dict[str, float]:

@@ -26,6 +26,7 @@ from devplug.core.manager import DevplugPluginManager, get_plugin_manager
 from devplug.core.optimizers import algorithm_name, optimizer_key, own_choice
 from devplug.core.records import OptimizerChoice, PrecisionPlan
 from devplug.core.reporting import Reporter
+from devplug.core.signals import StopRequest, gloo_combine
 from devplug.core.state import TrainerState
 from devplug.core.step import StepMethods
 
@@ -52,12 +53,14 @@ class Trainer(StepMethods):
                                             channels_last=self.config.channels_last)
         self.hooks = DeviceHooks(self.registry, self.device)
         self.hooks(spec.devplug_device_setup)
-        self.collective, reduce = None, None
+        self.collective, reduce, combine = None, None, None
         if self.launch.distributed:
             from devplug.core.distributed import init_process_group, mean_across_ranks
 
             setup = self.hooks(spec.devplug_collective_setup, launch=self.launch)
             self.collective, reduce = init_process_group(self.launch, setup, self.device), mean_across_ranks
+            combine = gloo_combine() if self.config.stop_signals else None
+        self.stop = StopRequest(self.config.stop_signals, combine)
         if self.config.seed is not None:
             rng.seed_everything(self.config.seed)
         plan = self.hooks(spec.devplug_precision, precision=self.config.precision)
@@ -66,7 +69,8 @@ class Trainer(StepMethods):
         self.modules: dict[str, torch.nn.Module] = {}
         self.optimizers: dict[str, OptimizerChoice] = {}
         self.loaders: list[DeviceLoader] = []
-        self.position = LoopPosition(accumulation=self.config.accumulate_grad_batches)
+        self.position = LoopPosition(accumulation=self.config.accumulate_grad_batches,
+                                     stop_check=self.stop.should_stop)
         self.state = TrainerState(device=self.device, precision=self.precision, modules=self.modules,
                                   optimizers=self.optimizers, loaders=self.loaders, position=self.position,
                                   world_size=self.world_size)
@@ -118,6 +122,16 @@ class Trainer(StepMethods):
     def epoch(self) -> int:
         """The current epoch (restored by :meth:`load`)."""
         return self.position.epoch
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a stop signal reached any rank (a collective under several processes: ask on every rank)."""
+        return self.stop.should_stop()
+
+    @property
+    def exit_code(self) -> int:
+        """The exit status the run should end with: 0, or ``128 + signal`` after a stop signal (143 for SIGTERM)."""
+        return self.stop.exit_code
 
     @property
     def last_metrics(self) -> dict[str, float]:
@@ -221,8 +235,9 @@ class Trainer(StepMethods):
     def epochs(self, n: int, *, max_steps: int | None = None) -> Iterator[int]:
         """Yield epoch numbers from where a resumed run left off up to ``n``; stop after ``max_steps`` steps.
 
-        Sets loader sampler epochs and shows progress on rank 0. Leaving the loop early (``break``) reports
-        the values logged since the last log point.
+        Sets loader sampler epochs and shows progress on rank 0. A stop signal (``stop_signals``) ends it at
+        the next step boundary (then save, and exit with ``exit_code``). Leaving it, however, reports the
+        values logged since the last log point.
         """
         if max_steps is not None and max_steps < 1:
             raise ConfigError(f"max_steps must be a positive integer, got {max_steps!r}")
@@ -231,19 +246,18 @@ class Trainer(StepMethods):
         per_epoch = position.steps_per_epoch(self._epoch_batches())
         total = max_steps if max_steps is not None or per_epoch is math.inf else int(per_epoch * n)
         self.reporter.open_progress(None if total is math.inf else total, position.global_step)
-        finished = False
-        try:
-            while position.epoch < n and position.steps_left():
-                yield position.epoch
-                if not position.steps_left() and position.batches_in_epoch < self._epoch_batches():
-                    break  # stopped by max_steps inside the epoch: a resume continues it
-                position.finish_epoch()
-            finished = True
-            self.flush_logs()
-        finally:
-            if not finished:
-                self.reporter.flush_quietly(self.flush_logs)
-            self.reporter.close_progress()
+        with self.stop.handling():
+            try:
+                while position.epoch < n and position.steps_left() and not position.stopped:
+                    yield position.epoch
+                    ended = position.stopped or not position.steps_left()  # max_steps or a stop signal
+                    if ended and position.batches_in_epoch < self._epoch_batches():
+                        break  # inside the epoch: a resume continues it
+                    position.finish_epoch()
+                self.flush_logs()
+            finally:  # left early (break, exception): what is still pending, this rank's values only
+                self.reporter.flush_quietly(lambda: self.flush_logs(across_ranks=False))
+                self.reporter.close_progress()
 
     def _epoch_batches(self) -> float:
         primary = next((loader for loader in self.loaders if loader.primary), None)
@@ -262,10 +276,11 @@ class Trainer(StepMethods):
             return self.flush_logs()
         return None
 
-    def flush_logs(self) -> dict[str, float] | None:
-        """Report pending logged values now (also at the end of ``epochs``); the last values if none are pending."""
+    def flush_logs(self, *, across_ranks: bool = True) -> dict[str, float] | None:
+        """Report pending values now; the last ones if none are pending (a collective unless ``across_ranks=False``)."""
         rates = {key: c.optimizer.param_groups[0].get("lr") for key, c in self.optimizers.items()}
-        return self.reporter.flush(self.global_step, synchronize=self.synchronize, learning_rates=rates)
+        return self.reporter.flush(self.global_step, synchronize=self.synchronize, learning_rates=rates,
+                                   across_ranks=across_ranks)
 
     def log_images(self, tag: str, images: torch.Tensor, *, nrow: int = 8, path: str | None = None) -> None:
         """Write a grid of images (N×C×H×W in [-1, 1]) to TensorBoard and optionally a PNG file (rank 0)."""

@@ -103,12 +103,13 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def run_ranks(script: str | Path, args: Sequence[str], *, world_size: int = 2, timeout: float = 60.0,
-              extra_env: Mapping[str, str] | None = None) -> list[subprocess.CompletedProcess[str]]:
+              extra_env: Mapping[str, str] | None = None,
+              expect_code: int = 0) -> list[subprocess.CompletedProcess[str]]:
     """Start ``world_size`` processes of ``script`` with torchrun-style variables; wait for all.
 
     Each process gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
     a free ``MASTER_PORT``. On timeout every process started here is killed. Raises ``RuntimeError``
-    with each rank's output when one fails.
+    with each rank's output when one exits with another code than ``expect_code``.
     """
     port = free_port()
     procs = []
@@ -129,7 +130,7 @@ def run_ranks(script: str | Path, args: Sequence[str], *, world_size: int = 2, t
             proc.kill()
         outputs = [proc.communicate() for proc in procs]
         raise RuntimeError(f"ranks timed out after {timeout}s:\n" + _describe(outputs)) from None
-    if any(r.returncode != 0 for r in results):
+    if any(r.returncode != expect_code for r in results):
         raise RuntimeError("a rank failed:\n" + _describe([(r.stdout, r.stderr) for r in results],
                                                          [r.returncode for r in results]))
     return results
