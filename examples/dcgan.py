@@ -268,10 +268,12 @@ def train(settings: cli.Settings) -> int:
     stopwatch.stop()
     at_safe_point = trainer.global_step == completed
     if at_safe_point and stopwatch.images_total:
-        if trainer.global_step % args.sample_every != 0:
-            last_sample = sample()
+        # Save before sampling: G samples in train mode, which moves its batch-norm running statistics,
+        # and a checkpoint taken after that would resume to other weights than an uninterrupted run.
         if trainer.global_step % args.save_every != 0:
             last_checkpoint = save_checkpoint(trainer, settings, extra) or last_checkpoint
+        if trainer.global_step % args.sample_every != 0:
+            last_sample = sample()
     summary = build_summary(
         trainer.summary(),
         model=settings.model,

@@ -337,6 +337,24 @@ def test_first_ctrl_c_finishes_the_step_then_saves_samples_and_summarizes(tmp_pa
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
 
 
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGUSR1, 138)])
+def test_sigterm_or_sigusr1_saves_summarizes_and_auto_resume_ends_equal(tmp_path, monkeypatch, signum, code):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    common = ["--data", "shapes", "--steps", "7", "--keep-checkpoints", "0"]
+    assert run([*common, "--out", str(straight)]) == 0
+    with monkeypatch.context() as m:
+        interrupt_at_item(m, 3 * 4 + 1, lambda: os.kill(os.getpid(), signum))  # during batch 4
+        assert run([*common, "--out", str(stopped), "--auto-resume"]) == code
+    summary = summary_of(stopped)
+    assert summary["status"] == "interrupted" and summary["steps"] == 4
+    assert (stopped / "checkpoints" / "step_0000004.pt").exists()
+    assert run([*common, "--out", str(stopped), "--auto-resume"]) == 0
+    a = final_state(straight / "checkpoints" / "step_0000007.pt")
+    b = final_state(stopped / "checkpoints" / "step_0000007.pt")
+    assert_same_tensors(a["modules"], b["modules"], "modules")
+    assert_same_tensors(a["optimizers"], b["optimizers"], "optimizers")
+
+
 def test_second_ctrl_c_stops_at_once(tmp_path, monkeypatch, capsys):
     def twice():
         os.kill(os.getpid(), signal.SIGINT)
