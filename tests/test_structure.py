@@ -148,3 +148,32 @@ def test_typed_hook_calls_return_the_specs_record():
     assert isinstance(choice, devplug.OptimizerChoice)
     with pytest.raises(TypeError, match="by keyword"):
         trainer.hooks(hookspecs.devplug_synchronize, trainer.device)  # type: ignore[call-arg]
+
+
+def test_the_step_goes_through_pluggy_only_for_hooks_with_several_implementations():
+    pm = create_plugin_manager(autoload=False)
+    dispatched = []
+    inner = pm._inner_hookexec
+    pm._inner_hookexec = lambda name, *args: (dispatched.append(name), inner(name, *args))[1]
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, plugin_manager=pm)
+    model = trainer.setup(torch.nn.Linear(3, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    dispatched.clear()
+    for _ in range(3):
+        with trainer.autocast():
+            loss = model(torch.ones(2, 3)).sum()
+        trainer.backward(loss)
+        trainer.step(opt)
+    assert dispatched == []  # region: the fallback alone answers; mark_step: nobody implements it on cpu
+
+    class Counting:
+        marks = 0
+
+        @devplug.hookimpl
+        def devplug_mark_step(self, device, phase):
+            Counting.marks += 1
+
+    counted = devplug.Trainer(device="cpu", precision="32-true", progress=False,
+                              plugin_manager=create_plugin_manager(autoload=False, extra_plugins=[Counting()]))
+    counted.backward(counted.setup(torch.nn.Linear(3, 1))(torch.ones(2, 3)).sum())
+    assert Counting.marks == 1  # a neutral plugin's hook is still called

@@ -6,6 +6,7 @@ when needed, and picks by the priority each plugin declared.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -150,19 +151,44 @@ class DeviceHooks:
     resolved device's plugin, on every plugin that declares no device, and on the core fallback, never
     on other device plugins; ``device`` is filled in. The call is typed by the spec function itself:
     its keyword arguments and its return type are the spec's.
+
+    The plugins are fixed once a Trainer exists, so each hook's route is resolved here, once: a hook
+    nobody implements for this device (``devplug_mark_step`` on an eager device) costs nothing per call,
+    and a hook with a single implementation and no wrapper (``devplug_region`` answered by the fallback
+    alone) calls it directly, with pluggy's semantics, instead of through pluggy's dispatch.
     """
 
     def __init__(self, registry: DeviceRegistry, device: Device) -> None:
         self.device = device
         pm = registry.pm
         others = [pm.get_plugin(name) for name in registry.device_plugin_names() - {device.plugin_name}]
-        self._callers: dict[str, Callable[..., Any]] = {
-            name: pm.subset_hook_caller(name, remove_plugins=[p for p in others if p is not None])
-            for name in hookspecs.OPERATIONAL_HOOKS
-        }
+        self._callers: dict[str, Callable[..., Any]] = {}
+        for name in hookspecs.OPERATIONAL_HOOKS:
+            caller = pm.subset_hook_caller(name, remove_plugins=[p for p in others if p is not None])
+            self._callers[name] = _direct_call(caller, device) or functools.partial(caller, device=device)
 
     def __call__(self, spec: Callable[Concatenate[Device, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Call the hook ``spec`` (a function of :mod:`devplug.core.hookspecs`) with keyword arguments."""
         if args:
             raise TypeError("hook arguments are passed by keyword")
-        return self._callers[spec.__name__](device=self.device, **kwargs)  # type: ignore[no-any-return]
+        return self._callers[spec.__name__](**kwargs)  # type: ignore[no-any-return]
+
+
+def _direct_call(caller: Any, device: Device) -> Callable[..., Any] | None:
+    """A call with pluggy's result semantics that skips its dispatch, where the route allows; else ``None``."""
+    impls = caller.get_hookimpls()
+    firstresult = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
+    if not impls:
+        return (lambda **_kwargs: None) if firstresult else (lambda **_kwargs: [])
+    if len(impls) > 1 or impls[0].wrapper or impls[0].hookwrapper:
+        return None
+    function, argnames = impls[0].function, impls[0].argnames
+
+    def call(**kwargs: Any) -> Any:
+        kwargs["device"] = device
+        result = function(*[kwargs[name] for name in argnames])
+        if firstresult:
+            return result
+        return [] if result is None else [result]
+
+    return call
