@@ -14,7 +14,6 @@ branch and no vendor import in this file or in ``dcgan_lib``. ``--help`` lists e
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import torch
 from dcgan_lib import cli
-from dcgan_lib.data import CacheReport, prepare_cache
+from dcgan_lib.data import CachedImages, CacheReport, prepare_cache
 from dcgan_lib.default_data import FakeImages, ShapesDataset
 from dcgan_lib.models import ModelSpec, build_models, count_parameters
 from dcgan_lib.stop import StopRequest
@@ -30,7 +29,7 @@ from dcgan_lib.summary import Stopwatch, build_summary, format_summary, write_su
 from torch import nn
 
 import devplug
-from devplug.core.data import list_images
+from devplug.core.data import display_path, list_images
 
 SAMPLE_COUNT = 64  # images in the fixed-noise sample grid (8×8)
 
@@ -114,10 +113,7 @@ def make_data(settings: cli.Settings, trainer: devplug.Trainer | None) -> tuple[
     if settings.args.no_cache:
         count = len(list_images(root))  # clear errors for a missing or empty folder
         source = devplug.ImageFolderSource(str(root), image_size=size)
-        return source, f"{root} ({count} images, decoded every epoch)", count, None
-    workers = settings.args.workers
-    if workers is None:
-        workers = min(8, max(0, (os.cpu_count() or 1) - 1))
+        return source, f"{display_path(root)} ({count} images, decoded every epoch)", count, None
     main = trainer is None or trainer.is_main_process
     if not main:
         _barrier()  # wait for the main process to build the cache
@@ -133,14 +129,19 @@ def make_data(settings: cli.Settings, trainer: devplug.Trainer | None) -> tuple[
 
     show = main and not settings.args.no_progress
     try:
-        dataset, report = prepare_cache(root, size, settings.cache_dir, workers=workers, build=main,
-                                        progress=progress if show else None)
+        # The build decodes on every core (--workers, when given, caps it); the cache is then reused.
+        dataset, report = prepare_cache(root, size, settings.cache_dir, workers=settings.args.workers, build=main,
+                                        progress=progress if show else None, on_wait=_waiting)
     finally:
         if bar is not None:
             bar.close()
     if main and trainer is not None:
         _barrier()
-    return dataset, f"{root} ({report.images} images, cached at {size}x{size})", report.images, report
+    return dataset, f"{display_path(root)} ({report.images} images, cached at {size}x{size})", report.images, report
+
+
+def _waiting(path: Path) -> None:
+    print(f"image cache: another process is building {display_path(path)}; waiting for it", flush=True)
 
 
 def _barrier() -> None:
@@ -295,6 +296,8 @@ def train(settings: cli.Settings) -> int:
         last_checkpoint=last_checkpoint,
     )
     trainer.close()
+    if isinstance(source, CachedImages):
+        source.close()  # release the cache version, so a later rebuild may remove it
     if trainer.is_main_process:
         write_summary(summary, settings.out / "summary.json")
         print(format_summary(summary), flush=True)
