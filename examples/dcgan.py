@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from dcgan_lib import cli
+from dcgan_lib import checks, cli
 from dcgan_lib.data import CachedImages, CacheReport, prepare_cache
 from dcgan_lib.default_data import FakeImages, ShapesDataset
 from dcgan_lib.models import ModelSpec, build_models, count_parameters
@@ -29,7 +29,7 @@ from dcgan_lib.summary import Stopwatch, build_summary, format_summary, write_su
 from torch import nn
 
 import devplug
-from devplug.core.data import display_path, list_images
+from devplug.core.data import display_path, list_images, printable
 
 SAMPLE_COUNT = 64  # images in the fixed-noise sample grid (8×8)
 
@@ -176,6 +176,9 @@ def train(settings: cli.Settings) -> int:
     )
     say = print if trainer.is_main_process else (lambda *a, **k: None)
     spec = settings.spec
+    stats = trainer.memory_stats()
+    checks.check_memory(spec, args.batch_size, device_total=getattr(stats, "total", None),
+                        host_available=checks.available_host_memory())  # before the networks are built
 
     # Models: built on the CPU with DCGAN init, then placed (and converted/compiled/DDP-wrapped) by the plugin.
     train_step = DCGANStep(trainer, spec, lr=args.lr, beta1=args.beta1)
@@ -222,7 +225,7 @@ def train(settings: cli.Settings) -> int:
         f"optimizer {train_step.implementation()}")
     say(f"dcgan: model {settings.model} (G {train_step.params_g:,} / D {train_step.params_d:,} parameters), "
         f"data {data_description}, loader {loader.implementation}")
-    say(f"dcgan: writing to {settings.out}")
+    say(f"dcgan: writing to {display_path(settings.out)}")
 
     def sample() -> str:
         """Fixed-noise grid to samples/step_N.png and TensorBoard (every process runs G: DDP needs it)."""
@@ -319,7 +322,7 @@ def report_log_point(trainer: devplug.Trainer, values: dict[str, float], setting
 
 def one_line(error: BaseException) -> str:
     """An error message on one line (some wrapped library messages span several)."""
-    text = " ".join(str(error).split())
+    text = printable(" ".join(str(error).split()))  # a file name that is not UTF-8 prints as \xNN
     return text if len(text) <= 600 else text[:597] + "..."
 
 
@@ -330,14 +333,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     returns 2; Ctrl-C prints the summary so far and returns 130.
     """
     args = cli.parse(argv)
+    created: list[Path] = []
     try:
         settings = cli.resolve(args)
         if args.cache_only:
             _dataset, _description, _count, report = make_data(settings, None)
             print(report.describe() if report is not None else "dcgan: nothing to cache")
             return 0
+        created = checks.prepare_output_dir(settings.out)  # a bad --out fails now, not at the first log point
         return train(settings)
     except devplug.DevplugError as exc:
+        checks.remove_empty(created)  # the run stopped before writing anything: leave no empty folders
         print(f"dcgan: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -346,4 +352,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    for stream in (sys.stdout, sys.stderr):  # file names that are not valid UTF-8 print as \xNN, never crash
+        stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     sys.exit(main())
