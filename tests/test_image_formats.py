@@ -80,7 +80,8 @@ def test_sixteen_bit_grayscale_png_is_scaled_not_clipped_to_white(tmp_path):
 
 
 def test_sixteen_bit_rgb_png(tmp_path):
-    path = write_png(one(tmp_path, "rgb16.png"), 24, 20, 16, 2, np.full((20, 24, 3), (65535, 32896, 1028), ">u2").tobytes())
+    pixels = np.full((20, 24, 3), (65535, 32896, 1028), ">u2")  # big-endian 16-bit samples, as PNG stores them
+    path = write_png(one(tmp_path, "rgb16.png"), 24, 20, 16, 2, pixels.tobytes())
     assert (decoded_both_ways(path) == (255, 128, 4)).all()
 
 
@@ -200,7 +201,7 @@ def test_a_decompression_bomb_is_skipped_like_any_unreadable_file(tmp_path, capl
 
 
 def test_load_rgb_names_the_limit_of_a_decompression_bomb(tmp_path):
-    with pytest.raises(ImageTooLarge, match="400000000 pixels.*PIL.Image.MAX_IMAGE_PIXELS = None removes it"):
+    with pytest.raises(ImageTooLarge, match=r"400000000 pixels.*PIL\.Image\.MAX_IMAGE_PIXELS = None removes it"):
         load_rgb(decompression_bomb(tmp_path / "bomb.png"), SIZE)
 
 

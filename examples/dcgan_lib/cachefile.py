@@ -97,6 +97,9 @@ class CacheWriter:
             fcntl.flock(self.fd, fcntl.LOCK_EX)  # a live build's temporary file is never collected
             _reserve(self.fd, self.size)
             self._write(header, 0)
+        except OSError as exc:
+            self.discard()
+            raise disk_full(path, exc) from None
         except BaseException:
             self.discard()
             raise

@@ -220,6 +220,8 @@ def prepare_cache(
     except OSError as exc:
         raise DataError(f"cannot create the cache directory {display_path(directory)!r}: {exc.strerror or exc}; "
                         "pass --cache-dir") from exc
+    collect_stale(directory, stem, array_path)  # frees the space of versions no job uses any more
+    _check_space(array_path, len(files), image_size)  # fail before anything is written
     with build_lock(directory, stem, on_wait=(lambda: on_wait(array_path)) if on_wait else None):
         opened = _open_cache(meta_path, key, array_path)  # another process may have built it meanwhile
         if opened is not None:
@@ -231,6 +233,11 @@ def prepare_cache(
                                      build_workers() if workers is None else workers, progress)
     collect_stale(directory, stem, array_path)
     return dataset, report
+
+
+def _check_space(array_path: Path, images: int, image_size: int) -> None:
+    need = len(npy_header((images, 3, image_size, image_size))) + images * 3 * image_size * image_size
+    check_free_space(array_path.parent, need, f"{images:,} images x 3 x {image_size} x {image_size} bytes")
 
 
 def _build(
@@ -246,8 +253,7 @@ def _build(
     """Decode ``files`` into a new version at ``array_path`` (called with the build lock held)."""
     start = time.perf_counter()
     shape = (len(files), 3, image_size, image_size)
-    need = len(npy_header(shape)) + int(np.prod(shape))
-    check_free_space(array_path.parent, need, f"{len(files):,} images x 3 x {image_size} x {image_size} bytes")
+    _check_space(array_path, len(files), image_size)
     labels: list[int] = []
     skipped: list[tuple[str, str]] = []
     opened = 0
