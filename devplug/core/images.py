@@ -109,7 +109,7 @@ def load_rgb(path: str | os.PathLike[str], size: int, *, draft: bool = True) -> 
         raise ImageTooLarge(too_large_message(exc)) from None
     with image:
         width, height = image.size
-        orientation = image.getexif().get(EXIF_ORIENTATION, 1)
+        orientation = _orientation(image)
         if orientation in (5, 6, 7, 8):
             width, height = height, width
         if draft and image.format in ("JPEG", "MPO"):
@@ -118,7 +118,7 @@ def load_rgb(path: str | os.PathLike[str], size: int, *, draft: bool = True) -> 
             scale = next((s for s in (8, 4, 2) if s <= factor), 1)
             if scale > 1:
                 image.draft(image.mode, (image.size[0] // scale, image.size[1] // scale))
-        if orientation in range(2, 9):
+        if orientation != 1:
             image = ImageOps.exif_transpose(image)
         rgb = to_rgb(image)
         scale_x, scale_y = rgb.size[0] / width, rgb.size[1] / height  # < 1 after a reduced-scale decode
@@ -126,6 +126,15 @@ def load_rgb(path: str | os.PathLike[str], size: int, *, draft: bool = True) -> 
         box = (left * scale_x, top * scale_y, right * scale_x, bottom * scale_y)
         resized = rgb.resize((size, size), Image.Resampling.BILINEAR, box=box)
     return np.array(resized, dtype=np.uint8)  # a writable copy
+
+
+def _orientation(image: Any) -> int:
+    """The EXIF orientation (1-8; 1 = stored upright); 1 when the EXIF data is missing or broken."""
+    try:
+        value = image.getexif().get(EXIF_ORIENTATION, 1)
+    except Exception:  # a broken EXIF block does not make the pixels unreadable
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
 def too_large_message(error: BaseException) -> str:
