@@ -87,7 +87,8 @@ class CacheReport:
         where = display_path(self.path)
         if not self.built:
             return f"image cache: reusing {where} ({self.images} images; no image file opened)"
-        processes = f"{self.workers} processes" if self.workers else "in this process"
+        processes = f"{self.workers} decode process{'es' if self.workers > 1 else ''}" if self.workers \
+            else "in this process"
         text = (f"image cache: decoded {self.opened} image files into {where} "
                 f"({self.images} images, {self.seconds:.1f} s, {self.rate:,.0f} images/s, {processes})")
         if self.skipped:
