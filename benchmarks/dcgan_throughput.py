@@ -17,8 +17,10 @@ its end untimed, so no worker is busy while another variant is timed.
 
 Run: python benchmarks/dcgan_throughput.py [--device auto] [--model tiny-32] [--batch-size 64] [--steps 20]
      [--rounds 5] [--data shapes|fake|folder-demo|PATH] [--workers N|N,M,...] [--precision auto] [--aa]
+     [--decode-before]
 ``--workers 0,1,2`` compares loaders with those worker counts side by side; ``--aa`` times SYNTHETIC twice
-to show this run's noise floor.
+to show this run's noise floor; ``--decode-before`` adds decoding every epoch as the torch loader did before
+issue 12 (full-resolution decode, torchvision resize), to compare with reduced-scale decoding in one run.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _before import BeforeImageFolder
 from _dcgan import (
     PRESETS,
     BatchStream,
@@ -76,6 +79,9 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="image cache of --data PATH (default: a temporary folder)")
     parser.add_argument("--demo-images", type=int, default=320, help="JPEGs written for --data folder-demo")
+    parser.add_argument("--decode-before", action="store_true",
+                        help="with a folder: also time decoding every epoch the way ImageFolderDataset did before "
+                             "issue 12 (full decode + torchvision resize) as '(decode-before)', side by side")
     parser.add_argument("--aa", action="store_true",
                         help="also time SYNTHETIC a second time as 'SYNTHETIC (A/A)': the two differ by noise "
                              "only, which shows how far apart equal things land on this machine")
@@ -117,6 +123,9 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
         sources["cache"] = cached, f"uint8 memmap cache of {root} ({len(cached)} images at {size}x{size})"
         sources["decode"] = (devplug.ImageFolderSource(str(root), image_size=size),
                              f"{root} decoded and resized every epoch (ImageFolderSource, no cache)")
+        if args.decode_before:
+            sources["decode-before"] = (BeforeImageFolder(root, size),
+                                        f"{root} decoded every epoch as before issue 12 (full decode, torchvision)")
     driver = EpochDriver(trainer)
     # label -> stream; labels look like " (cache, workers=2)", or "" for one data source and one worker count
     streams: dict[str, BatchStream] = {}
@@ -182,6 +191,14 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
         spread = abs(medians["SYNTHETIC"] / medians["SYNTHETIC (A/A)"] - 1)
         print(f"A/A: the same SYNTHETIC blocks timed twice differ by {spread:.0%}: "
               "ratios closer to 1 than that are noise")
+    for label in streams:
+        if "decode-before" in label:
+            after = label.replace("decode-before", "decode")
+            print(f"decode every epoch{label.replace('decode-before, ', '').replace(' (decode-before)', '')}, "
+                  f"reduced-scale vs before: IO {medians[f'IO{label}'] / medians[f'IO{after}']:.2f}x, "
+                  f"FULL {medians[f'FULL{label}'] / medians[f'FULL{after}']:.2f}x faster; FULL/SYNTHETIC "
+                  f"{medians['SYNTHETIC'] / medians[f'FULL{label}']:.2f} before -> "
+                  f"{medians['SYNTHETIC'] / medians[f'FULL{after}']:.2f} after")
     for label in streams:
         if "cache" in label:
             decode = label.replace("cache", "decode")

@@ -8,8 +8,11 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   optimizer names, their torch classes and defaults, to map an author's options faithfully onto a
   vendor optimizer;
 - :func:`torch_dataloader`, :func:`make_sampler`, :func:`image_transform`, :class:`ImageFolderDataset`,
-  :func:`list_images`, :data:`IMAGE_EXTENSIONS` — the tuned torch loader to fall back to when a faster
-  loader does not apply, and the image pipeline every loader of an ``ImageFolderSource`` must match;
+  :func:`list_images`, :data:`IMAGE_EXTENSIONS`, :func:`load_rgb` — the tuned torch loader to fall back to
+  when a faster loader does not apply, and the image pipeline every loader of an ``ImageFolderSource``
+  must match (any pixel format to 8-bit RGB, EXIF orientation, reduced-scale JPEG decoding);
+- :func:`display_path`, :func:`printable` — file names and messages shown readably (names that are not
+  UTF-8 included);
 - :func:`process_memory_stats` — the host process's memory figure;
 - PyTorch's device-generic API, as the core fallback uses it for any device type:
   :func:`device_module`, :func:`current_accelerator_type`, :func:`device_available`, :func:`device_count`,
@@ -48,6 +51,7 @@ from devplug.core.data import (
     make_sampler,
     torch_dataloader,
 )
+from devplug.core.images import display_path, load_rgb, printable
 from devplug.core.manager import BUILTIN_PLUGINS
 from devplug.core.recipes import (
     TORCH_OPTIMIZERS,
@@ -87,16 +91,19 @@ __all__ = [
     "device_available",
     "device_count",
     "device_module",
+    "display_path",
     "fastest_torch_optimizer",
     "forget_logged",
     "image_transform",
     "list_images",
+    "load_rgb",
     "log_once",
     "make_sampler",
     "map_tensors",
     "memory_stats",
     "move_to",
     "native_bf16",
+    "printable",
     "process_memory_stats",
     "select_device",
     "synchronize",

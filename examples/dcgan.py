@@ -14,22 +14,21 @@ branch and no vendor import in this file or in ``dcgan_lib``. ``--help`` lists e
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from dcgan_lib import cli
-from dcgan_lib.data import CacheReport, prepare_cache
+from dcgan_lib import checks, cli
+from dcgan_lib.data import CachedImages, CacheReport, prepare_cache
 from dcgan_lib.default_data import FakeImages, ShapesDataset
 from dcgan_lib.models import ModelSpec, build_models, count_parameters
 from dcgan_lib.summary import Stopwatch, build_summary, format_summary, write_summary
 from torch import nn
 
 import devplug
-from devplug.toolkit import list_images
+from devplug.toolkit import display_path, list_images, printable
 
 SAMPLE_COUNT = 64  # images in the fixed-noise sample grid (8×8)
 
@@ -113,10 +112,7 @@ def make_data(settings: cli.Settings, trainer: devplug.Trainer | None) -> tuple[
     if settings.args.no_cache:
         count = len(list_images(root))  # clear errors for a missing or empty folder
         source = devplug.ImageFolderSource(str(root), image_size=size)
-        return source, f"{root} ({count} images, decoded every epoch)", count, None
-    workers = settings.args.workers
-    if workers is None:
-        workers = min(8, max(0, (os.cpu_count() or 1) - 1))
+        return source, f"{display_path(root)} ({count} images, decoded every epoch)", count, None
     main = trainer is None or trainer.is_main_process
     if not main:
         _barrier()  # wait for the main process to build the cache
@@ -132,14 +128,19 @@ def make_data(settings: cli.Settings, trainer: devplug.Trainer | None) -> tuple[
 
     show = main and not settings.args.no_progress
     try:
-        dataset, report = prepare_cache(root, size, settings.cache_dir, workers=workers, build=main,
-                                        progress=progress if show else None)
+        # The build decodes on every core (--workers, when given, caps it); the cache is then reused.
+        dataset, report = prepare_cache(root, size, settings.cache_dir, workers=settings.args.workers, build=main,
+                                        progress=progress if show else None, on_wait=_waiting)
     finally:
         if bar is not None:
             bar.close()
     if main and trainer is not None:
         _barrier()
-    return dataset, f"{root} ({report.images} images, cached at {size}x{size})", report.images, report
+    return dataset, f"{display_path(root)} ({report.images} images, cached at {size}x{size})", report.images, report
+
+
+def _waiting(path: Path) -> None:
+    print(f"image cache: another process is building {display_path(path)}; waiting for it", flush=True)
 
 
 def _barrier() -> None:
@@ -174,6 +175,9 @@ def train(settings: cli.Settings) -> int:
     )
     say = print if trainer.is_main_process else (lambda *a, **k: None)
     spec = settings.spec
+    stats = trainer.memory_stats()
+    checks.check_memory(spec, args.batch_size, device_total=getattr(stats, "total", None),
+                        host_available=checks.available_host_memory())  # before the networks are built
 
     # Models: built on the CPU with DCGAN init, then placed (and converted/compiled/DDP-wrapped) by the plugin.
     train_step = DCGANStep(trainer, spec, lr=args.lr, beta1=args.beta1)
@@ -220,7 +224,7 @@ def train(settings: cli.Settings) -> int:
         f"optimizer {train_step.implementation()}")
     say(f"dcgan: model {settings.model} (G {train_step.params_g:,} / D {train_step.params_d:,} parameters), "
         f"data {data_description}, loader {loader.implementation}")
-    say(f"dcgan: writing to {settings.out}")
+    say(f"dcgan: writing to {display_path(settings.out)}")
 
     def sample() -> str:
         """Fixed-noise grid to samples/step_N.png and TensorBoard (every process runs G: DDP needs it)."""
@@ -293,6 +297,8 @@ def train(settings: cli.Settings) -> int:
         last_checkpoint=last_checkpoint,
     )
     trainer.close()
+    if isinstance(source, CachedImages):
+        source.close()  # release the cache version, so a later rebuild may remove it
     if trainer.is_main_process:
         write_summary(summary, settings.out / "summary.json")
         print(format_summary(summary), flush=True)
@@ -314,7 +320,7 @@ def report_log_point(trainer: devplug.Trainer, values: dict[str, float], setting
 
 def one_line(error: BaseException) -> str:
     """An error message on one line (some wrapped library messages span several)."""
-    text = " ".join(str(error).split())
+    text = printable(" ".join(str(error).split()))  # a file name that is not UTF-8 prints as \xNN
     return text if len(text) <= 600 else text[:597] + "..."
 
 
@@ -325,14 +331,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     returns 2; Ctrl-C prints the summary so far and returns 130.
     """
     args = cli.parse(argv)
+    created: list[Path] = []
     try:
         settings = cli.resolve(args)
         if args.cache_only:
             _dataset, _description, _count, report = make_data(settings, None)
             print(report.describe() if report is not None else "dcgan: nothing to cache")
             return 0
+        created = checks.prepare_output_dir(settings.out)  # a bad --out fails now, not at the first log point
         return train(settings)
     except devplug.DevplugError as exc:
+        checks.remove_empty(created)  # the run stopped before writing anything: leave no empty folders
         print(f"dcgan: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -341,4 +350,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    for stream in (sys.stdout, sys.stderr):  # file names that are not valid UTF-8 print as \xNN, never crash
+        stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     sys.exit(main())

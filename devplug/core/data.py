@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from devplug.core.errors import DataError
+from devplug.core.images import display_path, load_rgb, printable
 from devplug.core.records import ImageFolderSource, LoaderChoice, LoaderOptions
 
 log = logging.getLogger(__name__)
@@ -26,37 +27,48 @@ def list_images(root: str | os.PathLike[str]) -> list[tuple[Path, int]]:
     """Image files under ``root`` with class indices, sorted.
 
     A torchvision ImageFolder layout (``root/<class>/<image>``) gives one class per sub-folder; a flat
-    folder of images gives class 0 for all. Raises :class:`DataError` when the folder is missing or
-    holds no image.
+    folder of images gives class 0 for all. Symbolic links are followed, but every directory is read once:
+    a link back to the root, a loop, or two links to one folder add no image twice. File names need not be
+    valid UTF-8. Raises :class:`DataError` when the path is empty, missing, not a folder, or holds no image.
     """
+    if not os.fspath(root):
+        raise DataError("the data folder path is empty (''); pass a folder of images, e.g. --data ./images")
     path = Path(root)
+    shown = display_path(path)
     if not path.exists():
-        raise DataError(f"data folder {str(path)!r} does not exist; pass a folder of images")
+        raise DataError(f"data folder {shown!r} does not exist; pass a folder of images")
     if not path.is_dir():
-        raise DataError(f"data path {str(path)!r} is not a folder; pass a folder of images")
+        raise DataError(f"data path {shown!r} is not a folder; pass a folder of images")
     try:
-        classes = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+        entries = sorted(os.scandir(path), key=lambda entry: entry.name)
+        seen = {_directory_id(path)}
     except OSError as exc:
-        raise DataError(f"cannot read data folder {str(path)!r}: {exc}") from exc
-    items: list[tuple[Path, int]] = []
-    flat = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-    items += [(p, 0) for p in flat]
-    offset = 1 if flat else 0
-    for index, cls in enumerate(classes):
-        for dirpath, _dirs, files in sorted(os.walk(path / cls)):
-            for name in sorted(files):
-                if name.lower().endswith(IMAGE_EXTENSIONS):
-                    items.append((Path(dirpath) / name, index + offset))
+        raise DataError(f"cannot read data folder {shown!r}: {printable(str(exc))}") from exc
+    flat = [Path(e.path) for e in entries if _is_image(e.name) and _is_file(e)]
+    items: list[tuple[Path, int]] = [(p, 0) for p in flat]
+    label = 1 if flat else 0
+    for entry in entries:
+        if entry.name.startswith(".") or not _is_dir(entry):
+            continue
+        found = _walk(Path(entry.path), seen)
+        if found is None:
+            continue  # a second way into a directory already listed (a link to the root or to another class)
+        items += [(p, label) for p in found]
+        label += 1
     if not items:
         raise DataError(
-            f"data folder {str(path)!r} holds no images (looked for {', '.join(IMAGE_EXTENSIONS)}); "
+            f"data folder {shown!r} holds no images (looked for {', '.join(IMAGE_EXTENSIONS)}); "
             "put images in it, flat or one sub-folder per class"
         )
     return items
 
 
 def image_transform(source: ImageFolderSource) -> Any:
-    """The torchvision transform an ImageFolderSource describes: resize (short side), center-crop, normalize."""
+    """The torchvision transform an ImageFolderSource describes: resize (short side), center-crop, normalize.
+
+    For loaders that decode through torchvision (a torchvision ``ImageFolder`` for HabanaDataLoader);
+    devplug's own :class:`ImageFolderDataset` decodes with :func:`~devplug.core.images.load_rgb`.
+    """
     from torchvision import transforms  # lazy: torchvision only when images are loaded
 
     return transforms.Compose(
@@ -69,12 +81,76 @@ def image_transform(source: ImageFolderSource) -> Any:
     )
 
 
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _directory_id(path: str | os.PathLike[str]) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino
+
+
+def _walk(top: Path, seen: set[tuple[int, int]]) -> list[Path] | None:
+    """Image files under ``top`` (links followed, each directory once), ordered as ``sorted(os.walk(top))``.
+
+    ``None`` when ``top`` itself was already seen. Directories that cannot be read are left out, as
+    ``os.walk`` does.
+    """
+    try:
+        ident = _directory_id(top)
+    except OSError:
+        return None
+    if ident in seen:
+        log.warning("skipping %s: the same directory as one already listed (a symbolic link)", display_path(top))
+        return None
+    seen.add(ident)
+    folders: list[tuple[str, list[str]]] = []
+    pending = [top]
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError:
+            continue
+        folders.append((os.fspath(folder), [e.name for e in entries if _is_image(e.name) and _is_file(e)]))
+        for entry in reversed(entries):  # depth first, in name order: the first path to a directory keeps it
+            if not _is_dir(entry):
+                continue
+            try:
+                ident = _directory_id(entry.path)
+            except OSError:
+                continue
+            if ident in seen:
+                log.warning("skipping %s: the same directory as one already listed (a symbolic link)",
+                            display_path(entry.path))
+                continue
+            seen.add(ident)
+            pending.append(Path(entry.path))
+    return [Path(folder) / name for folder, names in sorted(folders) for name in names]
+
+
 class ImageFolderDataset(Dataset):
     """Images from a folder, resized, center-cropped and normalized as an ImageFolderSource says.
 
-    An image that cannot be decoded (truncated, not an image, unreadable) is replaced by the next
-    readable one when ``source.skip_unreadable`` is set; each such file is logged once per process
-    and listed in :attr:`unreadable`. When no image can be read, or skipping is off, a
+    Decoding is :func:`devplug.core.images.load_rgb`: any pixel format (16-bit, palette, grayscale, CMYK,
+    alpha) becomes 8-bit RGB, EXIF orientation is applied, and large JPEGs are decoded at reduced scale.
+    An image that cannot be decoded (truncated, not an image, over Pillow's decompression-bomb limit) is
+    replaced by the next readable one when ``source.skip_unreadable`` is set; each such file is logged once
+    per process and listed in :attr:`unreadable`. When no image can be read, or skipping is off, a
     :class:`DataError` names the file.
     """
 
@@ -82,38 +158,38 @@ class ImageFolderDataset(Dataset):
         self.source = source
         self.items = list_images(source.root)
         self.unreadable: dict[str, str] = {}
-        self.transform = image_transform(source)
+        self.mean = torch.tensor(source.mean, dtype=torch.float32).view(3, 1, 1)
+        self.std = torch.tensor(source.std, dtype=torch.float32).view(3, 1, 1)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def _load(self, index: int) -> tuple[torch.Tensor, int]:
-        from PIL import Image
-
         path, label = self.items[index]
-        with Image.open(path) as image:
-            return self.transform(image.convert("RGB")), label
+        pixels = torch.from_numpy(load_rgb(path, self.source.image_size)).permute(2, 0, 1)
+        return pixels.float().div_(255.0).sub_(self.mean).div_(self.std), label
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         for offset in range(len(self.items)):
             candidate = (index + offset) % len(self.items)
-            path = str(self.items[candidate][0])
+            path = display_path(self.items[candidate][0])
             if offset and path in self.unreadable:
                 continue
             try:
                 return self._load(candidate)
-            except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three for broken files
+            except Exception as exc:  # (Pillow's decoders raise many kinds for broken files)
+                reason = printable(f"{type(exc).__name__}: {exc}")
                 if not self.source.skip_unreadable:
                     raise DataError(
-                        f"cannot decode image {path!r}: {exc}; remove or replace the file, or set "
+                        f"cannot decode image {path!r}: {printable(str(exc))}; remove or replace the file, or set "
                         "ImageFolderSource(skip_unreadable=True) to skip such files"
                     ) from exc
                 if path not in self.unreadable:
-                    self.unreadable[path] = f"{type(exc).__name__}: {exc}"
-                    log.warning("skipping unreadable image %s (%s); using the next readable one", path, exc)
+                    self.unreadable[path] = reason
+                    log.warning("skipping unreadable image %s (%s); using the next readable one", path, reason)
         first_error = next(iter(self.unreadable.values()))  # every candidate failed, so there is one
-        raise DataError(f"none of the {len(self.items)} images in {self.source.root!r} can be decoded; "
-                        f"check the files (first error: {first_error})")
+        raise DataError(f"none of the {len(self.items)} images in {display_path(self.source.root)!r} can be "
+                        f"decoded; check the files (first error: {first_error})")
 
 
 def as_dataset(source: Any) -> Dataset:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import attrs
 
@@ -47,22 +50,57 @@ Exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted (summary 
 """
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+#: Largest ``--seed``: torch seeds are 64-bit, and the loaders add the epoch to the seed.
+MAX_SEED = 2**63 - 1
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one ``dcgan: error:`` line (status 2), like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``message`` on one line and exit with status 2."""
+        self.exit(2, f"dcgan: error: {' '.join(message.split())} (see --help)\n")
+
+
+def _integer(text: str, low: int, high: int | None, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
     return value
 
 
+def _positive_int(text: str) -> int:
+    return _integer(text, 1, None, "a positive integer")
+
+
 def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return _integer(text, 0, None, "an integer >= 0")
+
+
+def _seed(text: str) -> int:
+    return _integer(text, 0, MAX_SEED, f"an integer from 0 to {MAX_SEED}")
+
+
+def _workers(text: str) -> int:
+    limit = max(64, 4 * (os.cpu_count() or 1))
+    return _integer(text, 0, limit, f"an integer from 0 to {limit} (4 per CPU core here, at least 64)")
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    value = _finite_float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
@@ -70,7 +108,7 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; ``--help`` documents every flag."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dcgan.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     device = parser.add_argument_group("device")
@@ -111,9 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--cache-only", action="store_true",
                       help="build the image cache for --data PATH and exit (prepare data before a long or "
                            "multi-process run)")
-    data.add_argument("--workers", type=_non_negative_int, default=None,
-                      help="data loader worker processes, also used to build the cache "
-                           "(default: CPU cores minus one, at most 8)")
+    data.add_argument("--workers", type=_workers, default=None,
+                      help="data loader worker processes (default: CPU cores minus one, at most 8); also caps "
+                           "the processes that build the cache (default: every CPU core)")
     data.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
                       help="pin host batches for faster copies (default: what the device plugin prefers)")
     data.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction, default=True,
@@ -130,9 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=_positive_int, default=128,
                        help="images per step on each process (default: 128, as in the DCGAN paper)")
     train.add_argument("--lr", type=_positive_float, default=2e-4, help="Adam learning rate (default: 2e-4)")
-    train.add_argument("--beta1", type=float, default=0.5, help="Adam beta1 (default: 0.5)")
-    train.add_argument("--seed", type=_non_negative_int, default=0,
-                       help="seed for weights, noise, shuffling and the fixed sample noise (default: 0)")
+    train.add_argument("--beta1", type=_finite_float, default=0.5, help="Adam beta1 (default: 0.5)")
+    train.add_argument("--seed", type=_seed, default=0,
+                       help=f"seed for weights, noise, shuffling and the fixed sample noise, 0 to {MAX_SEED} "
+                            "(default: 0)")
     train.add_argument("--resume", type=Path, default=None, metavar="PATH",
                        help="continue from a checkpoint file, or from the newest checkpoint of a run folder, at "
                             "its saved step (give the same model flags as the run that wrote it)")
@@ -200,6 +239,8 @@ def _checkpoint_files(out: Path) -> list[Path]:
 def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -> Settings:
     """Turn parsed flags into :class:`Settings`; invalid combinations raise :class:`devplug.ConfigError`."""
     data = args.data
+    if not data.strip():
+        raise ConfigError("--data is empty; pass a folder of images, 'shapes' or 'fake' (write . for this folder)")
     model = args.model
     if model == "auto":
         model = AUTO_MODEL_EMBEDDED if data == EMBEDDED else AUTO_MODEL_OTHER

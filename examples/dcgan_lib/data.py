@@ -8,6 +8,11 @@ built from. The cache is keyed on the image size and on every file's path, size 
 time, so it is reused while the folder is unchanged and rebuilt when a file is added, removed or
 touched. Unreadable images are skipped and counted; a folder with no readable image is an error.
 
+The build uses every core (:mod:`.decode_pool`, workers that die with their parent), checks the free
+space first and writes a fully allocated file (:mod:`.cachefile`): a full disk is one clear error, never
+a crash, and leaves nothing behind. Jobs share caches safely: a version in use is never deleted, and
+two jobs that need the same missing cache build it once.
+
 Batches stay uint8 until they reach the device (4× less to copy than float32); the training loop
 scales them to [-1, 1] there.
 """
@@ -21,17 +26,20 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import attrs
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from devplug import DataError
-from devplug.toolkit import list_images
+from devplug.toolkit import display_path, list_images
 
-CACHE_FORMAT = 1
+from .cachefile import CacheWriter, build_lock, check_free_space, collect_stale, npy_header, open_locked, write_text
+from .decode_pool import decode_chw, decode_files
+
+CACHE_FORMAT = 2
 
 
 def default_cache_dir() -> Path:
@@ -40,45 +48,21 @@ def default_cache_dir() -> Path:
     return Path(base) / "devplug" / "dcgan"
 
 
+def build_workers() -> int:
+    """Decode processes for a cache build: every core this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def decode_image(path: str | os.PathLike[str], image_size: int) -> np.ndarray:
     """One image as ``(3, S, S)`` uint8: short side resized to ``image_size``, center-cropped.
 
-    JPEGs are decoded at reduced scale where possible (``Image.draft``), which is most of the
-    speed-up for large photos.
+    Every pixel format becomes 8-bit RGB, EXIF orientation is applied, and large JPEGs are decoded at
+    reduced scale (``Image.draft``); see :func:`devplug.toolkit.load_rgb`.
     """
-    from PIL import Image
-
-    with Image.open(path) as image:
-        image.draft("RGB", (image_size, image_size))
-        rgb = image.convert("RGB")
-    width, height = rgb.size
-    scale = image_size / min(width, height)
-    size = (max(image_size, round(width * scale)), max(image_size, round(height * scale)))
-    rgb = rgb.resize(size, Image.Resampling.BILINEAR)
-    left, top = (size[0] - image_size) // 2, (size[1] - image_size) // 2
-    rgb = rgb.crop((left, top, left + image_size, top + image_size))
-    return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1).copy()
-
-
-class _Decode(Dataset):
-    """Decodes files for the cache build (run through a DataLoader so workers decode in parallel)."""
-
-    def __init__(self, paths: list[str], image_size: int) -> None:
-        self.paths = paths
-        self.image_size = image_size
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> tuple[int, np.ndarray | None, str]:
-        try:
-            return index, decode_image(self.paths[index], self.image_size), ""
-        except Exception as exc:  # any failure to decode one file: skip it and say why
-            return index, None, f"{type(exc).__name__}: {exc}".strip()
-
-
-def _collate_list(items: list[Any]) -> list[Any]:
-    return items
+    return decode_chw(path, image_size)
 
 
 @attrs.define
@@ -91,13 +75,22 @@ class CacheReport:
     opened: int = 0
     skipped: list[tuple[str, str]] = attrs.field(factory=list)
     seconds: float = 0.0
+    workers: int = 0
+
+    @property
+    def rate(self) -> float:
+        """Image files decoded per second during the build (0 when nothing was built)."""
+        return self.opened / self.seconds if self.built and self.seconds > 0 else 0.0
 
     def describe(self) -> str:
         """One line for the console."""
+        where = display_path(self.path)
         if not self.built:
-            return f"image cache: reusing {self.path} ({self.images} images; no image file opened)"
-        text = (f"image cache: decoded {self.opened} image files into {self.path} "
-                f"({self.images} images, {self.seconds:.1f} s)")
+            return f"image cache: reusing {where} ({self.images} images; no image file opened)"
+        processes = f"{self.workers} decode process{'es' if self.workers > 1 else ''}" if self.workers \
+            else "in this process"
+        text = (f"image cache: decoded {self.opened} image files into {where} "
+                f"({self.images} images, {self.seconds:.1f} s, {self.rate:,.0f} images/s, {processes})")
         if self.skipped:
             path, reason = self.skipped[0]
             text += f"; skipped {len(self.skipped)} unreadable (first: {path}: {reason})"
@@ -105,18 +98,23 @@ class CacheReport:
 
 
 class CachedImages(Dataset):
-    """The cached images as ``(uint8 tensor (3, S, S), label)``; the memory map is opened per process."""
+    """The cached images as ``(uint8 tensor (3, S, S), label)``; the memory map is opened per process.
 
-    def __init__(self, path: str | os.PathLike[str], labels: list[int]) -> None:
-        self.path = str(path)
+    ``lock`` is the cache file held open with a shared lock: while this object lives (in the process
+    that prepared it), no other job's rebuild deletes the file. :meth:`close` releases it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], labels: list[int], lock: IO[bytes] | None = None) -> None:
+        self.path = os.fspath(path)
         self.labels = labels
+        self.lock = lock
         self._array: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_array": None}  # workers map the file themselves
+        return {**self.__dict__, "_array": None, "lock": None}  # workers map the file themselves
 
     @property
     def array(self) -> np.ndarray:
@@ -128,9 +126,19 @@ class CachedImages(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return torch.from_numpy(np.array(self.array[index])), self.labels[index]
 
+    def close(self) -> None:
+        """Unmap the file and release the lock (another job may then remove a stale version)."""
+        self._array = None
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
 
 def _cache_key(root: Path, files: list[tuple[Path, int]], image_size: int) -> tuple[str, list[tuple[Path, int]]]:
-    """Hash of image size and every file's relative path, label, size and mtime; also the stat-able files."""
+    """Hash of image size and every file's relative path, label, size and mtime; also the stat-able files.
+
+    Paths are hashed as bytes, so file names that are not valid UTF-8 work.
+    """
     digest = hashlib.sha256(f"dcgan-cache {CACHE_FORMAT} {image_size}\n".encode())
     kept = []
     for path, label in files:
@@ -139,31 +147,37 @@ def _cache_key(root: Path, files: list[tuple[Path, int]], image_size: int) -> tu
         except OSError:
             continue  # vanished or unreadable: not part of the data set
         kept.append((path, label))
-        digest.update(f"{path.relative_to(root)}\0{label}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        digest.update(os.fsencode(path.relative_to(root)) + f"\0{label}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest(), kept
 
 
 def _cache_stem(root: Path, image_size: int) -> str:
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", root.name) or "data"
-    where = hashlib.sha256(str(root).encode()).hexdigest()[:8]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", display_path(root.name)) or "data"
+    where = hashlib.sha256(os.fsencode(root)).hexdigest()[:8]
     return f"{name}-{where}-{image_size}px"
 
 
-def _read_meta(meta_path: Path, key: str, array_path: Path) -> dict[str, Any] | None:
+def _open_cache(meta_path: Path, key: str, array_path: Path) -> tuple[CachedImages, dict[str, Any]] | None:
+    """The cache version ``array_path`` locked for use, if it is complete and was built for ``key``."""
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict) or meta.get("key") != key or meta.get("format") != CACHE_FORMAT:
         return None
+    lock = open_locked(array_path)
+    if lock is None:
+        return None
     try:
         array = np.load(array_path, mmap_mode="r")
     except (OSError, ValueError):
+        lock.close()
         return None
     # Rows of skipped (unreadable) images stay unused at the end of the array.
     if array.shape[0] < len(meta.get("labels", ())) or array.dtype != np.uint8:
+        lock.close()
         return None
-    return meta
+    return CachedImages(array_path, list(meta["labels"]), lock), meta
 
 
 def prepare_cache(
@@ -171,36 +185,60 @@ def prepare_cache(
     image_size: int,
     cache_dir: str | os.PathLike[str],
     *,
-    workers: int = 0,
+    workers: int | None = None,
     build: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    on_wait: Callable[[Path], None] | None = None,
 ) -> tuple[CachedImages, CacheReport]:
     """The cached data set for ``root`` at ``image_size``, built if missing or stale.
 
-    ``build=False`` waits for nothing and builds nothing: it only opens a cache another process
-    (rank 0) has just built. Raises :class:`devplug.DataError` for a missing or empty folder, a folder
-    with no readable image, or a cache directory that cannot be written.
+    ``workers`` decode processes build it (``None``: every core; ``0``: this process). ``build=False``
+    waits for nothing and builds nothing: it only opens a cache another process (rank 0) has just built.
+    When another process is building the same cache, ``on_wait(path)`` is called and this one waits for
+    it, then uses its result. Versions of this folder's cache that no process has open any more are
+    removed. Raises :class:`devplug.DataError` for a missing or empty folder, a folder with no readable
+    image, a cache directory that cannot be written, or a disk without room for the cache.
     """
     root_path = Path(root).expanduser().resolve()
     files = list_images(root_path)
     key, files = _cache_key(root_path, files, image_size)
     if not files:
-        raise DataError(f"no image in {str(root_path)!r} can be read (all vanished or unreadable)")
+        raise DataError(f"no image in {display_path(root_path)!r} can be read (all vanished or unreadable)")
     directory = Path(cache_dir).expanduser()
     stem = _cache_stem(root_path, image_size)
     array_path = directory / f"{stem}-{key[:16]}.npy"
     meta_path = array_path.with_suffix(".json")
-    meta = _read_meta(meta_path, key, array_path)
-    if meta is not None:
-        report = CacheReport(array_path, len(meta["labels"]), built=False, skipped=[tuple(s) for s in meta["skipped"]])
-        return CachedImages(array_path, list(meta["labels"])), report
+    opened = _open_cache(meta_path, key, array_path)
+    if opened is not None:
+        collect_stale(directory, stem, array_path)
+        dataset, meta = opened
+        return dataset, CacheReport(array_path, len(dataset), built=False, skipped=[tuple(s) for s in meta["skipped"]])
     if not build:
-        raise DataError(f"image cache {str(array_path)!r} is missing or stale after the main process built it")
+        raise DataError(f"image cache {display_path(array_path)!r} is missing or stale after the main process "
+                        "built it")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DataError(f"cannot create the cache directory {str(directory)!r}: {exc}; pass --cache-dir") from exc
-    return _build(root_path, files, image_size, key, array_path, meta_path, stem, workers, progress)
+        raise DataError(f"cannot create the cache directory {display_path(directory)!r}: {exc.strerror or exc}; "
+                        "pass --cache-dir") from exc
+    collect_stale(directory, stem, array_path)  # frees the space of versions no job uses any more
+    _check_space(array_path, len(files), image_size)  # fail before anything is written
+    with build_lock(directory, stem, on_wait=(lambda: on_wait(array_path)) if on_wait else None):
+        opened = _open_cache(meta_path, key, array_path)  # another process may have built it meanwhile
+        if opened is not None:
+            dataset, meta = opened
+            report = CacheReport(array_path, len(dataset), built=False, skipped=[tuple(s) for s in meta["skipped"]])
+        else:
+            collect_stale(directory, stem, array_path, temporary=True)  # frees the space of unused versions
+            dataset, report = _build(root_path, files, image_size, key, array_path, meta_path,
+                                     build_workers() if workers is None else workers, progress)
+    collect_stale(directory, stem, array_path)
+    return dataset, report
+
+
+def _check_space(array_path: Path, images: int, image_size: int) -> None:
+    need = len(npy_header((images, 3, image_size, image_size))) + images * 3 * image_size * image_size
+    check_free_space(array_path.parent, need, f"{images:,} images x 3 x {image_size} x {image_size} bytes")
 
 
 def _build(
@@ -210,52 +248,44 @@ def _build(
     key: str,
     array_path: Path,
     meta_path: Path,
-    stem: str,
     workers: int,
     progress: Callable[[int, int], None] | None,
 ) -> tuple[CachedImages, CacheReport]:
+    """Decode ``files`` into a new version at ``array_path`` (called with the build lock held)."""
     start = time.perf_counter()
-    tmp_path = array_path.with_name(f".{array_path.stem}.{os.getpid()}.tmp.npy")
     shape = (len(files), 3, image_size, image_size)
-    try:
-        out = np.lib.format.open_memmap(tmp_path, mode="w+", dtype=np.uint8, shape=shape)
-    except OSError as exc:
-        raise DataError(f"cannot write the image cache {str(tmp_path)!r}: {exc}; pass --cache-dir") from exc
+    _check_space(array_path, len(files), image_size)
     labels: list[int] = []
     skipped: list[tuple[str, str]] = []
     opened = 0
-    # A private generator: building the cache must not consume the training RNG (a run that builds the
-    # cache and one that reuses it then train identically).
-    loader = DataLoader(_Decode([str(p) for p, _ in files], image_size), batch_size=64, num_workers=workers,
-                        collate_fn=_collate_list, generator=torch.Generator())
-    try:
-        for chunk in loader:
+    tmp_path = array_path.with_name(f".{array_path.stem}.{os.getpid()}.tmp.npy")
+    with CacheWriter(tmp_path, shape) as writer:
+        for chunk in decode_files([p for p, _ in files], image_size, workers=workers):
+            rows = []
             for index, pixels, error in chunk:
                 opened += 1
                 if pixels is None:
-                    skipped.append((str(files[index][0].relative_to(root)), error))
+                    skipped.append((display_path(files[index][0].relative_to(root)), error))
                     continue
-                out[len(labels)] = pixels
+                rows.append(pixels)
                 labels.append(files[index][1])
+            if rows:
+                writer.write_rows(len(labels) - len(rows), np.stack(rows))
             if progress is not None:
                 progress(opened, len(files))
-        out.flush()
-        del out
         if not labels:
             first, reason = skipped[0]
-            raise DataError(f"none of the {len(files)} images in {str(root)!r} can be read "
+            raise DataError(f"none of the {len(files)} images in {display_path(root)!r} can be read "
                             f"(first: {first}: {reason})")
-        os.replace(tmp_path, array_path)
-    finally:
-        tmp_path.unlink(missing_ok=True)
-    meta = {"format": CACHE_FORMAT, "key": key, "root": str(root), "image_size": image_size,
-            "labels": labels, "skipped": skipped}
-    tmp_meta = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
-    tmp_meta.write_text(json.dumps(meta))
-    os.replace(tmp_meta, meta_path)
-    for stale in array_path.parent.glob(f"{stem}-*"):  # earlier caches of this folder at this size
-        if stale not in (array_path, meta_path):
-            stale.unlink(missing_ok=True)
+        meta = {"format": CACHE_FORMAT, "key": key, "root": display_path(root), "image_size": image_size,
+                "labels": labels, "skipped": skipped}
+        lock = writer.commit(array_path)
+    try:
+        write_text(meta_path, json.dumps(meta))
+    except DataError:
+        lock.close()
+        array_path.unlink(missing_ok=True)
+        raise
     report = CacheReport(array_path, len(labels), built=True, opened=opened, skipped=skipped,
-                         seconds=time.perf_counter() - start)
-    return CachedImages(array_path, labels), report
+                         seconds=time.perf_counter() - start, workers=workers)
+    return CachedImages(array_path, labels, lock), report

@@ -125,6 +125,18 @@ def build_models(spec: ModelSpec) -> tuple[Generator, Discriminator]:
     return generator, discriminator
 
 
+def parameter_counts(spec: ModelSpec) -> tuple[int, int]:
+    """Trainable parameters of the generator and the discriminator for ``spec``, counted without building them."""
+    spec.check()
+    widths_g = [spec.ngf * 2 ** (spec.blocks - 1 - i) for i in range(spec.blocks)]
+    generator = spec.nz * widths_g[0] * 16 + 2 * widths_g[0] + widths_g[-1] * spec.channels * 16
+    generator += sum(c_in * c_out * 16 + 2 * c_out for c_in, c_out in itertools.pairwise(widths_g))
+    widths_d = [spec.ndf * 2**i for i in range(spec.blocks)]
+    discriminator = spec.channels * widths_d[0] * 16 + widths_d[-1] * 16
+    discriminator += sum(c_in * c_out * 16 + 2 * c_out for c_in, c_out in itertools.pairwise(widths_d))
+    return generator, discriminator
+
+
 def count_parameters(model: nn.Module) -> int:
     """Trainable elements across all parameters (what the presets' parameter counts refer to)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -130,16 +130,16 @@ def build_dali_pipeline(
             pad_last_batch=True,  # each epoch ends on a batch boundary, so the next starts afresh
             **reader_kwargs,
         )
-        # torchvision's Resize(size) output: short side = size, long side truncated; EXIF orientation is
-        # ignored, as PIL's Image.open does. The header gives the shape without decoding.
-        shape = fn.peek_image_shape(encoded, adjust_orientation=False)  # H, W, C
+        # The torch loader's output size: short side = size, long side truncated; EXIF orientation is
+        # applied, as the torch loader does (devplug.toolkit.load_rgb). The header gives the shape.
+        shape = fn.peek_image_shape(encoded, adjust_orientation=True)  # H, W, C
         height, width = fn.cast(shape[0], dtype=types.FLOAT), fn.cast(shape[1], dtype=types.FLOAT)
         portrait = height >= width
         landscape = height < width
         out_h = portrait * dmath.floor(size * height / width) + landscape * size
         out_w = landscape * dmath.floor(size * width / height) + portrait * size
         images = fn.decoders.image(encoded, device="mixed" if on_gpu else "cpu", output_type=types.RGB,
-                                   adjust_orientation=False)
+                                   adjust_orientation=True)
         images = fn.resize(images, size=fn.stack(out_h, out_w), interp_type=types.INTERP_LINEAR,
                            antialias=True, subpixel_scale=False)
         images = fn.crop_mirror_normalize(
