@@ -296,3 +296,48 @@ def test_a_device_whose_plugin_failed_to_load_says_so():
         trainer(pm, "importerr")
     assert "Note: plugin 'importerr' from registered at run time was skipped: it needs hook contract '9.0'" in str(
         info.value)
+
+
+# ---- a plugin that raises or exits while loading or setting its device up --------------------------------
+class SetupFails:
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    @devplug.hookimpl
+    def devplug_register_devices(self):
+        return spec("flakydev", priority=50)
+
+    @devplug.hookimpl
+    def devplug_device_setup(self, device):
+        if self.how == "exit":
+            sys.exit(4)
+        raise RuntimeError("driver handshake failed")
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_auto_passes_over_a_device_whose_setup_fails_and_says_why(how, caplog):
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("flaky", SetupFails(how))])
+    with caplog.at_level(logging.WARNING, logger="devplug"):
+        t = trainer(pm, "auto")
+    assert t.device.name == "cpu"
+    assert "device flakydev could not be set up" in caplog.text and "plugin 'flaky'" in caplog.text
+
+
+@pytest.mark.parametrize(("how", "said"), [("raise", "raised RuntimeError: driver handshake failed"),
+                                           ("exit", "called sys.exit(4)")])
+def test_a_device_asked_for_by_name_whose_setup_fails_is_one_error_naming_the_plugin(how, said):
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("flaky", SetupFails(how))])
+    with pytest.raises(devplug.PluginError) as info:
+        trainer(pm, "flakydev")
+    assert str(info.value) == f"devplug_device_setup of plugin 'flaky' (registered at run time) {said}"
+
+
+def test_a_plugin_that_calls_sys_exit_on_import_is_reported_and_skipped(tmp_path, monkeypatch, install_distribution):
+    site = install_distribution(tmp_path / "site", "exits-on-import", "import sys\nsys.exit(3)\n",
+                                {"exiter": "exits_on_import"})
+    monkeypatch.syspath_prepend(str(site))
+    pm = create_plugin_manager()
+    [failure] = pm.failures
+    assert (failure.name, failure.distribution) == ("exiter", "exits-on-import 0.3.1")
+    assert failure.error == "it called sys.exit(3) while loading"
+    assert trainer(pm, "auto").device.name == "cpu"

@@ -7,17 +7,20 @@ when needed, and picks by the priority each plugin declared.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 
 from devplug.core import hookspecs
-from devplug.core.errors import DeviceUnavailableError, UnknownDeviceError
+from devplug.core.errors import DeviceUnavailableError, PluginError, UnknownDeviceError
 from devplug.core.manager import DevplugPluginManager, get_plugin_manager
 from devplug.core.records import Availability, Device, DeviceSpec
+
+log = logging.getLogger("devplug")
 
 ENV_DEVICE = "DEVPLUG_DEVICE"
 P = ParamSpec("P")
@@ -83,22 +86,50 @@ class DeviceRegistry:
         """Names of devices usable on this machine, highest priority first."""
         return [n for n in self.names() if self.devices[n].availability().available]
 
+    def open(self, request: str | None = None, *, options: Mapping[str, Any] | None = None,
+             channels_last: bool = False) -> DeviceHooks:
+        """Resolve ``request``, route its hooks and run ``devplug_device_setup``: the hooks of a ready device.
+
+        With ``"auto"``, a device whose plugin fails to set it up (raises, or calls ``sys.exit``) is reported
+        with its plugin and distribution, and the next available device is tried; a device asked for by
+        name fails with that report.
+        """
+        request = self._request(request)
+        skipped: list[str] = []
+        while True:
+            device = self.resolve(request, options=options, channels_last=channels_last, skip=skipped)
+            hooks = DeviceHooks(self, device)
+            try:
+                hooks(hookspecs.devplug_device_setup)
+                return hooks
+            except PluginError as exc:
+                if request != "auto":
+                    raise
+                log.warning("device %s could not be set up, trying the next available one: %s", device, exc)
+                skipped.append(device.name)
+
+    @staticmethod
+    def _request(request: str | None) -> str:
+        if request is None:
+            request = os.environ.get(ENV_DEVICE, "").strip() or "auto"
+        return request.strip().lower()
+
     def resolve(
-        self, request: str | None = None, *, options: Mapping[str, Any] | None = None, channels_last: bool = False
+        self, request: str | None = None, *, options: Mapping[str, Any] | None = None, channels_last: bool = False,
+        skip: Sequence[str] = (),
     ) -> Device:
         """Turn a request (``None`` → ``$DEVPLUG_DEVICE`` or ``"auto"``) into a usable :class:`Device`.
 
         ``options`` (free-form device options) and ``channels_last`` are the Trainer options the device
-        carries to every hook.
+        carries to every hook; ``"auto"`` passes over the device names in ``skip``.
         """
-        if request is None:
-            request = os.environ.get(ENV_DEVICE, "").strip() or "auto"
-        request = request.strip().lower()
+        request = self._request(request)
         if request == "auto":
-            available = self.available_names()
+            available = [name for name in self.available_names() if name not in skip]
             if not available:
                 raise DeviceUnavailableError(
                     "no device is available; known devices: " + self._describe_known()
+                    + (f" (could not be set up: {', '.join(skip)})" if skip else "")
                 )
             entry, index = self.devices[available[0]], None
         else:

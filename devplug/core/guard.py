@@ -79,6 +79,8 @@ class HookLabel:
 
     def raised(self, exc: BaseException) -> PluginError:
         """The PluginError for an exception raised inside the hook."""
+        if isinstance(exc, SystemExit):
+            return PluginError(f"{self} called sys.exit({exc.code!r})")
         return PluginError(f"{self} raised {type(exc).__name__}: {exc}")
 
     def wrong_answer(self, value: Any, classes: tuple[type, ...], optional: bool) -> PluginError:
@@ -110,7 +112,7 @@ def _guard_call(function: Callable[..., Any], label: HookLabel, classes: tuple[t
             result = function(*args)
         except DevplugError:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a plugin that calls sys.exit() must not end the user's run
             raise label.raised(exc) from exc
         if result is not None and classes and not isinstance(result, classes):
             raise label.wrong_answer(result, classes, True)

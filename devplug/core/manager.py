@@ -175,7 +175,7 @@ class DevplugPluginManager(pluggy.PluginManager):
             self.register(plugin, name=source.name)
             self.check_pending()
             self._declare(source.name, plugin)
-        except Exception as exc:  # a third party's bug must not take devplug down
+        except (Exception, SystemExit) as exc:  # a third party's bug (or sys.exit) must not take devplug down
             if self.get_plugin(source.name) is not None:
                 self.unregister(name=source.name)
             self.record_failure(source.name, source.distribution, exc)
@@ -184,7 +184,10 @@ class DevplugPluginManager(pluggy.PluginManager):
 
     def record_failure(self, name: str, distribution: str, exc: BaseException) -> PluginFailure:
         """Remember (and log once) that plugin ``name`` was skipped because of ``exc``."""
-        error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, SystemExit):
+            error = f"it called sys.exit({exc.code!r}) while loading"
+        else:
+            error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
         failure = PluginFailure(name, distribution, error)
         self.failures.append(failure)
         self.distributions.pop(name, None)

@@ -18,7 +18,7 @@ import torch
 from devplug.core import hookspecs as spec
 from devplug.core import rng
 from devplug.core.config import TrainerConfig
-from devplug.core.devices import DeviceHooks, DeviceRegistry
+from devplug.core.devices import DeviceRegistry
 from devplug.core.errors import ConfigError, OptimizerError
 from devplug.core.launch import detect_launch
 from devplug.core.loading import DeviceLoader, LoopPosition, is_dataset, loader_options, own_loader_choice
@@ -49,10 +49,9 @@ class Trainer(StepMethods):
         self.config = config if config is not None else TrainerConfig.build(**options)
         self.registry = DeviceRegistry(plugin_manager or get_plugin_manager())
         self.launch = detect_launch()
-        self.device = self.registry.resolve(self.config.device, options=self.config.device_options,
-                                            channels_last=self.config.channels_last)
-        self.hooks = DeviceHooks(self.registry, self.device)
-        self.hooks(spec.devplug_device_setup)
+        self.hooks = self.registry.open(self.config.device, options=self.config.device_options,
+                                        channels_last=self.config.channels_last)
+        self.device = self.hooks.device
         self.collective, reduce, combine = None, None, None
         if self.launch.distributed:
             from devplug.core.distributed import init_process_group, mean_across_ranks
