@@ -14,13 +14,14 @@ branch and no vendor import in this file or in ``dcgan_lib``. ``--help`` lists e
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from dcgan_lib import checks, cli
+from dcgan_lib import checks, cli, resume
 from dcgan_lib.data import CachedImages, CacheReport, prepare_cache
 from dcgan_lib.default_data import FakeImages, ShapesDataset
 from dcgan_lib.models import ModelSpec, build_models, count_parameters
@@ -151,7 +152,21 @@ def _barrier() -> None:
 def save_checkpoint(trainer: devplug.Trainer, settings: cli.Settings, extra: dict[str, Any]) -> str | None:
     """Write ``checkpoints/step_NNNNNNN.pt`` (main process) and prune to the newest ``--keep-checkpoints``."""
     folder = settings.out / "checkpoints"
-    path = trainer.save(folder / f"step_{trainer.global_step:07d}.pt", **extra)
+    target = folder / f"step_{trainer.global_step:07d}.pt"
+    try:
+        path = trainer.save(target, **extra)
+    except devplug.NonFiniteLossError as exc:
+        if settings.args.nonfinite == "raise":
+            raise
+        print(f"dcgan: warning: not saving {target.name}: {exc}", file=sys.stderr)
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        previous = next(iter(cli.checkpoints_newest_first(folder)), None)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint was touched"
+        raise devplug.CheckpointError(f"the disk is full: could not write {target} ({exc.strerror}); {kept}; "
+                                      "free some space or give --out on another disk") from exc
     keep = settings.args.keep_checkpoints
     if path is not None and keep > 0:
         found = sorted((int(m[1]), p) for p in folder.iterdir() if (m := cli.CHECKPOINT_RE.match(p.name)))
@@ -172,8 +187,10 @@ def train(settings: cli.Settings) -> int:
         compile=args.compile,
         channels_last=args.channels_last,
         progress=not args.no_progress,
+        nonfinite=args.nonfinite,
     )
     say = print if trainer.is_main_process else (lambda *a, **k: None)
+    warn = (lambda text: print(text, file=sys.stderr)) if trainer.is_main_process else say
     spec = settings.spec
     stats = trainer.memory_stats()
     checks.check_memory(spec, args.batch_size, device_total=getattr(stats, "total", None),
@@ -205,11 +222,12 @@ def train(settings: cli.Settings) -> int:
     # Fixed noise for the sample grid: a private generator, so it never disturbs the training RNG.
     fixed_noise = torch.randn(SAMPLE_COUNT, spec.nz, 1, 1, generator=torch.Generator().manual_seed(args.seed))
     extra: dict[str, Any] = {"model": settings.model, "spec": spec.as_dict(), "fixed_noise": fixed_noise}
-    if settings.resume is not None:
+    if settings.resume_candidates:
         try:
-            saved = trainer.load(settings.resume)
+            resumed, saved = resume.load_first_good(trainer, settings.resume_candidates,
+                                                    fall_back=args.auto_resume, warn=warn)
         except devplug.CheckpointError as exc:
-            if "corrupt" in str(exc) or "not a devplug checkpoint" in str(exc):
+            if resume.damaged(exc):
                 raise
             raise devplug.CheckpointError(
                 f"{exc} (resume with the same --model/--nz/--ngf/--ndf/--image-size as the run that wrote it)"
@@ -217,7 +235,10 @@ def train(settings: cli.Settings) -> int:
         if isinstance(saved.get("fixed_noise"), torch.Tensor):
             fixed_noise = saved["fixed_noise"]
             extra["fixed_noise"] = fixed_noise
-        say(f"resumed from {settings.resume} at step {trainer.global_step} (epoch {trainer.epoch})")
+        say(f"resumed from {resumed} at step {trainer.global_step} (epoch {trainer.epoch})")
+        resume.apply_overrides(trainer, args.explicit, {"lr": args.lr, "beta1": args.beta1}, say)
+        if trainer.is_main_process:
+            resume.set_aside_newer(resumed, say)
     fixed_noise = trainer.to_device(fixed_noise)
 
     say(f"dcgan: device {trainer.device} (plugin {trainer.device.plugin_name}), precision {trainer.precision.name}, "

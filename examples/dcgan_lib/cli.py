@@ -7,6 +7,7 @@ import datetime
 import math
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -109,7 +110,8 @@ def _positive_float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; ``--help`` documents every flag."""
     parser = Parser(
-        prog="dcgan.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="dcgan.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # a flag is spelled out, so the ones given on a resume command line are known
     )
     device = parser.add_argument_group("device")
     device.add_argument("--device", default=None,
@@ -169,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="images per step on each process (default: 128, as in the DCGAN paper)")
     train.add_argument("--lr", type=_positive_float, default=2e-4, help="Adam learning rate (default: 2e-4)")
     train.add_argument("--beta1", type=_finite_float, default=0.5, help="Adam beta1 (default: 0.5)")
+    train.add_argument("--nonfinite", choices=["raise", "warn", "ignore"], default="raise",
+                       help="a NaN/inf loss at a log point: stop with an error (default), warn, or ignore; "
+                            "a checkpoint with non-finite weights is never written either way")
     train.add_argument("--seed", type=_seed, default=0,
                        help=f"seed for weights, noise, shuffling and the fixed sample noise, 0 to {MAX_SEED} "
                             "(default: 0)")
@@ -211,6 +216,7 @@ class Settings:
     out: Path
     resume: Path | None
     cache_dir: Path
+    resume_candidates: tuple[Path, ...] = ()  # --auto-resume: every checkpoint of the run, newest first
 
     @property
     def data_is_folder(self) -> bool:
@@ -218,22 +224,25 @@ class Settings:
         return self.data not in (EMBEDDED, FAKE)
 
 
+def checkpoints_newest_first(folder: Path) -> list[Path]:
+    """``step_*.pt`` files in ``folder``, newest step first."""
+    if not folder.is_dir():
+        return []
+    found = sorted(((int(m[1]), p) for p in folder.iterdir() if (m := CHECKPOINT_RE.match(p.name))), reverse=True)
+    return [path for _step, path in found]
+
+
 def resolve_checkpoint(path: Path) -> Path:
     """``path`` itself, or for a run folder (or its ``checkpoints/``) the newest ``step_*.pt`` in it."""
     if path.is_dir():
         folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        found = sorted((int(m[1]), p) for p in folder.iterdir() if (m := CHECKPOINT_RE.match(p.name)))
+        found = checkpoints_newest_first(folder)
         if not found:
             raise CheckpointError(f"no checkpoint (step_*.pt) in {str(folder)!r} to resume from")
-        return found[-1][1]
+        return found[0]
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     return path
-
-
-def _checkpoint_files(out: Path) -> list[Path]:
-    folder = out / "checkpoints"
-    return list(folder.iterdir()) if folder.is_dir() else []
 
 
 def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -> Settings:
@@ -269,13 +278,14 @@ def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -
     if epochs is None and args.steps is None:
         epochs = DEFAULT_EPOCHS
     resume = resolve_checkpoint(args.resume.expanduser()) if args.resume is not None else None
+    candidates: tuple[Path, ...] = ()
     if args.auto_resume:
         if args.resume is not None:
             raise ConfigError("--auto-resume and --resume contradict each other; give one")
         if args.out is None:
             raise ConfigError("--auto-resume needs --out, the run folder to look for checkpoints in")
-        if any(CHECKPOINT_RE.match(p.name) for p in _checkpoint_files(args.out.expanduser())):
-            resume = resolve_checkpoint(args.out.expanduser())
+        candidates = tuple(checkpoints_newest_first(args.out.expanduser() / "checkpoints"))
+        resume = candidates[0] if candidates else None
     out = args.out
     if out is None:
         if resume is not None:
@@ -285,9 +295,19 @@ def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -
             out = Path("runs") / "dcgan" / stamp
     cache_dir = args.cache_dir.expanduser() if args.cache_dir is not None else default_cache_dir()
     return Settings(args=args, model=model, spec=spec, data=data, epochs=epochs, steps=args.steps, out=out,
-                    resume=resume, cache_dir=cache_dir)
+                    resume=resume, cache_dir=cache_dir,
+                    resume_candidates=candidates if args.auto_resume else (() if resume is None else (resume,)))
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse ``argv`` (``None``: ``sys.argv[1:]``); argparse exits with status 2 on a bad flag."""
-    return build_parser().parse_args(argv)
+    """Parse ``argv`` (``None``: ``sys.argv[1:]``); argparse exits with status 2 on a bad flag.
+
+    ``args.explicit`` holds the destinations of the flags given on the command line (they override what a
+    resumed checkpoint says).
+    """
+    parser = build_parser()
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(tokens)
+    by_flag = {flag: action.dest for action in parser._actions for flag in action.option_strings}
+    args.explicit = {by_flag[t.split("=", 1)[0]] for t in tokens if t.split("=", 1)[0] in by_flag}
+    return args
