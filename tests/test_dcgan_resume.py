@@ -1,0 +1,72 @@
+"""Resuming the DCGAN example: damaged newest checkpoints, options given on the resume command line, rollback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))
+
+import dcgan  # noqa: E402
+
+TINY = ["--device", "cpu", "--precision", "32-true", "--no-progress", "--workers", "0",
+        "--nz", "8", "--ngf", "4", "--ndf", "4", "--image-size", "16", "--batch-size", "4", "--data", "shapes",
+        "--keep-checkpoints", "0", "--save-every", "2"]
+
+
+def run(*argv: str) -> int:
+    return dcgan.main([*TINY, *argv])
+
+
+def lr_of(checkpoint: Path) -> float:
+    """The generator optimizer's learning rate in a checkpoint (wherever its format keeps the param groups)."""
+
+    def find(node):
+        if isinstance(node, dict):
+            if "param_groups" in node:
+                return node["param_groups"][0]["lr"]
+            return next((v for v in map(find, node.values()) if v is not None), None)
+        return None
+
+    return float(find(torch.load(checkpoint, map_location="cpu", weights_only=True)["optimizers"]["generator"]))
+
+
+def test_auto_resume_skips_a_damaged_newest_checkpoint_and_honours_lr(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run("--steps", "4", "--out", str(out)) == 0
+    checkpoints = out / "checkpoints"
+    (checkpoints / "step_0000004.pt").write_bytes(b"\x00garbage" * 10)  # a damaged newest checkpoint
+    capsys.readouterr()
+    assert run("--steps", "6", "--out", str(out), "--auto-resume", "--lr", "1e-4") == 0
+    captured = capsys.readouterr()
+    assert "skipping damaged checkpoint step_0000004.pt" in captured.err
+    assert "resumed from" in captured.out and "step_0000002.pt at step 2" in captured.out
+    assert "--lr 0.0001 (checkpoint: 0.0002) overrides the checkpoint" in captured.out
+    assert lr_of(checkpoints / "step_0000006.pt") == 1e-4
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_not_skipped(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run("--steps", "2", "--out", str(out)) == 0
+    capsys.readouterr()
+    assert run("--steps", "4", "--out", str(out), "--auto-resume", "--ngf", "8") == 2
+    err = capsys.readouterr().err
+    assert "does not match" in err and "same --model/--nz/--ngf" in err and "skipping" not in err
+
+
+def test_resuming_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run("--steps", "6", "--out", str(out)) == 0
+    checkpoints = out / "checkpoints"
+    assert run("--steps", "4", "--out", str(out), "--resume", str(checkpoints / "step_0000002.pt"),
+               "--keep-checkpoints", "1") == 0
+    kept = sorted(p.name for p in checkpoints.glob("step_*.pt"))
+    assert kept == ["step_0000004.pt"]  # the resumed line; pruning did not keep the abandoned 6
+    [aside] = list(checkpoints.glob("abandoned-*"))
+    assert sorted(p.name for p in aside.iterdir()) == ["step_0000004.pt", "step_0000006.pt"]
+    assert "moved 2 newer one(s)" in capsys.readouterr().out
+    assert run("--steps", "5", "--out", str(out), "--auto-resume") == 0  # continues the resumed line
+    assert torch.load(checkpoints / "step_0000005.pt", weights_only=True)["global_step"] == 5
