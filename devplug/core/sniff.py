@@ -38,6 +38,8 @@ def unreadable_reason(path: Path) -> str:
         return "is empty (0 bytes): the save that wrote it did not finish, or the copy failed"
     with path.open("rb") as handle:
         head = handle.read(_HEAD)
+    if ZIP_MAGIC.startswith(head) and size < len(ZIP_MAGIC):
+        return f"is truncated ({size} bytes, its end is missing): the save or the copy did not finish"
     if head.startswith(LFS_PREFIX):
         return "is a git-LFS pointer, not the checkpoint itself: fetch the file with `git lfs pull`"
     if head.startswith(ZIP_MAGIC):

@@ -156,14 +156,21 @@ def restore(state: Mapping[str, Any], natives: Mapping[str, Mapping[str, Any]], 
             scaler.load_state_dict(state["scaler"])
         for key, module in modules.items():
             module_before = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-            undo.append(lambda module=module, module_before=module_before: module.load_state_dict(module_before))
+            undo.append(lambda module=module, module_before=module_before: _copy_back(module, module_before))
             module.load_state_dict(state["modules"][key])
         rng_before = rng.rng_state(device_module)
         undo.append(lambda: rng.restore_rng_state(rng_before, device_module))
         rng.restore_rng_state(state["rng"], device_module)
     except Exception as exc:
         for action in reversed(undo):
-            action()
+            action()  # plain assignments and in-place copies: they do not fail where the restore did
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise CheckpointError(f"checkpoint {str(path)!r} could not be restored, and nothing was changed: {reason}") \
             from exc
+
+
+def _copy_back(module: torch.nn.Module, saved: Mapping[str, torch.Tensor]) -> None:
+    """Put ``saved`` values back into the module's own tensors (in place, bypassing its load hooks)."""
+    with torch.no_grad():
+        for key, tensor in module.state_dict().items():
+            tensor.copy_(saved[key])
