@@ -88,7 +88,7 @@ def test_run_folder_without_checkpoints(tmp_path, capsys):
 def test_corrupt_checkpoint(tmp_path, capsys):
     bad = tmp_path / "step_0000001.pt"
     bad.write_bytes(b"\x00garbage" * 100)
-    fails_with(capsys, ["--resume", str(bad), "--out", str(tmp_path / "o")], "corrupt or unreadable")
+    fails_with(capsys, ["--resume", str(bad), "--out", str(tmp_path / "o")], "is not a checkpoint")
 
 
 def test_checkpoint_of_another_model(tmp_path, capsys):

@@ -170,16 +170,18 @@ def state_problems(choice: OptimizerChoice, entry: Any, key: str) -> list[str]:
         return [f"{name}: a parameter appears twice in its groups"]
     problems = [f"{name}: group {n} has step {g['step']!r}" for n, g in enumerate(saved_groups)
                 if "step" in g and _negative(g["step"])]
+    misfits = []
     for index, values in state["state"].items():
         param = params.get(index)
         if param is None or not isinstance(values, Mapping):
-            problems.append(f"{name}: state for parameter {index!r}, which its groups do not hold")
+            misfits.append(f"state for parameter {index!r}, which its groups do not hold")
             continue
         problem = _param_problem(values, param, entry["layout"] == CANONICAL)
         if problem:
-            problems.append(f"{name}, parameter {index} of shape {tuple(param.shape)}: {problem}")
-        if len(problems) > 3:
-            break
+            misfits.append(f"parameter {index} of shape {tuple(param.shape)}: {problem}")
+    if misfits:
+        more = f" (and {len(misfits) - 1} more parameters)" if len(misfits) > 1 else ""
+        problems.append(f"{name}, {misfits[0]}{more}")
     return problems
 
 
