@@ -111,7 +111,7 @@ def test_bad_flag_values_are_rejected_by_argparse(capsys):
     [
         (["--data", "/nonexistent/images"], "does not exist"),
         (["--device", "cuda:7"], "cuda"),
-        (["--resume", "CORRUPT"], "corrupt or unreadable"),
+        (["--resume", "CORRUPT"], "not a checkpoint"),
     ],
 )
 def test_real_script_prints_one_line_and_no_traceback(tmp_path, argv, needle):
