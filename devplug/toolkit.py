@@ -21,6 +21,11 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   :func:`fastest_torch_optimizer` / :func:`torch_kernel` (torch's ``fused`` or ``foreach`` kernel where
   the device type has one) and :func:`torch_precision_plan` (``"auto"`` from what torch reports) — the
   fallback's answers, to adjust rather than restate;
+- :func:`steps_to_params`, :func:`steps_to_groups`, :func:`native_groups` — for an optimizer whose state
+  is not in torch.optim's layout: the pieces of its ``OptimizerChoice.to_canonical``/``from_canonical``
+  converters (step counts per group or per parameter, the hyperparameters each side has);
+- :func:`remove_stale_temp_files` — delete the temporary files of checkpoint saves whose process is gone
+  (``Trainer.save`` does it itself; call it at start to tidy a checkpoint folder at once);
 - :func:`log_once` — say something (a fallback and its reason) once per process (:func:`forget_logged`
   resets it in tests);
 - :func:`builtin_plugin` — a built-in device plugin, to delegate to its hooks (build on ``cpu`` or
@@ -53,6 +58,7 @@ from devplug.core.data import (
 )
 from devplug.core.images import display_path, load_rgb, printable
 from devplug.core.manager import BUILTIN_PLUGINS
+from devplug.core.optconvert import native_groups, steps_to_groups, steps_to_params
 from devplug.core.recipes import (
     TORCH_OPTIMIZERS,
     autocast_plan,
@@ -65,6 +71,7 @@ from devplug.core.recipes import (
     torch_optimizer_defaults,
     torch_precision_plan,
 )
+from devplug.core.tempfiles import remove_stale_temp_files
 from devplug.core.tree import map_tensors, move_to
 
 
@@ -103,9 +110,13 @@ __all__ = [
     "memory_stats",
     "move_to",
     "native_bf16",
+    "native_groups",
     "printable",
     "process_memory_stats",
+    "remove_stale_temp_files",
     "select_device",
+    "steps_to_groups",
+    "steps_to_params",
     "synchronize",
     "torch_dataloader",
     "torch_kernel",

@@ -133,6 +133,36 @@ class AscendingOptimizer(ToyDevice):
         return devplug.OptimizerChoice(cls(params, maximize=True, **options), f"{cls.__name__}(maximize=True)")
 
 
+class VendorSGD(torch.optim.SGD):
+    """A vendor's optimizer (here torch's, renamed): its state is not known to be torch's layout."""
+
+
+class VendorWithoutConverters(ToyDevice):
+    @devplug.hookimpl
+    def devplug_optimizer(self, device: devplug.Device, name: str, params: Any, options: dict[str, Any]) -> Any:
+        return devplug.OptimizerChoice(VendorSGD(params, **options), "vendor.SGD")
+
+
+def _drop_second_moment(optimizer: Any, state: Any) -> dict[str, Any]:
+    return {"state": {i: {k: v for k, v in s.items() if k != "exp_avg_sq"} for i, s in state["state"].items()},
+            "param_groups": state["param_groups"]}
+
+
+def _zero_momentum(optimizer: Any, state: Any) -> dict[str, Any]:
+    zeroed = {i: {"momentum_buffer": torch.zeros_like(s["momentum_buffer"])} for i, s in state["state"].items()}
+    return {"state": zeroed, "param_groups": state["param_groups"]}
+
+
+class LossyConverters(ToyDevice):
+    @devplug.hookimpl
+    def devplug_optimizer(self, device: devplug.Device, name: str, params: Any, options: dict[str, Any]) -> Any:
+        cls = VendorSGD if name == "sgd" else type("VendorAdam", (torch.optim.Adam,), {})
+        to_canonical, from_canonical = (lambda o, s: dict(s), _zero_momentum) if name == "sgd" else (
+            _drop_second_moment, lambda o, s: dict(s))
+        return devplug.OptimizerChoice(cls(params, **options), f"vendor.{name}", to_canonical=to_canonical,
+                                       from_canonical=from_canonical)
+
+
 class ScalerWithBf16(ToyDevice):
     @devplug.hookimpl
     def devplug_precision(self, device: devplug.Device, precision: str) -> devplug.PrecisionPlan:
@@ -208,6 +238,12 @@ BROKEN = [
     (IgnoresOptions, lambda d: checks.check_optimizer(d, "adam"), "ignored option lr=0.05"),
     (AscendingOptimizer, lambda d: checks.check_optimizer(d, "adamw"), "did not lower a convex toy loss"),
     (AscendingOptimizer, checks.check_training, "did not lower a toy loss"),
+    (VendorWithoutConverters, lambda d: checks.check_optimizer_state(d, "sgd"),
+     "vendor.SGD (sgd) saves its state in its own layout (vendor.SGD gives no converter to torch.optim's layout)"),
+    (LossyConverters, lambda d: checks.check_optimizer_state(d, "adam"), "its canonical state is not torch.optim's "
+     "layout: parameter 0 has ['exp_avg', 'step'], torch.optim has ['exp_avg', 'exp_avg_sq', 'step']"),
+    (LossyConverters, lambda d: checks.check_optimizer_state(d, "sgd"), "after a round trip through the canonical "
+     "state, weight differs from the original optimizer's after the same steps"),
     (ScalerWithBf16, lambda d: checks.check_precision(d, "bf16-mixed"), "a scaler belongs only to 16-mixed"),
     (WrongErrorForFp16, lambda d: checks.check_precision(d, "16-mixed"), "raise devplug.PrecisionError"),
     (SilentlyDowngrades, lambda d: checks.check_precision(d, "bf16-mixed"), "the plan says '32-true'"),
@@ -289,4 +325,4 @@ def test_unavailable_device_skips_with_the_reason_or_fails_when_required(tmp_pat
     assert result.returncode == 1, out
     assert "SKIPPED [" in out and "is not available here: no absent card" in out, out
     assert "FAILED test_unavailable.py::TestRequired::test_to_device" in out, out
-    assert "19 failed, 4 passed, 19 skipped" in out, out
+    assert "22 failed, 4 passed, 22 skipped" in out, out  # the device-dependent checks, once per case

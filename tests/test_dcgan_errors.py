@@ -88,7 +88,7 @@ def test_run_folder_without_checkpoints(tmp_path, capsys):
 def test_corrupt_checkpoint(tmp_path, capsys):
     bad = tmp_path / "step_0000001.pt"
     bad.write_bytes(b"\x00garbage" * 100)
-    fails_with(capsys, ["--resume", str(bad), "--out", str(tmp_path / "o")], "corrupt or unreadable")
+    fails_with(capsys, ["--resume", str(bad), "--out", str(tmp_path / "o")], "is not a checkpoint")
 
 
 def test_checkpoint_of_another_model(tmp_path, capsys):
@@ -111,7 +111,7 @@ def test_bad_flag_values_are_rejected_by_argparse(capsys):
     [
         (["--data", "/nonexistent/images"], "does not exist"),
         (["--device", "cuda:7"], "cuda"),
-        (["--resume", "CORRUPT"], "corrupt or unreadable"),
+        (["--resume", "CORRUPT"], "not a checkpoint"),
     ],
 )
 def test_real_script_prints_one_line_and_no_traceback(tmp_path, argv, needle):

@@ -132,17 +132,53 @@ class Device:
         return self.name if self.index is None else f"{self.name}:{self.index}"
 
 
+#: Converts an optimizer's state between its own ``state_dict()`` layout and torch.optim's (see OptimizerChoice).
+StateConverter = Callable[[torch.optim.Optimizer, Mapping[str, Any]], dict[str, Any]]
+
+
+def _check_converters(inst: OptimizerChoice, _attr: attrs.Attribute, _value: Any) -> None:
+    if (inst.to_canonical is None) != (inst.from_canonical is None):
+        raise ValueError("OptimizerChoice needs both to_canonical and from_canonical, or neither")
+
+
 @attrs.frozen
 class OptimizerChoice:
     """An optimizer a plugin built, and a human-readable name of the implementation chosen.
 
     ``implementation`` reads like a constructor, e.g. ``"torch.optim.Adam(fused=True)"`` or
     ``"apex.optimizers.FusedAdam"``; ``reason`` says why a faster one was not used, if so.
+
+    Checkpoints hold optimizer state in a *canonical* form (contract 1.1): torch.optim's
+    ``state_dict()`` layout for the algorithm (per-parameter ``step`` tensors, ``exp_avg``,
+    ``exp_avg_sq``, ``momentum_buffer`` ..., and torch's hyperparameters in each parameter group), so a
+    run saved with one device's optimizer resumes with another's. A torch.optim optimizer (for-loop,
+    ``foreach`` or ``fused``) is canonical already. Any other implementation of a standard algorithm
+    supplies both converters, each called as ``converter(optimizer, state)`` with the optimizer this
+    choice holds:
+
+    - ``to_canonical``: from ``optimizer.state_dict()`` to torch.optim's layout (tensors stay where they
+      are; the core moves them to the CPU). Parameter-group keys torch has and the state lacks may be left
+      out: the core fills them with the torch class's defaults.
+    - ``from_canonical``: from torch.optim's layout (CPU tensors) to a dict ``optimizer.load_state_dict``
+      accepts. It must not change the optimizer. Raise ``ValueError`` with a one-line reason when the
+      state has no equivalent in this implementation (e.g. parameters of one group at different step
+      counts, for an implementation that keeps one count per group).
+
+    An optimizer with neither converter whose class is not the torch class of its algorithm is saved in
+    its own layout, and only the same implementation can load it. ``devplug.toolkit`` has helpers for
+    the usual conversions (``steps_to_params``, ``steps_to_groups``, ``native_groups``). ``algorithm`` is
+    set by the core: the name the author asked for (``"adamw"``), or an author's class's qualified name.
     """
 
     optimizer: torch.optim.Optimizer
     implementation: str
     reason: str = ""
+    to_canonical: StateConverter | None = attrs.field(
+        default=None, kw_only=True, validator=attrs.validators.optional(attrs.validators.is_callable()))
+    from_canonical: StateConverter | None = attrs.field(
+        default=None, kw_only=True,
+        validator=[attrs.validators.optional(attrs.validators.is_callable()), _check_converters])
+    algorithm: str = attrs.field(default="", kw_only=True)
 
 
 class Phase(str, enum.Enum):

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import attrs
 import torch
 
 from devplug.core import hookspecs as spec
@@ -185,6 +186,7 @@ class Trainer(StepMethods):
             spec.devplug_optimizer, name=algo, params=params, options=dict(options))
         if choice is None:
             raise OptimizerError(f"no plugin can build optimizer {algo!r} on {self.device}")
+        choice = attrs.evolve(choice, algorithm=algo)  # what its checkpoint state is checked against
         self.optimizers[key] = choice
         if choice.reason:
             log.info("optimizer %s: %s (%s)", key, choice.implementation, choice.reason)
@@ -318,14 +320,16 @@ class Trainer(StepMethods):
     def save(self, path: str | os.PathLike[str], **extra: Any) -> str | None:
         """Write a checkpoint atomically (rank 0 only); ``extra`` holds the author's own state.
 
-        Returns the path written, or ``None`` on other ranks.
+        Returns the path written, or ``None`` on other ranks. Raises ``devplug.NonFiniteLossError`` and
+        writes nothing when a weight or optimizer state holds NaN or infinity (docs/trainer.md, Checkpoints).
         """
         return self.state.save(path, extra) if self.is_main_process else None
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save` into the set-up modules and optimizers.
 
-        Call after ``setup`` and ``optimizer``. Raises :class:`CheckpointError` if the file is corrupt or
+        Call after ``setup`` and ``optimizer``; the optimizers may be other implementations than the ones
+        that saved (another device's). Raises :class:`CheckpointError` if the file is unreadable, damaged or
         does not match what this trainer holds; nothing is modified in that case. Returns ``extra``.
         """
         return self.state.load(path)

@@ -785,3 +785,7 @@ def run_checks(
             results.append(CheckResult(check_name, "failed", f"{dut.label}: {type(exc).__name__}: {exc}"))
     return results
 
+
+
+# Checks kept in modules of their own register on import (after those above, so the kit's order holds).
+from devplug.testing.statecheck import check_optimizer_state  # noqa: E402,F401

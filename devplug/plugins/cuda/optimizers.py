@@ -11,7 +11,8 @@ Order of preference:
 Author options are mapped faithfully: apex gets torch's defaults for the options both share (so
 ``"adamw"`` keeps torch's ``weight_decay=0.01``), FusedAdam's ``adam_w_mode`` says Adam or AdamW, and an
 option apex cannot honour (``amsgrad=True``, ``maximize=True``, explicit ``fused``/``foreach``) sends
-the request to torch with the reason recorded.
+the request to torch with the reason recorded. apex's state is converted to and from torch.optim's
+layout for checkpoints (:mod:`devplug.plugins.cuda.state`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import attrs
 import torch
 
 from devplug import OptimizerChoice, OptimizerError
+from devplug.plugins.cuda.state import CONVERTERS
 from devplug.toolkit import torch_optimizer_class, torch_optimizer_defaults
 
 #: apex class for each optimizer name.
@@ -180,7 +182,7 @@ def build_apex(name: str, params: list[Any], options: Mapping[str, Any], apex: A
         return (f"apex.optimizers.{cls_name} could not be built ({exc}); "
                 "apex was probably built without its CUDA extensions (APEX_CUDA_EXT=1)")
     shown = {"adam_w_mode": kwargs["adam_w_mode"]} if cls_name == "FusedAdam" else {}
-    return OptimizerChoice(optimizer, _describe(f"apex.optimizers.{cls_name}", shown))
+    return OptimizerChoice(optimizer, _describe(f"apex.optimizers.{cls_name}", shown), **CONVERTERS.get(cls_name, {}))
 
 
 def build_torch(name: str, params: list[Any], options: Mapping[str, Any], reason: str = "") -> OptimizerChoice:

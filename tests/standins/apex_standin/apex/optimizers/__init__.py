@@ -1,12 +1,30 @@
 """Stand-in for NVIDIA apex's ``apex.optimizers`` (tests only, never shipped).
 
-Constructor signatures follow NVIDIA apex's ``apex/optimizers/fused_adam.py``, ``fused_sgd.py`` and
-``fused_lamb.py``. Each class is a working optimizer built on torch's (Adam/AdamW, SGD; LAMB is
-approximated by AdamW) and appends ``(class name, keyword arguments)`` to :data:`CALLS`.
+Mirrors NVIDIA/apex ``apex/optimizers/fused_adam.py``, ``fused_sgd.py`` and ``fused_lamb.py``: the
+constructor signatures, the ``param_groups`` keys (``defaults``), the state layout and the update rules,
+computed with plain torch ops on whatever device the parameters are on:
+
+- ``FusedAdam``: ``defaults = dict(lr, bias_correction, betas, eps, weight_decay)``; ``self.adam_w_mode``
+  (1: decoupled weight decay, 0: L2); the step count is per *group*, ``group["step"]`` (an ``int``
+  incremented on every ``step()``, a device tensor when ``capturable``); per-parameter state
+  ``{"exp_avg", "exp_avg_sq"}`` in float32. Update as ``csrc/multi_tensor_adam.cu``: ``m/bc1 /
+  (sqrt(v/bc2) + eps)``, plus ``weight_decay * p`` in the update (AdamW mode) or in the gradient (L2).
+- ``FusedSGD``: ``defaults = dict(lr, momentum, dampening, weight_decay, nesterov)``; per-parameter
+  ``{"momentum_buffer"}`` created (zero) on the first step even without momentum; ``first_run`` (no
+  buffer yet) seeds the buffer with the gradient, as ``csrc/multi_tensor_sgd_kernel.cu`` does.
+- ``FusedLAMB``: ``defaults = dict(lr, bias_correction, betas, eps, weight_decay, grad_averaging,
+  max_grad_norm)``; ``group["step"]``; per-parameter ``{"exp_avg", "exp_avg_sq"}``; LAMB's per-tensor
+  trust ratio ``||p|| / ||update||`` (``csrc/multi_tensor_lamb.cu``).
+
+``zero_grad(self)`` has no ``set_to_none`` argument, as in apex. Each construction appends
+``(class name, keyword arguments)`` to :data:`CALLS`; ``CUDA_EXTENSIONS = False`` mimics an apex built
+without its CUDA extensions, whose constructors raise as apex's do.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,16 +42,30 @@ def _check_extensions(name: str) -> None:
         raise RuntimeError(f"apex.optimizers.{name} requires cuda extensions")
 
 
-def _zero_grad(optimizer: torch.optim.Optimizer) -> None:
-    if optimizer.set_grad_none:
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                param.grad = None
+class _ApexOptimizer(torch.optim.Optimizer):
+    set_grad_none: bool
+
+    def zero_grad(self) -> None:  # type: ignore[override]  # apex's signature: no set_to_none
+        """Reset gradients (to None when ``set_grad_none``), as apex does."""
+        if self.set_grad_none:
+            for group in self.param_groups:
+                for param in group["params"]:
+                    param.grad = None
+        else:
+            torch.optim.Optimizer.zero_grad(self)  # as apex: super().zero_grad()
+
+
+def _next_step(group: dict[str, Any], capturable: bool, device: torch.device) -> int:
+    """apex's per-group step count: incremented on every step (a device tensor when capturable)."""
+    if "step" in group:
+        group["step"] += 1
     else:
-        torch.optim.Optimizer.zero_grad(optimizer)
+        group["step"] = torch.tensor([1], dtype=torch.int, device=device) if capturable else 1
+    step = group["step"]
+    return int(step.item()) if isinstance(step, torch.Tensor) else step
 
 
-class FusedAdam(torch.optim.Adam):
+class FusedAdam(_ApexOptimizer):
     """apex's FusedAdam: Adam, or AdamW with ``adam_w_mode=True`` (apex's default)."""
 
     def __init__(self, params: Any, lr: float = 1e-3, bias_correction: bool = True,
@@ -42,23 +74,50 @@ class FusedAdam(torch.optim.Adam):
                  capturable: bool = False, master_weights: bool = False) -> None:
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant.")
-        _check_extensions("FusedAdam")
         CALLS.append(("FusedAdam", {
             "lr": lr, "bias_correction": bias_correction, "betas": betas, "eps": eps,
             "adam_w_mode": adam_w_mode, "weight_decay": weight_decay, "amsgrad": amsgrad,
             "set_grad_none": set_grad_none, "capturable": capturable, "master_weights": master_weights,
         }))
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         decoupled_weight_decay=adam_w_mode)
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
         self.adam_w_mode = 1 if adam_w_mode else 0
         self.set_grad_none = set_grad_none
+        self.capturable = capturable
+        self.master_weights = master_weights
+        _check_extensions("FusedAdam")
 
-    def zero_grad(self) -> None:  # type: ignore[override]  # apex's signature: no set_to_none
-        """Reset gradients (to None when ``set_grad_none``), as apex does."""
-        _zero_grad(self)
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One step over every group (apex counts the step per group, even for a group without gradients)."""
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            step = _next_step(group, self.capturable, group["params"][0].device)
+            beta1, beta2 = group["betas"]
+            bc1 = 1 - beta1 ** step if group["bias_correction"] else 1.0
+            bc2 = 1 - beta2 ** step if group["bias_correction"] else 1.0
+            decay = group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if len(state) == 0:
+                    state["exp_avg"] = torch.zeros_like(p).float()
+                    state["exp_avg_sq"] = torch.zeros_like(p).float()
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                grad, weight = p.grad.float(), p.float()
+                if not self.adam_w_mode:
+                    grad = grad + decay * weight
+                m.mul_(beta1).add_(grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                update = (m / bc1) / ((v / bc2).sqrt() + group["eps"])
+                if self.adam_w_mode:
+                    update = update + decay * weight
+                p.copy_(weight - group["lr"] * update)
+        return loss
 
 
-class FusedSGD(torch.optim.SGD):
+class FusedSGD(_ApexOptimizer):
     """apex's FusedSGD (``lr`` is required, as in apex)."""
 
     def __init__(self, params: Any, lr: Any = required, momentum: float = 0, dampening: float = 0,
@@ -66,23 +125,50 @@ class FusedSGD(torch.optim.SGD):
                  materialize_master_grads: bool = True, set_grad_none: bool = False) -> None:
         if lr is required:
             raise TypeError("FusedSGD() missing required argument: 'lr'")
-        _check_extensions("FusedSGD")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         CALLS.append(("FusedSGD", {
             "lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
             "nesterov": nesterov, "wd_after_momentum": wd_after_momentum,
             "materialize_master_grads": materialize_master_grads, "set_grad_none": set_grad_none,
         }))
-        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                         nesterov=nesterov)
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov)
+        super().__init__(params, defaults)
+        self.wd_after_momentum = wd_after_momentum
+        self.materialize_master_grads = materialize_master_grads
         self.set_grad_none = set_grad_none
+        _check_extensions("FusedSGD")
 
-    def zero_grad(self) -> None:  # type: ignore[override]
-        """Reset gradients (to None when ``set_grad_none``), as apex does."""
-        _zero_grad(self)
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One step over every group; a parameter's first step seeds its momentum buffer with the gradient."""
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            decay, momentum, dampening = group["weight_decay"], group["momentum"], group["dampening"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                first_run = "momentum_buffer" not in state
+                if first_run:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                buf, grad = state["momentum_buffer"], p.grad
+                if decay and not self.wd_after_momentum:
+                    grad = grad + decay * p
+                if momentum:
+                    if first_run:
+                        buf.copy_(grad)
+                    else:
+                        buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+                    grad = grad + momentum * buf if group["nesterov"] else buf
+                if decay and self.wd_after_momentum:
+                    grad = grad + decay * p
+                p.add_(grad, alpha=-group["lr"])
+        return loss
 
 
-class FusedLAMB(torch.optim.AdamW):
-    """apex's FusedLAMB signature; the update is AdamW's (a stand-in, not LAMB's trust ratio)."""
+class FusedLAMB(_ApexOptimizer):
+    """apex's FusedLAMB: Adam moments, a global gradient-norm clip, and LAMB's per-tensor trust ratio."""
 
     def __init__(self, params: Any, lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
@@ -90,15 +176,50 @@ class FusedLAMB(torch.optim.AdamW):
                  set_grad_none: bool = True, max_grad_norm: float = 1.0, use_nvlamb: bool = False) -> None:
         if amsgrad:
             raise RuntimeError("FusedLAMB does not support the AMSGrad variant.")
-        _check_extensions("FusedLAMB")
         CALLS.append(("FusedLAMB", {
             "lr": lr, "bias_correction": bias_correction, "betas": betas, "eps": eps,
             "weight_decay": weight_decay, "adam_w_mode": adam_w_mode, "grad_averaging": grad_averaging,
             "set_grad_none": set_grad_none, "max_grad_norm": max_grad_norm, "use_nvlamb": use_nvlamb,
         }))
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=weight_decay,
+                        grad_averaging=grad_averaging, max_grad_norm=max_grad_norm)
+        super().__init__(params, defaults)
+        self.adam_w_mode = 1 if adam_w_mode else 0
         self.set_grad_none = set_grad_none
+        self.use_nvlamb = use_nvlamb
+        _check_extensions("FusedLAMB")
 
-    def zero_grad(self) -> None:  # type: ignore[override]
-        """Reset gradients (to None when ``set_grad_none``), as apex does."""
-        _zero_grad(self)
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One LAMB step over every group."""
+        loss = closure() if closure is not None else None
+        grads = [p.grad.float() for g in self.param_groups for p in g["params"] if p.grad is not None]
+        global_norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads)) if grads else 0.0
+        clip = max(global_norm / self.defaults["max_grad_norm"], 1.0)
+        for group in self.param_groups:
+            step = _next_step(group, False, group["params"][0].device)
+            beta1, beta2 = group["betas"]
+            beta3 = 1 - beta1 if group["grad_averaging"] else 1.0
+            bc1 = 1 - beta1 ** step if group["bias_correction"] else 1.0
+            bc2 = 1 - beta2 ** step if group["bias_correction"] else 1.0
+            decay = group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if len(state) == 0:
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                grad = p.grad / clip
+                if not self.adam_w_mode:
+                    grad = grad + decay * p
+                m.mul_(beta1).add_(grad, alpha=beta3)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                update = (m / bc1) / ((v / bc2).sqrt() + group["eps"])
+                if self.adam_w_mode:
+                    update = update + decay * p
+                p_norm, u_norm = float(p.norm()), float(update.norm())
+                ratio = p_norm / u_norm if (decay != 0 or self.use_nvlamb) and p_norm > 0 and u_norm > 0 else 1.0
+                p.add_(update, alpha=-group["lr"] * ratio)
+        return loss

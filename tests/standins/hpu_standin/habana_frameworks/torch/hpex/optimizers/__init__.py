@@ -1,8 +1,21 @@
 """Stand-in for ``habana_frameworks.torch.hpex.optimizers``: ``FusedAdamW`` and ``FusedSGD``.
 
-Signatures and defaults are the real ones (note ``FusedAdamW``'s ``eps=1e-6`` and ``weight_decay=0.0``,
-which differ from ``torch.optim.AdamW``'s). The update rules are the real ones too, computed with
-plain torch ops on whatever device the parameters are on; every construction and step is recorded.
+Mirrors HabanaAI/gaudi-pytorch-bridge ``python_packages/habana_frameworks/torch/hpex/optimizers/FusedAdamW.py``
+and ``FusedSGD.py``: signatures and defaults (note ``FusedAdamW``'s ``eps=1e-6`` and ``weight_decay=0.0``,
+which differ from ``torch.optim.AdamW``'s), the ``param_groups`` keys and the state layout:
+
+- ``FusedAdamW``: ``defaults = dict(lr, betas, eps, weight_decay, bias_correction)``; the step count is
+  per *group*, ``group["step"]`` (an ``int`` incremented on each step of a group with gradients); per
+  parameter ``{"step": 0, "exp_avg", "exp_avg_sq"}`` in the parameter's dtype, the per-parameter
+  ``step`` set once and never advanced. Update: ``w *= 1 - weight_decay * lr``, then
+  ``w -= lr * sqrt(bc2) / bc1 * exp_avg / (sqrt(exp_avg_sq) + eps)`` (``bias_correction``).
+- ``FusedSGD``: ``defaults = dict(lr, momentum, weight_decay, dampening, nesterov)``; per parameter
+  ``{"momentum_buffer"}`` in float32 (the real one creates ``torch.zeros(grad.shape)``), only with
+  momentum. The real kernel also takes ``self.step_t``, a counter kept outside the state dict, whose use
+  is not documented; the stand-in seeds a new buffer with the gradient on its first step, as torch does.
+
+The update rules are computed with plain torch ops on whatever device the parameters are on; every
+construction and step is recorded.
 """
 
 from __future__ import annotations
@@ -58,9 +71,10 @@ class FusedAdamW(Optimizer):
                 step_size *= math.sqrt(1.0 - beta2 ** group["step"]) / (1.0 - beta1 ** group["step"])
             for p in params:
                 state = self.state[p]
-                if not state:
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
+                if len(state) == 0:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros(p.shape).to(p.dtype).to(p.device)
+                    state["exp_avg_sq"] = torch.zeros(p.shape).to(p.dtype).to(p.device)
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
                 exp_avg.mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
@@ -104,7 +118,7 @@ class FusedSGD(Optimizer):
                 if group["momentum"]:
                     state = self.state[p]
                     if "momentum_buffer" not in state:
-                        state["momentum_buffer"] = d_p.clone()
+                        state["momentum_buffer"] = d_p.float().clone()
                     else:
                         state["momentum_buffer"].mul_(group["momentum"]).add_(d_p, alpha=1 - group["dampening"])
                     buf = state["momentum_buffer"]

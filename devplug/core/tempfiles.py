@@ -1,0 +1,79 @@
+"""Temporary files of checkpoint saves: named after their writer, removed once that writer is gone.
+
+A save writes ``.<name>.<host>.<pid>.<token>.tmp`` beside its target and renames it over the target when
+complete. A process killed mid-save leaves its temporary file behind; the next save in the folder (or
+:func:`remove_stale_temp_files`, which the same code path uses) deletes the temporary files whose writer
+ran on this host and is no longer alive, and never those of a live process or of another host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+from pathlib import Path
+
+_PATTERN = re.compile(r"^\.(?P<target>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.(?P<token>[0-9a-f]{8})\.tmp$")
+
+
+def host_tag() -> str:
+    """This host's name as it appears in temporary file names (letters, digits, ``-`` and ``_`` only)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()) or "host"
+
+
+def create_temp(target: Path) -> tuple[int, Path]:
+    """Create a new temporary file for ``target`` in its folder; its descriptor (open for writing) and path.
+
+    The file is created with mode 0666 less the process umask, like every other file a program writes.
+    """
+    while True:
+        path = target.parent / f".{target.name}.{host_tag()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), path
+        except FileExistsError:  # pragma: no cover - 32 random bits collided
+            continue
+
+
+def writer_alive(pid: int) -> bool:
+    """True when process ``pid`` of this host may still be running (a zombie counts as gone)."""
+    if os.name == "nt":  # os.kill would terminate it there: never call a file stale
+        return True
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by someone else
+        return True
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return status.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def remove_stale_temp_files(folder: str | os.PathLike[str]) -> list[Path]:
+    """Delete the temporary files of checkpoint saves in ``folder`` whose writing process is gone; the paths removed.
+
+    Only files named by devplug for a process on this host that is no longer running are removed; those
+    of a live process, of another host or of another program are kept.
+    """
+    here, removed = host_tag(), []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        match = _PATTERN.match(path.name)
+        if match is None or match["host"] != here or writer_alive(int(match["pid"])):
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:  # another process tidied it first
+            continue
+        except OSError:
+            continue
+        removed.append(path)
+    return removed

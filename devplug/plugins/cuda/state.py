@@ -1,0 +1,87 @@
+"""NVIDIA apex optimizer state to and from torch.optim's layout, so a checkpoint moves between devices.
+
+apex's layouts (``apex/optimizers/fused_adam.py``, ``fused_sgd.py``): ``FusedAdam`` counts steps once per
+parameter group (``group["step"]``, an ``int``, a tensor when ``capturable``) and keeps ``exp_avg`` and
+``exp_avg_sq`` per parameter (float32); its groups have ``bias_correction`` and no ``amsgrad``,
+``maximize`` or ``decoupled_weight_decay`` (Adam or AdamW is the optimizer's ``adam_w_mode``).
+``FusedSGD`` keeps a ``momentum_buffer`` per parameter, created (zero) even without momentum, where
+torch keeps none. ``FusedLAMB`` has no torch.optim counterpart, so its state is saved as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from devplug.toolkit import (
+    native_groups,
+    steps_to_groups,
+    steps_to_params,
+    torch_optimizer_class,
+    torch_optimizer_defaults,
+)
+
+
+def _torch_only(optimizer: torch.optim.Optimizer, name: str) -> set[str]:
+    return set(torch_optimizer_defaults(torch_optimizer_class(name))) - set(optimizer.defaults)
+
+
+def _refuse(group: Mapping[str, Any], implementation: str, *flags: str) -> None:
+    for flag in flags:
+        if group.get(flag):
+            raise ValueError(f"{implementation} has no {flag}=True")
+
+
+def fused_adam_to_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
+    """apex ``FusedAdam`` state in torch.optim.Adam's layout (``decoupled_weight_decay`` from ``adam_w_mode``)."""
+    canonical = steps_to_params(state)
+    for group in canonical["param_groups"]:
+        if not group.pop("bias_correction", True):
+            raise ValueError("bias_correction=False has no torch.optim counterpart")
+        group["decoupled_weight_decay"] = bool(optimizer.adam_w_mode)  # type: ignore[attr-defined]
+    return canonical
+
+
+def fused_adam_from_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
+    """torch.optim.Adam/AdamW state for apex ``FusedAdam``: one step count per group, apex's group keys."""
+    decoupled = bool(optimizer.adam_w_mode)  # type: ignore[attr-defined]
+    for group in state["param_groups"]:
+        _refuse(group, "apex.optimizers.FusedAdam", "amsgrad", "maximize")
+        if group.get("weight_decay") and bool(group.get("decoupled_weight_decay")) != decoupled:
+            kinds = ("L2", "decoupled") if decoupled else ("decoupled", "L2")
+            raise ValueError(f"the state has {kinds[0]} weight decay, this FusedAdam applies {kinds[1]} "
+                             f"(adam_w_mode={decoupled})")
+    native = steps_to_groups(state)
+    native["param_groups"] = native_groups(optimizer, native["param_groups"], _torch_only(optimizer, "adam"))
+    if getattr(optimizer, "capturable", False):  # apex keeps a capturable optimizer's step as a device tensor
+        for group, current in zip(native["param_groups"], optimizer.param_groups, strict=True):
+            if "step" in group:
+                device = current["params"][0].device
+                group["step"] = torch.tensor([group["step"]], dtype=torch.int, device=device)
+    return native
+
+
+def fused_sgd_to_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
+    """apex ``FusedSGD`` state in torch.optim.SGD's layout (no momentum buffers without momentum)."""
+    if getattr(optimizer, "wd_after_momentum", False):
+        raise ValueError("wd_after_momentum=True has no torch.optim counterpart")
+    kept = {index for group in state["param_groups"] if group.get("momentum") for index in group["params"]}
+    per_param = {index: dict(entry) for index, entry in state["state"].items() if index in kept}
+    return {"state": per_param, "param_groups": [dict(group) for group in state["param_groups"]]}
+
+
+def fused_sgd_from_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
+    """torch.optim.SGD state for apex ``FusedSGD``: its momentum buffers as they are, apex's group keys."""
+    for group in state["param_groups"]:
+        _refuse(group, "apex.optimizers.FusedSGD", "maximize")
+    groups = native_groups(optimizer, state["param_groups"], _torch_only(optimizer, "sgd"))
+    return {"state": {index: dict(entry) for index, entry in state["state"].items()}, "param_groups": groups}
+
+
+#: Converters for each apex class with a torch.optim counterpart (FusedLAMB has none).
+CONVERTERS: dict[str, dict[str, Any]] = {
+    "FusedAdam": {"to_canonical": fused_adam_to_canonical, "from_canonical": fused_adam_from_canonical},
+    "FusedSGD": {"to_canonical": fused_sgd_to_canonical, "from_canonical": fused_sgd_from_canonical},
+}
