@@ -29,7 +29,7 @@ from dcgan_lib.summary import Stopwatch, build_summary, format_summary, write_su
 from torch import nn
 
 import devplug
-from devplug.toolkit import display_path, list_images, printable
+from devplug.toolkit import display_path, list_images, printable, remove_stale_temp_files
 
 SAMPLE_COUNT = 64  # images in the fixed-noise sample grid (8×8)
 
@@ -190,6 +190,8 @@ def train(settings: cli.Settings) -> int:
         nonfinite=args.nonfinite,
     )
     say = print if trainer.is_main_process else (lambda *a, **k: None)
+    if trainer.is_main_process:  # temp files of saves a killed run left behind (never a live writer's)
+        remove_stale_temp_files(settings.out / "checkpoints")
     warn = (lambda text: print(text, file=sys.stderr)) if trainer.is_main_process else say
     spec = settings.spec
     stats = trainer.memory_stats()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,3 +71,40 @@ def test_resuming_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, c
     assert "moved 2 newer one(s)" in capsys.readouterr().out
     assert run("--steps", "5", "--out", str(out), "--auto-resume") == 0  # continues the resumed line
     assert torch.load(checkpoints / "step_0000005.pt", weights_only=True)["global_step"] == 5
+
+
+def _poison_after(monkeypatch, step: int) -> None:
+    """Make the generator's weights NaN right after training step ``step`` (a divergence)."""
+    real = dcgan.DCGANStep.__call__
+    calls = {"n": 0}
+
+    def diverging(self, real_images):
+        values = real(self, real_images)
+        calls["n"] += 1
+        if calls["n"] == step:
+            with torch.no_grad():
+                next(self.net_g.parameters()).fill_(float("nan"))
+        return values
+
+    monkeypatch.setattr(dcgan.DCGANStep, "__call__", diverging)
+
+
+@pytest.mark.parametrize(("policy", "code"), [("raise", 2), ("warn", 0), ("ignore", 0)])
+def test_nan_never_reaches_a_checkpoint_and_auto_resume_continues_from_the_last_good_one(
+        tmp_path, monkeypatch, capsys, policy, code):
+    out = tmp_path / "run"
+    checkpoints = out / "checkpoints"
+    with monkeypatch.context() as m:
+        _poison_after(m, 3)
+        assert run("--steps", "6", "--out", str(out), "--keep-checkpoints", "1", "--log-every", "2",
+                   "--nonfinite", policy) == code
+    saved = sorted(p.name for p in checkpoints.glob("step_*.pt"))
+    assert saved == ["step_0000002.pt"]  # written before the NaN, kept; nothing written after it
+    for path in checkpoints.glob("step_*.pt"):
+        state = torch.load(path, weights_only=True)
+        assert all(torch.isfinite(t).all() for t in state["modules"]["generator"].values() if t.is_floating_point())
+    err = capsys.readouterr().err.lower()
+    assert ("non-finite" in err) if policy != "raise" else ("diverged" in err and err.count("\n") == 1)
+    assert run("--steps", "4", "--out", str(out), "--auto-resume", "--lr", "1e-4") == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert lr_of(checkpoints / "step_0000004.pt") == 1e-4

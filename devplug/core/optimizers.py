@@ -8,9 +8,10 @@ refactor still restores each one's state into its own parameters.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import attrs
 import torch
 
 from devplug.core.errors import ConfigError, OptimizerError
@@ -34,6 +35,21 @@ def algorithm_name(algorithm: Any) -> tuple[str, type[torch.optim.Optimizer] | N
         return f"{algorithm.__module__}.{algorithm.__qualname__}", algorithm
     raise OptimizerError(f"optimizer must be a name such as 'adamw' or a torch.optim.Optimizer class, got "
                          f"{algorithm!r}")
+
+
+def build_choice(algorithm: str, own_class: type[torch.optim.Optimizer] | None, params: list[Any],
+                 options: dict[str, Any], ask_plugins: Callable[[], OptimizerChoice | None],
+                 device: str) -> OptimizerChoice:
+    """The optimizer to use: the author's own class as it is, else what the device's plugins build.
+
+    The choice records ``algorithm``, what its checkpoint state is checked against.
+    """
+    if not params:
+        raise OptimizerError(f"optimizer {algorithm!r} got no parameters to optimize")
+    choice = own_choice(own_class, params, options) if own_class else ask_plugins()
+    if choice is None:
+        raise OptimizerError(f"no plugin can build optimizer {algorithm!r} on {device}")
+    return attrs.evolve(choice, algorithm=algorithm)
 
 
 def own_choice(cls: type[torch.optim.Optimizer], params: list[Any], options: dict[str, Any]) -> OptimizerChoice:

@@ -13,18 +13,17 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import attrs
 import torch
 
 from devplug.core import hookspecs as spec
 from devplug.core import rng
 from devplug.core.config import TrainerConfig
 from devplug.core.devices import DeviceRegistry
-from devplug.core.errors import ConfigError, OptimizerError
+from devplug.core.errors import ConfigError
 from devplug.core.launch import detect_launch
 from devplug.core.loading import DeviceLoader, LoopPosition, is_dataset, loader_options, own_loader_choice
 from devplug.core.manager import DevplugPluginManager, get_plugin_manager
-from devplug.core.optimizers import algorithm_name, optimizer_key, own_choice
+from devplug.core.optimizers import algorithm_name, build_choice, optimizer_key
 from devplug.core.records import OptimizerChoice, PrecisionPlan
 from devplug.core.reporting import Reporter
 from devplug.core.signals import StopRequest, gloo_combine
@@ -179,14 +178,9 @@ class Trainer(StepMethods):
         """
         params = list(params)
         algo, own_class = algorithm_name(algorithm)
-        if not params:
-            raise OptimizerError(f"optimizer {algo!r} got no parameters to optimize")
         key = optimizer_key(params, self.modules, self.optimizers, algo, name)
-        choice = own_choice(own_class, params, options) if own_class else self.hooks(
-            spec.devplug_optimizer, name=algo, params=params, options=dict(options))
-        if choice is None:
-            raise OptimizerError(f"no plugin can build optimizer {algo!r} on {self.device}")
-        choice = attrs.evolve(choice, algorithm=algo)  # what its checkpoint state is checked against
+        choice = build_choice(algo, own_class, params, options, lambda: self.hooks(
+            spec.devplug_optimizer, name=algo, params=params, options=dict(options)), str(self.device))
         self.optimizers[key] = choice
         if choice.reason:
             log.info("optimizer %s: %s (%s)", key, choice.implementation, choice.reason)

@@ -22,17 +22,16 @@ from devplug import CheckpointError, NonFiniteLossError, Trainer
 
 from .cli import CHECKPOINT_RE, checkpoints_newest_first
 
-#: Words of a CheckpointError that mean the file itself is damaged (as opposed to not fitting the model).
-DAMAGED = ("empty", "truncated", "corrupt", "digest", "not a devplug checkpoint", "non-finite", "nan", "unreadable",
-           "cannot be read", "random bytes", "text file", "html", "lfs pointer")
+#: How devplug says a checkpoint belongs to another training setup (any other CheckpointError: the file is damaged).
+MISMATCH = "does not match this training setup"
 
 Say = Callable[..., None]
 
 
 def damaged(exc: Exception) -> bool:
-    """True when a load failed because the file is damaged, not because it belongs to another model."""
-    text = str(exc).lower()
-    return isinstance(exc, NonFiniteLossError) or any(word in text for word in DAMAGED)
+    """True when a load failed because the file is damaged (empty, truncated, not a checkpoint, a failed
+    digest, non-finite values, ...), not because it belongs to another model."""
+    return isinstance(exc, NonFiniteLossError) or MISMATCH not in str(exc)
 
 
 def load_first_good(trainer: Trainer, candidates: Sequence[Path], *, fall_back: bool,
