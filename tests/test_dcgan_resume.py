@@ -13,6 +13,8 @@ sys.path.insert(0, str(REPO / "examples"))
 
 import dcgan  # noqa: E402
 
+import devplug  # noqa: E402
+
 TINY = ["--device", "cpu", "--precision", "32-true", "--no-progress", "--workers", "0",
         "--nz", "8", "--ngf", "4", "--ndf", "4", "--image-size", "16", "--batch-size", "4", "--data", "shapes",
         "--keep-checkpoints", "0", "--save-every", "2"]
@@ -108,3 +110,22 @@ def test_nan_never_reaches_a_checkpoint_and_auto_resume_continues_from_the_last_
     assert run("--steps", "4", "--out", str(out), "--auto-resume", "--lr", "1e-4") == 0
     assert "resumed from" in capsys.readouterr().out
     assert lr_of(checkpoints / "step_0000004.pt") == 1e-4
+
+
+def test_a_full_disk_while_saving_says_so_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
+    import errno
+
+    out = tmp_path / "run"
+    real_save = devplug.Trainer.save
+
+    def save(self, path, **extra):
+        if self.global_step >= 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(self, path, **extra)
+
+    monkeypatch.setattr(devplug.Trainer, "save", save)
+    assert run("--steps", "6", "--out", str(out)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the disk is full: could not write" in err and "step_0000004.pt" in err
+    assert "the previous checkpoint" in err and "step_0000002.pt is intact" in err
+    assert (out / "checkpoints" / "step_0000002.pt").is_file()
