@@ -1,7 +1,7 @@
 """devplug: write a PyTorch training loop once; device plugins make it fast on CPU, CUDA, Gaudi and more.
 
 Public API: :class:`Trainer` and its :class:`TrainerConfig`, the ``hookimpl`` marker for plugins, the
-records hooks exchange, the errors devplug raises, and :func:`create_plugin_manager` /
+records hooks exchange, the built-in loggers, the errors devplug raises, and :func:`create_plugin_manager` /
 :func:`reset_plugin_manager` to choose plugins in code. Importing this package imports torch but no
 vendor stack and not TensorBoard.
 """
@@ -22,7 +22,9 @@ from devplug.core.errors import (
 )
 from devplug.core.hookimpl import hookimpl
 from devplug.core.launch import detect_launch
+from devplug.core.loggers import CSVLogger, JSONLinesLogger, Logger, TensorBoardLogger
 from devplug.core.manager import create_plugin_manager, reset_plugin_manager
+from devplug.core.mlflow_logger import MLflowLogger
 from devplug.core.records import (
     CONTRACT_VERSION,
     Availability,
@@ -33,6 +35,7 @@ from devplug.core.records import (
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
+    LogPoint,
     MemoryStats,
     OptimizerChoice,
     Phase,
@@ -46,6 +49,7 @@ __all__ = [
     "DECAYS",
     "LR_SCALING_RULES",
     "Availability",
+    "CSVLogger",
     "CheckpointError",
     "CollectiveSetup",
     "ConfigError",
@@ -55,10 +59,14 @@ __all__ = [
     "DeviceUnavailableError",
     "DevplugError",
     "ImageFolderSource",
+    "JSONLinesLogger",
     "LRSchedule",
     "LaunchInfo",
     "LoaderChoice",
     "LoaderOptions",
+    "LogPoint",
+    "Logger",
+    "MLflowLogger",
     "MemoryStats",
     "NonFiniteLossError",
     "OptimizerChoice",
@@ -67,6 +75,7 @@ __all__ = [
     "PluginError",
     "PrecisionError",
     "PrecisionPlan",
+    "TensorBoardLogger",
     "Trainer",
     "TrainerConfig",
     "UnknownDeviceError",

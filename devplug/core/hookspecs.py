@@ -42,6 +42,7 @@ from devplug.core.records import (
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
+    LogPoint,
     MemoryStats,
     OptimizerChoice,
     Phase,
@@ -192,6 +193,18 @@ def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, 
 
     Called by ``Trainer.setup`` when compilation is enabled. ``options`` are passed on to the
     compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. First-result.
+    """
+
+
+@hookspec
+def devplug_log(device: Device, point: LogPoint) -> None:
+    """Receive the values of a log point, images, or the end of the run (rank 0 only).
+
+    Called on the main process at every log point with ``point.values`` (host floats, averaged since the
+    previous point and reduced across ranks: reading them costs no device synchronisation), at every
+    ``Trainer.log_images`` with ``point.images``, and once with ``point.final=True`` when the Trainer closes.
+    The place for a device-neutral experiment tracker (W&B, a dashboard); the Trainer's own loggers
+    (``loggers=``) receive the same points. Returns nothing. Not first-result: every implementation runs.
     """
 
 

@@ -22,6 +22,7 @@ from devplug.core.devices import DeviceHooks, DeviceRegistry
 from devplug.core.errors import ConfigError, OptimizerError
 from devplug.core.launch import detect_launch
 from devplug.core.loading import DeviceLoader, LoopPosition, is_dataset, loader_options, own_loader_choice
+from devplug.core.loggers import build_loggers
 from devplug.core.manager import DevplugPluginManager, get_plugin_manager
 from devplug.core.optimizers import algorithm_name, optimizer_key, own_choice
 from devplug.core.records import OptimizerChoice, PrecisionPlan
@@ -29,6 +30,7 @@ from devplug.core.reporting import Reporter
 from devplug.core.signals import StopRequest, gloo_combine
 from devplug.core.state import TrainerState
 from devplug.core.step import StepMethods
+from devplug.core.summary import summarize
 
 log = logging.getLogger("devplug")
 
@@ -74,9 +76,11 @@ class Trainer(StepMethods):
         self.state = TrainerState(device=self.device, precision=self.precision, modules=self.modules,
                                   optimizers=self.optimizers, loaders=self.loaders, position=self.position,
                                   world_size=self.world_size)
+        loggers = build_loggers(self.config.logger_items, self.config.log_dir) if self.is_main_process else []
         self.reporter = Reporter(log_dir=self.config.log_dir, progress=self.config.progress,
                                  nonfinite=self.config.nonfinite, is_main=self.is_main_process,
-                                 world_size=self.world_size, reduce=reduce)
+                                 world_size=self.world_size, reduce=reduce, loggers=loggers,
+                                 publish=lambda point: self.hooks(spec.devplug_log, point=point))
         self.throughput = self.reporter.throughput
 
     # ---- where am I -------------------------------------------------------------------------------
@@ -140,7 +144,7 @@ class Trainer(StepMethods):
 
     @property
     def writer(self) -> Any:
-        """The TensorBoard SummaryWriter (rank 0 with ``log_dir`` set), created on first use; else None."""
+        """The TensorBoard SummaryWriter (rank 0 with a TensorBoard logger), created on first use; else None."""
         return self.reporter.writer
 
     # ---- model, optimizer, data --------------------------------------------------------------------
@@ -296,20 +300,8 @@ class Trainer(StepMethods):
         return self.hooks(spec.devplug_memory_stats)
 
     def summary(self) -> dict[str, Any]:
-        """Device, precision, optimizer implementations, loaders and throughput so far."""
-        return {
-            "device": str(self.device),
-            "device_plugin": self.device.plugin_name,
-            "world_size": self.world_size,
-            "precision": self.precision.name,
-            "precision_detail": self.precision.description,
-            "optimizers": {k: c.implementation for k, c in self.optimizers.items()},
-            "loaders": [loader.implementation for loader in self.loaders],
-            "steps": self.global_step,
-            "epoch": self.epoch,
-            **self.reporter.rates(),
-            "memory": self.memory_stats(),
-        }
+        """Device, precision, optimizer implementations, loaders, throughput and memory so far (:mod:`.summary`)."""
+        return summarize(self)
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -332,12 +324,12 @@ class Trainer(StepMethods):
         return self.state.load(path)
 
     def close(self) -> None:
-        """Flush and close TensorBoard and the progress bar.
+        """Flush and close the loggers (their final point) and the progress bar.
 
         The process group stays joined (other trainers in the process may use it); call
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
         """
-        self.reporter.close()
+        self.reporter.close(self.global_step)
 
     def __enter__(self) -> Trainer:
         return self

@@ -37,6 +37,7 @@ from devplug.core.records import (
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
+    LogPoint,
     MemoryStats,
     OptimizerChoice,
     Phase,
@@ -631,6 +632,18 @@ def check_synchronize_and_memory(dut: DeviceUnderTest) -> str:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise dut.fail(f"MemoryStats.{field.name} must be a number of bytes or None, got {value!r}")
     return f"memory stats: {stats}"
+
+
+@conformance_check("devplug_log")
+def check_log(dut: DeviceUnderTest) -> str:
+    """``devplug_log`` accepts a point with values, one with an image and the final one, and returns nothing."""
+    points = (LogPoint(step=1, values={"loss": 0.5, "lr/model": 1e-3}),
+              LogPoint(step=1, images={"grid": torch.rand(3, 4, 4)}), LogPoint(step=1, final=True))
+    for point in points:
+        answers = dut.hooks(hookspecs.devplug_log, point=point)  # an exception inside is named by the guard
+        if any(answer is not None for answer in answers or ()):
+            raise dut.fail(f"devplug_log returned {answers!r}; it returns nothing")
+    return "log points: values, images, final"
 
 
 @conformance_check("devplug_compile", options={"run": "run_compiled"})
