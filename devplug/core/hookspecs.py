@@ -39,6 +39,7 @@ from devplug.core.records import (
     CollectiveSetup,
     Device,
     DeviceSpec,
+    DoctorReport,
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
@@ -205,6 +206,19 @@ def devplug_log(device: Device, point: LogPoint) -> None:
     ``Trainer.log_images`` with ``point.images``, and once with ``point.final=True`` when the Trainer closes.
     The place for a device-neutral experiment tracker (W&B, a dashboard); the Trainer's own loggers
     (``loggers=``) receive the same points. Returns nothing. Not first-result: every implementation runs.
+    """
+
+
+@hookspec
+def devplug_doctor() -> DoctorReport | None:
+    """Contribute to ``devplug doctor``, the report a bug report needs.
+
+    Called on every plugin (device or neutral) when the command runs, with no device resolved. Return a
+    :class:`DoctorReport`: the plugin's stack (distribution names, whose versions and declared
+    requirements doctor checks), other versions, the environment variables that change its behaviour,
+    incompatible pairs and warnings found on this machine; or ``None``. Must be quick (the whole command
+    runs in about a second) and must not initialise a device: read metadata and the environment. Not
+    first-result: every plugin answers.
     """
 
 

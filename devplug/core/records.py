@@ -287,3 +287,26 @@ class LogPoint:
     images: Mapping[str, torch.Tensor] = attrs.field(factory=dict)
     log_dir: str | None = None
     final: bool = False
+
+
+def _strings(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not all(isinstance(item, str) and item.strip() for item in value):
+        raise ValueError(f"DoctorReport.{attribute.name} must hold non-empty strings, got {value!r}")
+
+
+@attrs.frozen
+class DoctorReport:
+    """What a plugin contributes to ``devplug doctor``: its stack, the variables it reads, what goes wrong.
+
+    ``packages``: distribution names of the plugin's software stack; doctor prints their versions ("not
+    installed" when absent) and reports, as an incompatible pair, a requirement one of them declares that
+    the installed packages do not meet. ``versions``: other facts worth a bug report (``"torch CUDA build":
+    "12.4"``). ``env``: environment variables that change the plugin's behaviour, a trailing ``*`` for a
+    prefix (``"NCCL_*"``). ``incompatible`` and ``warnings``: one line each, found on this machine.
+    """
+
+    packages: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)
+    versions: Mapping[str, str] = attrs.field(factory=dict)
+    env: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)
+    incompatible: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)

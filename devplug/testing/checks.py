@@ -34,6 +34,7 @@ from devplug.core.records import (
     Availability,
     CollectiveSetup,
     Device,
+    DoctorReport,
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
@@ -644,6 +645,27 @@ def check_log(dut: DeviceUnderTest) -> str:
         if any(answer is not None for answer in answers or ()):
             raise dut.fail(f"devplug_log returned {answers!r}; it returns nothing")
     return "log points: values, images, final"
+
+
+@conformance_check("devplug_doctor", needs_device=False)
+def check_doctor(dut: DeviceUnderTest) -> str:
+    """``devplug_doctor`` of the device's plugin (and its distribution's others) gives a DoctorReport or ``None``."""
+    pm = dut.plugin_manager
+    family = {name for name, _ in _plugin_family(dut)}
+    answered = []
+    for impl in pm.hook.devplug_doctor.get_hookimpls():
+        if impl.plugin_name not in family:
+            continue
+        try:
+            report = impl.function()
+        except PluginError as exc:
+            raise dut.fail(str(exc)) from exc
+        if report is not None and not isinstance(report, DoctorReport):  # the guard reports it; belt and braces
+            raise dut.fail(f"devplug_doctor returned {report!r}, not a devplug.DoctorReport")
+        if report is not None:
+            answered.append(f"{impl.plugin_name}: {len(report.packages)} package(s), {len(report.env)} variable(s), "
+                            f"{len(report.warnings)} warning(s)")
+    return "; ".join(answered) or "nothing contributed"
 
 
 @conformance_check("devplug_compile", options={"run": "run_compiled"})

@@ -26,6 +26,7 @@ from devplug import (
     Device,
     DeviceSpec,
     DevplugError,
+    DoctorReport,
     ImageFolderSource,
     LaunchInfo,
     LoaderChoice,
@@ -36,6 +37,7 @@ from devplug import (
     PrecisionPlan,
     hookimpl,
 )
+from devplug.plugins.cuda import doctor
 from devplug.plugins.cuda.dali import build_dali_loader, dali_status
 from devplug.plugins.cuda.optimizers import build_optimizer
 from devplug.plugins.cuda.precision import configure_tf32, plan_precision
@@ -178,3 +180,9 @@ def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, 
     if device.options.get("cuda_graphs") and "mode" not in options:
         options["mode"] = "reduce-overhead"
     return torch.compile(module, **options)
+
+
+@hookimpl
+def devplug_doctor() -> DoctorReport:
+    """apex and DALI versions, CUDA/NCCL variables, a DALI wheel for another CUDA major, PyPI's apex."""
+    return doctor.report()

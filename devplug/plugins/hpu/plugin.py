@@ -10,6 +10,7 @@ from devplug import (
     CollectiveSetup,
     Device,
     DeviceSpec,
+    DoctorReport,
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
@@ -19,7 +20,7 @@ from devplug import (
     PrecisionPlan,
     hookimpl,
 )
-from devplug.plugins.hpu import clipping, data, distributed, mode, optimizers, probe, stats
+from devplug.plugins.hpu import clipping, data, distributed, doctor, mode, optimizers, probe, stats
 from devplug.plugins.hpu import precision as precision_plans
 
 DEVPLUG_CONTRACT = "1.1"
@@ -98,3 +99,9 @@ def devplug_memory_stats(device: Device) -> MemoryStats:
 def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module:
     """``torch.compile(backend="hpu_backend")`` in eager mode; unchanged in lazy mode."""
     return mode.compile_module(device, module, options)
+
+
+@hookimpl
+def devplug_doctor() -> DoctorReport:
+    """Gaudi stack versions, execution mode, PT_HPU_*/HCCL variables; lazy mode's drop_last pitfall."""
+    return doctor.report()
