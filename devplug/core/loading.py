@@ -17,6 +17,7 @@ import collections.abc
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -210,7 +211,7 @@ class DeviceLoader:
     """
 
     def __init__(self, choice: LoaderChoice, seed: int, position: LoopPosition, move: Callable[[Any], Any],
-                 on_batch: Callable[[int], None], *, train: bool = True, index: int = 0,
+                 on_batch: Callable[[int, float], None], *, train: bool = True, index: int = 0,
                  world_size: int = 1) -> None:
         self.choice = choice
         self.world_size = world_size
@@ -314,6 +315,7 @@ class DeviceLoader:
         lookahead = self.primary and position.accumulation > 1 and position.epoch_batches is None
         pending = next(batches, _END) if lookahead else _END
         while not self.primary or position.steps_left():
+            asked = time.perf_counter()  # the loop waits for the loader from here to the yield (no device sync)
             if self.primary and position.window_closed() and position.stop_check and position.stop_check():
                 position.stopped = True  # a stop signal: end before the next step begins
                 return
@@ -327,7 +329,7 @@ class DeviceLoader:
                 position.advance(closes_epoch=lookahead and pending is _END)
             batch = self._move(batch) if self._move is not None else batch
             if self.primary:
-                self._on_batch(batch_size(batch))
+                self._on_batch(batch_size(batch), time.perf_counter() - asked)
             yield batch
 
     def _moved(self, batches: Iterator[Any]) -> Iterator[Any]:

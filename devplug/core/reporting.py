@@ -23,6 +23,22 @@ from devplug.core.records import LogPoint
 log = logging.getLogger("devplug")
 
 
+#: Share of wall time waiting for the loader above which a run counts as input-bound.
+INPUT_BOUND_SHARE = 0.1
+
+
+def input_bound_hint(rate: float, wait_share: float, threshold: float = INPUT_BOUND_SHARE) -> str | None:
+    """One line when the loop waited for its loader more than ``threshold`` of the time, else ``None``.
+
+    The loader delivers what the run achieved (``rate``); the step alone would consume ``rate / (1 - wait)``.
+    """
+    if rate <= 0 or wait_share <= threshold:
+        return None
+    consumes = rate / max(1.0 - wait_share, 1e-9)
+    return (f"input-bound: loader delivers {rate:,.1f} samples/s, step consumes {consumes:,.1f} samples/s "
+            f"({wait_share:.0%} of the time waiting for data); try the cache / more workers / DALI")
+
+
 class Reporter:
     """Logged values, throughput, loggers and progress bar of one Trainer.
 
@@ -112,6 +128,7 @@ class Reporter:
         if bad:
             self._on_nonfinite(bad, values, step)
         values["samples_per_sec"] = rate * self.world_size
+        values["data_wait"] = self.throughput.wait_share
         for key, lr in learning_rates.items():
             if isinstance(lr, (int, float)):
                 values[f"lr/{key}"] = float(lr)
@@ -145,10 +162,13 @@ class Reporter:
         except Exception as exc:  # the loop may be unwinding (break, exception): do not mask it
             log.warning("values logged before leaving the loop were not reported: %s", exc)
 
-    def rates(self) -> dict[str, float]:
-        """Mean throughput of the whole job so far: ``samples_per_sec`` and ``samples_per_hour``."""
+    def rates(self) -> dict[str, Any]:
+        """Mean throughput of the whole job so far: ``samples_per_sec``, ``samples_per_hour``, ``data_wait``
+        (this rank's share of wall time spent waiting for the loader) and ``input_bound`` (a hint, or None)."""
         rate = self.throughput.mean_rate * self.world_size
-        return {"samples_per_sec": rate, "samples_per_hour": rate * 3600}
+        wait = self.throughput.mean_wait_share
+        return {"samples_per_sec": rate, "samples_per_hour": rate * 3600, "data_wait": wait,
+                "input_bound": input_bound_hint(rate, wait)}
 
     def close(self, step: int) -> None:
         """Send the final point to the loggers and plugins (once), and close the progress bar."""
