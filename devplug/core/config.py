@@ -9,6 +9,7 @@ import attrs
 
 from devplug.core.errors import ConfigError
 from devplug.core.loggers import check_logger
+from devplug.core.profiling import parse_window
 from devplug.core.records import PRECISIONS
 from devplug.core.signals import DEFAULT_STOP_SIGNALS, signal_numbers
 from devplug.core.validators import non_negative_int, positive_int
@@ -45,6 +46,8 @@ class TrainerConfig:
     - ``loggers``: where log points go (rank 0): names (``"tensorboard"``, ``"csv"``, ``"jsonl"``, ``"mlflow"``,
       written under ``log_dir``) and logger objects (a ``devplug_log(point)`` method); default TensorBoard
       when ``log_dir`` is set. Device-neutral plugins implementing ``devplug_log`` receive the points too.
+    - ``profile``: a profiler window, ``"steps 10-15"``: ``torch.profiler`` over those steps (data wait
+      included), a trace under ``log_dir/profiler`` for TensorBoard or Perfetto (:mod:`devplug.core.profiling`).
     - ``log_every``: steps between log points, the only places values are read back from the device.
     - ``accumulate_grad_batches``: micro-batches per optimizer step (gradient accumulation; one step each).
     - ``progress``: show a tqdm progress bar (rank 0 only), refreshed at log points.
@@ -66,6 +69,7 @@ class TrainerConfig:
     loggers: tuple[Any, ...] | None = attrs.field(
         default=None, converter=lambda v: None if v is None else (v,) if isinstance(v, str) else tuple(v),
         validator=_optional(attrs.validators.deep_iterable(lambda _i, _a, v: check_logger(v))))
+    profile: str | None = attrs.field(default=None, validator=_optional(lambda _i, _a, v: parse_window(v)))
     log_every: int = attrs.field(default=50, validator=positive_int)
     accumulate_grad_batches: int = attrs.field(default=1, validator=positive_int)
     progress: bool = attrs.field(default=True, validator=_bool)
@@ -87,6 +91,8 @@ class TrainerConfig:
         named = [item for item in self.loggers or () if isinstance(item, str)]
         if named and self.log_dir is None:
             raise ValueError(f"loggers {', '.join(named)} write into log_dir: set log_dir too")
+        if self.profile is not None and self.log_dir is None:
+            raise ValueError("profile writes its trace under log_dir/profiler: set log_dir too")
 
     @property
     def logger_items(self) -> tuple[Any, ...]:

@@ -119,3 +119,13 @@ def devplug_doctor() -> DoctorReport:
         env=("DEVPLUG_*", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "OMP_NUM_THREADS",
              "TORCH_DISTRIBUTED_DEBUG", "TORCH_LOGS"),
     )
+
+
+@hookimpl(trylast=True)
+def devplug_profiler_activities(device: Device) -> list[torch.profiler.ProfilerActivity]:
+    """CPU, plus the activity named like the device type (``CUDA``, ``XPU``, ``HPU``, ...) where torch records it."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    own = getattr(torch.profiler.ProfilerActivity, device.torch_device.type.upper(), None)
+    if own is not None and own not in activities and own in torch.profiler.supported_activities():
+        activities.append(own)
+    return activities

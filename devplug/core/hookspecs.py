@@ -118,8 +118,22 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
 def devplug_region(device: Device, name: str) -> contextlib.AbstractContextManager[Any] | None:
     """Return a context manager that marks a named region of the step for profilers.
 
-    Called around ``"forward"`` (``Trainer.autocast``), ``"backward"`` and ``"optimizer_step"``.
+    Called around ``"forward"`` (``Trainer.autocast``), ``"backward"``, ``"optimizer_step"`` and
+    ``"data_wait"`` (the loop waiting for each training batch). Inside a profiler window the Trainer also
+    opens a ``torch.profiler.record_function`` range of the same name around it.
     Return a context manager (e.g. an NVTX range) or ``None`` for no marking. First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_profiler_activities(device: Device) -> list[torch.profiler.ProfilerActivity] | None:
+    """Name the ``torch.profiler.ProfilerActivity`` values to record on ``device``.
+
+    Called when a profiler window opens (``Trainer(profile="steps 10-15")``), never in a step that is not
+    profiled. Return a list that includes ``ProfilerActivity.CPU`` (the host side: data wait, regions,
+    launches) and the device's own activity where this torch has one (``CUDA``, ``HPU``, ``XPU``, ...), or
+    ``None`` to defer (the core's fallback: CPU plus the activity named like the device type, when torch
+    has it). First-result.
     """
 
 

@@ -25,6 +25,7 @@ from devplug.core.loading import DeviceLoader, LoopPosition, is_dataset, loader_
 from devplug.core.loggers import build_loggers
 from devplug.core.manager import DevplugPluginManager, get_plugin_manager
 from devplug.core.optimizers import algorithm_name, optimizer_key, own_choice
+from devplug.core.profiling import StepProfiler
 from devplug.core.records import OptimizerChoice, PrecisionPlan
 from devplug.core.reporting import Reporter
 from devplug.core.signals import StopRequest, gloo_combine
@@ -82,6 +83,8 @@ class Trainer(StepMethods):
                                  world_size=self.world_size, reduce=reduce, loggers=loggers,
                                  publish=lambda point: self.hooks(spec.devplug_log, point=point))
         self.throughput = self.reporter.throughput
+        self.profiler = StepProfiler(self.config.profile, self.config.log_dir, lambda: self.hooks(
+            spec.devplug_profiler_activities), lambda: self.position.global_step, rank=self.rank)
 
     # ---- where am I -------------------------------------------------------------------------------
     @property
@@ -231,7 +234,8 @@ class Trainer(StepMethods):
             log.info("data loader: %s (%s)", choice.implementation, choice.reason)
         index = sum(1 for loader in self.loaders if loader.train)
         loader = DeviceLoader(choice, base_seed, self.position, self.to_device, self.throughput.add, train=train,
-                              index=index, world_size=self.world_size)
+                              index=index, world_size=self.world_size, before_batch=self.profiler.before_batch,
+                              region=self.region)
         self.loaders.append(loader)
         return loader
 
@@ -262,6 +266,7 @@ class Trainer(StepMethods):
             finally:  # left early (break, exception): what is still pending, this rank's values only
                 self.reporter.flush_quietly(lambda: self.flush_logs(across_ranks=False))
                 self.reporter.close_progress()
+                self.profiler.stop()
 
     def _epoch_batches(self) -> float:
         primary = next((loader for loader in self.loaders if loader.primary), None)
@@ -329,6 +334,7 @@ class Trainer(StepMethods):
         The process group stays joined (other trainers in the process may use it); call
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
         """
+        self.profiler.stop()
         self.reporter.close(self.global_step)
 
     def __enter__(self) -> Trainer:

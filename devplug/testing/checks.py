@@ -48,7 +48,7 @@ from devplug.core.records import (
 #: Optimizer names every device must build (the hook may defer some to the core's fallback).
 STANDARD_OPTIMIZERS = ("adam", "adamw", "sgd")
 #: Regions the Trainer opens around the step.
-REGIONS = ("forward", "backward", "optimizer_step")
+REGIONS = ("forward", "backward", "optimizer_step", "data_wait")
 _BatchTuple = collections.namedtuple("_BatchTuple", "inputs targets")
 
 
@@ -506,6 +506,31 @@ def check_region(dut: DeviceUnderTest) -> str:
         except Exception as exc:
             raise dut.fail(f"the devplug_region({name!r}) context failed: {type(exc).__name__}: {exc}") from exc
     return "regions: " + ", ".join(REGIONS)
+
+
+@conformance_check("devplug_profiler_activities")
+def check_profiler_activities(dut: DeviceUnderTest) -> str:
+    """``devplug_profiler_activities`` names ProfilerActivity values, CPU among them, that profile a step here."""
+    activities = dut.hooks(hookspecs.devplug_profiler_activities)
+    if activities is None:
+        return "activities: deferred"
+    kinds = torch.profiler.ProfilerActivity
+    if not activities or not all(isinstance(a, kinds) for a in activities):
+        raise dut.fail(f"devplug_profiler_activities returned {activities!r}, not a list of ProfilerActivity")
+    if kinds.CPU not in activities:
+        raise dut.fail("devplug_profiler_activities must include ProfilerActivity.CPU (data wait and regions)")
+    supported = torch.profiler.supported_activities()
+    missing = [a.name for a in activities if a not in supported]
+    if missing:
+        raise dut.fail(f"devplug_profiler_activities names {missing}, which this torch cannot record "
+                       f"(supported: {', '.join(a.name for a in supported)})")
+    x = dut.hooks(hookspecs.devplug_to_device, obj=torch.ones(8, 8))
+    with torch.profiler.profile(activities=activities) as profiler, torch.profiler.record_function("probe"):
+        (x @ x).sum()
+        dut.hooks(hookspecs.devplug_synchronize)
+    if not any(event.name == "probe" for event in profiler.events()):
+        raise dut.fail("a profile with these activities did not record a record_function range")
+    return "activities: " + ", ".join(a.name for a in activities)
 
 
 @conformance_check("devplug_mark_step", over="phases")

@@ -22,7 +22,7 @@ from devplug import (
 )
 from devplug.toolkit import autocast_plan, process_memory_stats, torch_optimizer_class
 
-DEVPLUG_CONTRACT = "1.1"
+DEVPLUG_CONTRACT = "1.2"
 
 #: Optimizers that torch implements with a fused CPU kernel in recent releases.
 FUSED_CANDIDATES = ("adam", "adamw", "sgd", "adagrad")
