@@ -11,6 +11,7 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   :func:`list_images`, :data:`IMAGE_EXTENSIONS` — the tuned torch loader to fall back to when a faster
   loader does not apply, and the image pipeline every loader of an ``ImageFolderSource`` must match;
 - :func:`process_memory_stats` — the host process's memory figure;
+- :func:`measured_matmul_flops` — a device's measured matmul FLOP/s, a peak for MFU where none is published;
 - PyTorch's device-generic API, as the core fallback uses it for any device type:
   :func:`device_module`, :func:`current_accelerator_type`, :func:`device_available`, :func:`device_count`,
   :func:`select_device`, :func:`synchronize`, :func:`memory_stats`, :func:`collective_backend`,
@@ -48,6 +49,7 @@ from devplug.core.data import (
     make_sampler,
     torch_dataloader,
 )
+from devplug.core.flops import measured_matmul_flops
 from devplug.core.manager import BUILTIN_PLUGINS
 from devplug.core.recipes import (
     TORCH_OPTIMIZERS,
@@ -94,6 +96,7 @@ __all__ = [
     "log_once",
     "make_sampler",
     "map_tensors",
+    "measured_matmul_flops",
     "memory_stats",
     "move_to",
     "native_bf16",

@@ -31,6 +31,11 @@ def _bool(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"{attribute.name} must be True or False, got {value!r}")
 
 
+def _positive(attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
 def _optional_bool(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None:
         _bool(inst, attribute, value)
@@ -48,6 +53,8 @@ class TrainerConfig:
       when ``log_dir`` is set. Device-neutral plugins implementing ``devplug_log`` receive the points too.
     - ``profile``: a profiler window, ``"steps 10-15"``: ``torch.profiler`` over those steps (data wait
       included), a trace under ``log_dir/profiler`` for TensorBoard or Perfetto (:mod:`devplug.core.profiling`).
+    - ``price_per_hour``: what the whole job costs per hour (any currency): samples per dollar in logs and summary.
+    - ``count_flops``: count one step's FLOPs (``FlopCounterMode``, step 2) for MFU; False skips it.
     - ``log_every``: steps between log points, the only places values are read back from the device.
     - ``accumulate_grad_batches``: micro-batches per optimizer step (gradient accumulation; one step each).
     - ``progress``: show a tqdm progress bar (rank 0 only), refreshed at log points.
@@ -70,6 +77,8 @@ class TrainerConfig:
         default=None, converter=lambda v: None if v is None else (v,) if isinstance(v, str) else tuple(v),
         validator=_optional(attrs.validators.deep_iterable(lambda _i, _a, v: check_logger(v))))
     profile: str | None = attrs.field(default=None, validator=_optional(lambda _i, _a, v: parse_window(v)))
+    price_per_hour: float | None = attrs.field(default=None, validator=_optional(lambda _i, a, v: _positive(a, v)))
+    count_flops: bool = attrs.field(default=True, validator=_bool)
     log_every: int = attrs.field(default=50, validator=positive_int)
     accumulate_grad_batches: int = attrs.field(default=1, validator=positive_int)
     progress: bool = attrs.field(default=True, validator=_bool)

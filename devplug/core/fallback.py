@@ -129,3 +129,9 @@ def devplug_profiler_activities(device: Device) -> list[torch.profiler.ProfilerA
     if own is not None and own not in activities and own in torch.profiler.supported_activities():
         activities.append(own)
     return activities
+
+
+@hookimpl(trylast=True)
+def devplug_peak_flops(device: Device, precision: str) -> float | None:
+    """Unknown: torch publishes no peak figures (MFU is then not reported)."""
+    return None

@@ -137,6 +137,18 @@ def devplug_profiler_activities(device: Device) -> list[torch.profiler.ProfilerA
     """
 
 
+@hookspec(firstresult=True)
+def devplug_peak_flops(device: Device, precision: str) -> float | None:
+    """Report the peak FLOP/s of one ``device`` for the precision plan named ``precision``.
+
+    Called once per Trainer, after the FLOPs of a training step were counted, to compute MFU (achieved
+    FLOP/s over this peak). Return the dense (no sparsity) peak of the matrix units for the precision the
+    plan computes in (``"bf16-mixed"``: BF16; ``"32-true"``: FP32, or TF32 where matmuls use it), as a float;
+    or a measured figure where no published one applies; or ``None`` when unknown (MFU is then not
+    reported). Must not train or allocate much: a short measurement at most. First-result.
+    """
+
+
 @hookspec
 def devplug_mark_step(device: Device, phase: Phase) -> None:
     """Mark a step boundary for devices that execute lazily.

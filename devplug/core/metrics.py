@@ -94,6 +94,12 @@ class Throughput:
         self.samples_total += samples
         self.samples_since += samples
 
+    def exclude(self, seconds: float) -> None:
+        """Take ``seconds`` of bookkeeping (a measured peak) out of the clock: rates ignore them."""
+        if self._start is not None and self._last is not None:
+            self._start += seconds
+            self._last += seconds
+
     def lap(self) -> float:
         """Samples/s since the previous lap (``wait_share`` is then this lap's data wait); the caller synchronises."""
         now = time.perf_counter()

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from devplug.core.errors import NonFiniteLossError
+from devplug.core.flops import FlopMeter
 from devplug.core.loggers import Logger, TensorBoardLogger
 from devplug.core.metrics import MetricBuffer, Throughput, nonfinite
 from devplug.core.records import LogPoint
@@ -61,6 +62,7 @@ class Reporter:
         self.reduce = reduce
         self.metrics = MetricBuffer()
         self.throughput = Throughput()
+        self.flops = FlopMeter(steps_done=lambda: 0, samples_done=lambda: 0, peak=lambda: None, enabled=False)
         self.last_metrics: dict[str, float] = {}
         self.progress_bar: Any = None
         self._closed = False
@@ -129,6 +131,7 @@ class Reporter:
             self._on_nonfinite(bad, values, step)
         values["samples_per_sec"] = rate * self.world_size
         values["data_wait"] = self.throughput.wait_share
+        values.update(self.flops.figures(rate, rate * self.world_size))
         for key, lr in learning_rates.items():
             if isinstance(lr, (int, float)):
                 values[f"lr/{key}"] = float(lr)
@@ -164,11 +167,13 @@ class Reporter:
 
     def rates(self) -> dict[str, Any]:
         """Mean throughput of the whole job so far: ``samples_per_sec``, ``samples_per_hour``, ``data_wait``
-        (this rank's share of wall time spent waiting for the loader) and ``input_bound`` (a hint, or None)."""
+        (this rank's share of wall time spent waiting for the loader), ``input_bound`` (a hint, or None), and
+        where known ``flops_per_sample``, ``mfu`` (one device's achieved FLOP/s over its peak) and
+        ``samples_per_dollar`` (with ``price_per_hour``)."""
         rate = self.throughput.mean_rate * self.world_size
         wait = self.throughput.mean_wait_share
         return {"samples_per_sec": rate, "samples_per_hour": rate * 3600, "data_wait": wait,
-                "input_bound": input_bound_hint(rate, wait)}
+                "input_bound": input_bound_hint(rate, wait), **self.flops.figures(self.throughput.mean_rate, rate)}
 
     def close(self, step: int) -> None:
         """Send the final point to the loggers and plugins (once), and close the progress bar."""

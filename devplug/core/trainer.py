@@ -20,6 +20,7 @@ from devplug.core import rng
 from devplug.core.config import TrainerConfig
 from devplug.core.devices import DeviceHooks, DeviceRegistry
 from devplug.core.errors import ConfigError, OptimizerError
+from devplug.core.flops import FlopMeter
 from devplug.core.launch import detect_launch
 from devplug.core.loading import DeviceLoader, LoopPosition, is_dataset, loader_options, own_loader_choice
 from devplug.core.loggers import build_loggers
@@ -31,16 +32,17 @@ from devplug.core.reporting import Reporter
 from devplug.core.signals import StopRequest, gloo_combine
 from devplug.core.state import TrainerState
 from devplug.core.step import StepMethods
-from devplug.core.summary import summarize
+from devplug.core.summary import MeasureMethods
 
 log = logging.getLogger("devplug")
 
 
-class Trainer(StepMethods):
+class Trainer(StepMethods, MeasureMethods):
     """Device-specific pieces of a training loop, supplied by the resolved device plugin.
 
     ``setup`` a model, build its ``optimizer`` and ``dataloader``, then loop over ``epochs`` with
-    ``autocast``, ``backward``, ``step`` and ``log`` (docs/trainer.md; the step's methods: :mod:`.step`). Options are
+    ``autocast``, ``backward``, ``step`` and ``log`` (docs/trainer.md; the step's methods: :mod:`.step`, the
+    measurements: :mod:`.summary`). Options are
     :class:`~devplug.core.config.TrainerConfig` fields, given as keyword arguments or as ``config=``;
     ``plugin_manager`` replaces the process-wide one (tests, embedding).
     """
@@ -83,6 +85,10 @@ class Trainer(StepMethods):
                                  world_size=self.world_size, reduce=reduce, loggers=loggers,
                                  publish=lambda point: self.hooks(spec.devplug_log, point=point))
         self.throughput = self.reporter.throughput
+        self.flops = self.reporter.flops = FlopMeter(
+            steps_done=lambda: self.position.global_step, samples_done=lambda: self.throughput.samples_total,
+            peak=lambda: self.hooks(spec.devplug_peak_flops, precision=self.precision.name),
+            exclude=self.throughput.exclude, price_per_hour=self.config.price_per_hour, enabled=self.config.count_flops)
         self.profiler = StepProfiler(self.config.profile, self.config.log_dir, lambda: self.hooks(
             spec.devplug_profiler_activities), lambda: self.position.global_step, rank=self.rank)
 
@@ -234,8 +240,8 @@ class Trainer(StepMethods):
             log.info("data loader: %s (%s)", choice.implementation, choice.reason)
         index = sum(1 for loader in self.loaders if loader.train)
         loader = DeviceLoader(choice, base_seed, self.position, self.to_device, self.throughput.add, train=train,
-                              index=index, world_size=self.world_size, before_batch=self.profiler.before_batch,
-                              region=self.region)
+                              index=index, world_size=self.world_size, region=self.region,
+                              before_batch=lambda: (self.profiler.before_batch(), self.flops.before_batch()))
         self.loaders.append(loader)
         return loader
 
@@ -267,6 +273,7 @@ class Trainer(StepMethods):
                 self.reporter.flush_quietly(lambda: self.flush_logs(across_ranks=False))
                 self.reporter.close_progress()
                 self.profiler.stop()
+                self.flops.stop()
 
     def _epoch_batches(self) -> float:
         primary = next((loader for loader in self.loaders if loader.primary), None)
@@ -294,19 +301,6 @@ class Trainer(StepMethods):
     def log_images(self, tag: str, images: torch.Tensor, *, nrow: int = 8, path: str | None = None) -> None:
         """Write a grid of images (N×C×H×W in [-1, 1]) to TensorBoard and optionally a PNG file (rank 0)."""
         self.reporter.log_images(tag, images, self.global_step, nrow=nrow, path=path)
-
-    # ---- measurement -----------------------------------------------------------------------------------
-    def synchronize(self) -> None:
-        """Wait for queued device work (log points and timing only)."""
-        self.hooks(spec.devplug_synchronize)
-
-    def memory_stats(self) -> Any:
-        """The device plugin's memory statistics record, or ``None``."""
-        return self.hooks(spec.devplug_memory_stats)
-
-    def summary(self) -> dict[str, Any]:
-        """Device, precision, optimizer implementations, loaders, throughput and memory so far (:mod:`.summary`)."""
-        return summarize(self)
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

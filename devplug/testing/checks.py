@@ -533,6 +533,24 @@ def check_profiler_activities(dut: DeviceUnderTest) -> str:
     return "activities: " + ", ".join(a.name for a in activities)
 
 
+@conformance_check("devplug_peak_flops")
+def check_peak_flops(dut: DeviceUnderTest) -> str:
+    """``devplug_peak_flops`` gives a positive, finite FLOP/s figure (a float), or ``None``, for each plan it runs."""
+    seen = []
+    for precision in PRECISIONS:
+        try:
+            plan = dut.hooks(hookspecs.devplug_precision, precision=precision)
+        except PrecisionError:
+            continue  # the device refuses this setting: no plan, no peak
+        if plan is None:
+            continue
+        peak = dut.hooks(hookspecs.devplug_peak_flops, precision=plan.name)
+        if peak is not None and (not isinstance(peak, float) or not math.isfinite(peak) or peak <= 0):
+            raise dut.fail(f"devplug_peak_flops({plan.name!r}) returned {peak!r}, not a positive, finite float")
+        seen.append(f"{plan.name}: " + (f"{peak / 1e12:.3g} TFLOP/s" if peak else "unknown"))
+    return "peaks: " + "; ".join(dict.fromkeys(seen))
+
+
 @conformance_check("devplug_mark_step", over="phases")
 def check_mark_step(dut: DeviceUnderTest, phase: Phase) -> str:
     """``devplug_mark_step`` accepts ``phase`` (called after backward and after each optimizer step)."""

@@ -37,7 +37,7 @@ from devplug import (
     PrecisionPlan,
     hookimpl,
 )
-from devplug.plugins.cuda import doctor
+from devplug.plugins.cuda import doctor, peaks
 from devplug.plugins.cuda.dali import build_dali_loader, dali_status
 from devplug.plugins.cuda.optimizers import build_optimizer
 from devplug.plugins.cuda.precision import configure_tf32, plan_precision
@@ -186,3 +186,9 @@ def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, 
 def devplug_doctor() -> DoctorReport:
     """apex and DALI versions, CUDA/NCCL variables, a DALI wheel for another CUDA major, PyPI's apex."""
     return doctor.report()
+
+
+@hookimpl
+def devplug_peak_flops(device: Device, precision: str) -> float | None:
+    """Dense peak of this GPU model for the plan's number format, from NVIDIA's datasheets (:mod:`.peaks`)."""
+    return peaks.peak_flops(torch.cuda.get_device_name(device.index or 0), precision)
