@@ -171,6 +171,8 @@ def train(settings: cli.Settings) -> int:
         compile=args.compile,
         channels_last=args.channels_last,
         progress=not args.no_progress,
+        profile=args.profile,
+        price_per_hour=args.price_per_hour,
     )
     say = print if trainer.is_main_process else (lambda *a, **k: None)
     spec = settings.spec

@@ -73,3 +73,23 @@ def test_a_bad_window_is_one_clear_line(options, message):
     with pytest.raises(devplug.ConfigError) as info:
         devplug.Trainer(device="cpu", progress=False, **options)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_example_passes_profile_and_price_through_to_the_trainer(tmp_path):
+    from test_dcgan import run  # the DCGAN example at its tiny test size
+
+    out = tmp_path / "run"
+    assert run(["--data", "fake", "--steps", "4", "--log-every", "2", "--out", str(out), "--profile", "steps 2-3",
+                "--price-per-hour", "3.06"]) == 0
+    (trace,) = (out / "tensorboard" / "profiler").glob("rank0.*.pt.trace.json")
+    assert {"data_wait", "forward", "backward", "optimizer_step"} <= set(_regions(trace))
+    scalars = (out / "tensorboard").glob("events.out.tfevents.*")
+    assert list(scalars)
+
+
+def test_a_bad_window_from_the_example_is_one_line(tmp_path, capsys):
+    from test_dcgan import run
+
+    assert run(["--data", "fake", "--steps", "2", "--out", str(tmp_path / "run"), "--profile", "soon"]) != 0
+    err = capsys.readouterr().err
+    assert "profile must look like 'steps 10-15'" in err and "Traceback" not in err
