@@ -97,27 +97,33 @@ class FlopMeter:
 
 
 @functools.cache
-def measured_matmul_flops(device_type: str, dtype: torch.dtype, repeats: int = 3) -> float:
-    """FLOP/s of a square matmul on ``device_type`` in ``dtype``: the best of ``repeats`` (measured once per process).
+def measured_matmul_flops(device_type: str, dtype: torch.dtype, seconds: float = 0.25) -> float:
+    """FLOP/s of a square matmul on ``device_type`` in ``dtype``: the best run over ``seconds`` (once per process).
 
     The size doubles from 256 until one matmul takes 20 ms (at most 2048), so a slow format (bf16 on a CPU
-    without native bf16) stays quick to measure. A measured peak for devices without a published figure
-    (the host CPU): what the device achieves on the operation training spends most of its time in, so
-    MFU against it lies in (0, 1] for real models. Nothing is read back to the host.
+    without native bf16) stays quick to measure; then it runs for ``seconds`` (5 times at least) and keeps
+    the fastest, so a moment when another process had the cores does not lower the figure. A measured peak
+    for devices without a published figure (the host CPU): what the device achieves on the operation
+    training spends most of its time in, so MFU against it lies in (0, 1] for real models. Nothing is read
+    back to the host.
     """
     device = torch.device(device_type)
+
+    def timed(a: torch.Tensor, b: torch.Tensor) -> float:
+        started = time.perf_counter()
+        a @ b
+        accelerator.synchronize(device)  # waits for the device, reads nothing back
+        return time.perf_counter() - started
+
     size = 256
     while True:
         a = torch.randn(size, size, device=device).to(dtype)
         b = torch.randn(size, size, device=device).to(dtype)
-        a @ b  # warm-up
-        accelerator.synchronize(device)
-        best = float("inf")
-        for _ in range(repeats):
-            started = time.perf_counter()
-            a @ b
-            accelerator.synchronize(device)  # waits for the device, reads nothing back
-            best = min(best, time.perf_counter() - started)
-        if best >= 0.02 or size >= 2048:
-            return 2.0 * size**3 / best
+        timed(a, b)  # warm-up
+        if min(timed(a, b) for _ in range(2)) >= 0.02 or size >= 2048:
+            break
         size *= 2
+    best, runs, deadline = float("inf"), 0, time.perf_counter() + seconds
+    while runs < 5 or time.perf_counter() < deadline:
+        best, runs = min(best, timed(a, b)), runs + 1
+    return 2.0 * size**3 / best

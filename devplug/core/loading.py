@@ -214,6 +214,7 @@ class DeviceLoader:
     def __init__(self, choice: LoaderChoice, seed: int, position: LoopPosition, move: Callable[[Any], Any],
                  on_batch: Callable[[int, float], None], *, train: bool = True, index: int = 0,
                  world_size: int = 1, before_batch: Callable[[], None] | None = None,
+                 after_batches: Callable[[], None] | None = None,
                  region: Callable[[str], contextlib.AbstractContextManager[Any]] | None = None) -> None:
         self.choice = choice
         self.world_size = world_size
@@ -227,6 +228,7 @@ class DeviceLoader:
         self._move = None if choice.on_device else move
         self._on_batch = on_batch
         self._before_batch = before_batch
+        self._after_batches = after_batches
         self._region = region
 
     @property
@@ -301,6 +303,13 @@ class DeviceLoader:
         return skip
 
     def __iter__(self) -> Iterator[Any]:
+        try:
+            yield from self._batches()
+        finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
+            if self.primary and self._after_batches is not None:
+                self._after_batches()
+
+    def _batches(self) -> Iterator[Any]:
         position = self.position
         if self.train and self._epoch != position.epoch:
             self._epoch, self.drawn = position.epoch, 0

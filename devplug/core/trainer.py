@@ -241,7 +241,8 @@ class Trainer(StepMethods, MeasureMethods):
         index = sum(1 for loader in self.loaders if loader.train)
         loader = DeviceLoader(choice, base_seed, self.position, self.to_device, self.throughput.add, train=train,
                               index=index, world_size=self.world_size, region=self.region,
-                              before_batch=lambda: (self.profiler.before_batch(), self.flops.before_batch()))
+                              before_batch=lambda: (self.profiler.before_batch(), self.flops.before_batch()),
+                              after_batches=self.flops.stop)
         self.loaders.append(loader)
         return loader
 
