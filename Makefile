@@ -7,7 +7,7 @@ TORCH  ?= torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.devplug-installed
 ARGS   ?=
 
-.PHONY: venv test demo lint bench devices check-device clean
+.PHONY: venv test demo lint bench devices check-device docs clean
 
 venv: $(STAMP)
 
@@ -39,8 +39,13 @@ check-device: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py  # each script takes its own flags: python benchmarks/NAME.py --help
 
+# The documentation site (MkDocs + Material, API reference from the docstrings), strict: a broken link,
+# anchor or reference fails. Output in site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

@@ -1,7 +1,7 @@
 """devplug: write a PyTorch training loop once; device plugins make it fast on CPU, CUDA, Gaudi and more.
 
 Public API: :class:`Trainer` and its :class:`TrainerConfig`, the ``hookimpl`` marker for plugins, the
-records hooks exchange, the errors devplug raises, and :func:`create_plugin_manager` /
+records hooks exchange, the built-in loggers, the errors devplug raises, and :func:`create_plugin_manager` /
 :func:`reset_plugin_manager` to choose plugins in code. Importing this package imports torch but no
 vendor stack and not TensorBoard.
 """
@@ -22,17 +22,21 @@ from devplug.core.errors import (
 )
 from devplug.core.hookimpl import hookimpl
 from devplug.core.launch import detect_launch
+from devplug.core.loggers import CSVLogger, JSONLinesLogger, Logger, TensorBoardLogger
 from devplug.core.manager import create_plugin_manager, reset_plugin_manager
+from devplug.core.mlflow_logger import MLflowLogger
 from devplug.core.records import (
     CONTRACT_VERSION,
     Availability,
     CollectiveSetup,
     Device,
     DeviceSpec,
+    DoctorReport,
     ImageFolderSource,
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
+    LogPoint,
     MemoryStats,
     OptimizerChoice,
     Phase,
@@ -46,6 +50,7 @@ __all__ = [
     "DECAYS",
     "LR_SCALING_RULES",
     "Availability",
+    "CSVLogger",
     "CheckpointError",
     "CollectiveSetup",
     "ConfigError",
@@ -54,11 +59,16 @@ __all__ = [
     "DeviceSpec",
     "DeviceUnavailableError",
     "DevplugError",
+    "DoctorReport",
     "ImageFolderSource",
+    "JSONLinesLogger",
     "LRSchedule",
     "LaunchInfo",
     "LoaderChoice",
     "LoaderOptions",
+    "LogPoint",
+    "Logger",
+    "MLflowLogger",
     "MemoryStats",
     "NonFiniteLossError",
     "OptimizerChoice",
@@ -67,6 +77,7 @@ __all__ = [
     "PluginError",
     "PrecisionError",
     "PrecisionPlan",
+    "TensorBoardLogger",
     "Trainer",
     "TrainerConfig",
     "UnknownDeviceError",

@@ -1,4 +1,4 @@
-"""The ``devplug`` command: list device plugins and what they can do here; check a plugin's contract."""
+"""The ``devplug`` command: list device plugins and what they can do here; check a plugin's contract; doctor."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import attrs
 
 from devplug._version import __version__
 from devplug.core.devices import DeviceRegistry
+from devplug.core.doctor import diagnose
 from devplug.core.errors import DevplugError
 from devplug.core.manager import (
     BUILTIN_DISTRIBUTION,
@@ -165,6 +166,42 @@ def devices_report(pm: DevplugPluginManager | None = None, *, verbose: bool = Fa
     return "\n".join(lines)
 
 
+def doctor_report(pm: DevplugPluginManager | None = None) -> str:
+    """The text ``devplug doctor`` prints: what a bug report needs and what commonly goes wrong here.
+
+    Versions (devplug, Python, torch, each plugin and its stack), the devices and why one is unavailable,
+    the environment variables the plugins declare (set ones with their values), incompatible pairs and
+    warnings the plugins found, and plugins that failed to load.
+    """
+    pm = pm or get_plugin_manager()
+    registry = DeviceRegistry(pm)
+    diagnosis = diagnose(pm)
+    lines = ["devplug doctor: paste this whole report into a bug report", "", "Versions:"]
+    versions = sorted(diagnosis.versions.items(), key=lambda kv: kv[0].lower())
+    lines += _table([("devplug", __version__), *versions], indent="  ")
+    lines += ["", "Plugins (load order):"]
+    lines += _table([(i.name, i.kind, i.distribution, i.version, f"contract {i.contract}")
+                     for i in plugin_infos(pm, registry)], indent="  ")
+    lines += ["", "Devices:"]
+    for name in registry.names():
+        availability = registry.devices[name].availability()
+        lines.append(f"  {name}: " + ("available" if availability.available else f"unavailable: {availability.reason}"))
+    lines += ["", "Environment (variables that change device behaviour; * lists every one set):"]
+    environment = diagnosis.environment()
+    lines += [f"  {key}={value}" if value is not None else f"  {key} (unset)" for key, value in environment.items()]
+    unset_prefixes = [p for p in diagnosis.env_patterns
+                      if "*" in p and not any(k.startswith(p.rstrip("*")) for k in environment)]
+    if unset_prefixes:
+        lines.append(f"  none set: {', '.join(unset_prefixes)}")
+    for title, findings in (("Incompatible pairs", diagnosis.incompatible), ("Warnings", diagnosis.warnings)):
+        lines += ["", f"{title}:" if findings else f"{title}: none found"]
+        lines += [f"  [{f.plugin}] {f.text}" for f in findings]
+    problems = [str(f) for f in pm.failures] + [str(c) for c in registry.conflicts] + list(pm.warnings)
+    if problems:
+        lines += ["", "Plugin loading:", *(f"  {p}" for p in problems)]
+    return "\n".join(lines)
+
+
 def check_report(device: str, *, run_compiled: bool = False) -> tuple[str, bool]:
     """Run the conformance kit against ``device``; return the report and whether every check passed."""
 
@@ -189,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("device", help="a device name as `devplug devices` lists it")
     check.add_argument("--run-compiled", action="store_true",
                        help="also run the module devplug_compile returns (slow with inductor)")
+    sub.add_parser("doctor", help="versions, environment, incompatible pairs and warnings for a bug report")
     return parser
 
 
@@ -203,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "devices":
             print(devices_report(verbose=args.verbose))
+        elif args.command == "doctor":
+            print(doctor_report())
         elif args.command == "check":
             report, ok = check_report(args.device, run_compiled=args.run_compiled)
             print(report)

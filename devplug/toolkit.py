@@ -14,6 +14,7 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
 - :func:`display_path`, :func:`printable` — file names and messages shown readably (names that are not
   UTF-8 included);
 - :func:`process_memory_stats` — the host process's memory figure;
+- :func:`measured_matmul_flops` — a device's measured matmul FLOP/s, a peak for MFU where none is published;
 - PyTorch's device-generic API, as the core fallback uses it for any device type:
   :func:`device_module`, :func:`current_accelerator_type`, :func:`device_available`, :func:`device_count`,
   :func:`select_device`, :func:`synchronize`, :func:`memory_stats`, :func:`collective_backend`,
@@ -56,6 +57,7 @@ from devplug.core.data import (
     make_sampler,
     torch_dataloader,
 )
+from devplug.core.flops import measured_matmul_flops
 from devplug.core.images import display_path, load_rgb, printable
 from devplug.core.manager import BUILTIN_PLUGINS
 from devplug.core.optconvert import native_groups, steps_to_groups, steps_to_params
@@ -107,6 +109,7 @@ __all__ = [
     "log_once",
     "make_sampler",
     "map_tensors",
+    "measured_matmul_flops",
     "memory_stats",
     "move_to",
     "native_bf16",

@@ -188,6 +188,8 @@ def train(settings: cli.Settings) -> int:
         channels_last=args.channels_last,
         progress=not args.no_progress,
         nonfinite=args.nonfinite,
+        profile=args.profile,
+        price_per_hour=args.price_per_hour,
     )
     say = print if trainer.is_main_process else (lambda *a, **k: None)
     if trainer.is_main_process:  # temp files of saves a killed run left behind (never a live writer's)

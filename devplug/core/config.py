@@ -8,6 +8,8 @@ from typing import Any
 import attrs
 
 from devplug.core.errors import ConfigError
+from devplug.core.loggers import check_logger
+from devplug.core.profiling import parse_window
 from devplug.core.records import PRECISIONS
 from devplug.core.signals import DEFAULT_STOP_SIGNALS, signal_numbers
 from devplug.core.validators import non_negative_int, positive_int
@@ -29,6 +31,11 @@ def _bool(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"{attribute.name} must be True or False, got {value!r}")
 
 
+def _positive(attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
 def _optional_bool(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None:
         _bool(inst, attribute, value)
@@ -40,7 +47,14 @@ class TrainerConfig:
 
     - ``device``: ``"auto"``, a device name, or ``NAME:INDEX``; ``None`` reads ``$DEVPLUG_DEVICE``, then auto.
     - ``precision``: ``"auto"``, ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, or a name a plugin knows.
-    - ``log_dir``: TensorBoard directory (nothing is written when ``None``).
+    - ``log_dir``: directory the loggers write into (nothing is written when ``None``).
+    - ``loggers``: where log points go (rank 0): names (``"tensorboard"``, ``"csv"``, ``"jsonl"``, ``"mlflow"``,
+      written under ``log_dir``) and logger objects (a ``devplug_log(point)`` method); default TensorBoard
+      when ``log_dir`` is set. Device-neutral plugins implementing ``devplug_log`` receive the points too.
+    - ``profile``: a profiler window, ``"steps 10-15"``: ``torch.profiler`` over those steps (data wait
+      included), a trace under ``log_dir/profiler`` for TensorBoard or Perfetto (:mod:`devplug.core.profiling`).
+    - ``price_per_hour``: what the whole job costs per hour (any currency): samples per dollar in logs and summary.
+    - ``count_flops``: count one step's FLOPs (``FlopCounterMode``, step 2) for MFU; False skips it.
     - ``log_every``: steps between log points, the only places values are read back from the device.
     - ``accumulate_grad_batches``: micro-batches per optimizer step (gradient accumulation; one step each).
     - ``progress``: show a tqdm progress bar (rank 0 only), refreshed at log points.
@@ -59,6 +73,12 @@ class TrainerConfig:
     device: str | None = attrs.field(default=None, validator=_optional(attrs.validators.instance_of(str)))
     precision: str = attrs.field(default="auto", validator=_precision)
     log_dir: str | None = attrs.field(default=None, converter=attrs.converters.optional(str))
+    loggers: tuple[Any, ...] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else (v,) if isinstance(v, str) else tuple(v),
+        validator=_optional(attrs.validators.deep_iterable(lambda _i, _a, v: check_logger(v))))
+    profile: str | None = attrs.field(default=None, validator=_optional(lambda _i, _a, v: parse_window(v)))
+    price_per_hour: float | None = attrs.field(default=None, validator=_optional(lambda _i, a, v: _positive(a, v)))
+    count_flops: bool = attrs.field(default=True, validator=_bool)
     log_every: int = attrs.field(default=50, validator=positive_int)
     accumulate_grad_batches: int = attrs.field(default=1, validator=positive_int)
     progress: bool = attrs.field(default=True, validator=_bool)
@@ -75,6 +95,18 @@ class TrainerConfig:
     device_options: Mapping[str, Any] = attrs.field(factory=dict)
     stop_signals: tuple[str, ...] = attrs.field(default=DEFAULT_STOP_SIGNALS, converter=tuple,
                                                 validator=lambda _i, _a, v: signal_numbers(v))
+
+    def __attrs_post_init__(self) -> None:
+        named = [item for item in self.loggers or () if isinstance(item, str)]
+        if named and self.log_dir is None:
+            raise ValueError(f"loggers {', '.join(named)} write into log_dir: set log_dir too")
+        if self.profile is not None and self.log_dir is None:
+            raise ValueError("profile writes its trace under log_dir/profiler: set log_dir too")
+
+    @property
+    def logger_items(self) -> tuple[Any, ...]:
+        """The loggers to build: ``loggers``, or TensorBoard when it is not set."""
+        return self.loggers if self.loggers is not None else ("tensorboard",)
 
     @classmethod
     def build(cls, **values: Any) -> TrainerConfig:

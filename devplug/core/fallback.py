@@ -10,6 +10,7 @@ device is correct, and implements the hooks where it can be faster.
 from __future__ import annotations
 
 import contextlib
+import platform
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from devplug.core.recipes import fastest_torch_optimizer, torch_precision_plan
 from devplug.core.records import (
     CollectiveSetup,
     Device,
+    DoctorReport,
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
@@ -103,3 +105,33 @@ def devplug_memory_stats(device: Device) -> MemoryStats | None:
 def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> Any:
     """``torch.compile`` with its default backend."""
     return torch.compile(module, **options)
+
+
+@hookimpl(trylast=True)
+def devplug_doctor() -> DoctorReport:
+    """Python, the platform, torch and the accelerator torch itself sees; the launcher's and devplug's variables."""
+    kind = accelerator.current_accelerator_type()
+    return DoctorReport(
+        packages=("pluggy", "attrs", "tensorboard", "torchvision", "mlflow-skinny"),
+        versions={"torch": torch.__version__, "python": platform.python_version(),
+                  "platform": f"{platform.system()} {platform.machine()}",
+                  "torch built for accelerator": kind or "none"},
+        env=("DEVPLUG_*", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "OMP_NUM_THREADS",
+             "TORCH_DISTRIBUTED_DEBUG", "TORCH_LOGS"),
+    )
+
+
+@hookimpl(trylast=True)
+def devplug_profiler_activities(device: Device) -> list[torch.profiler.ProfilerActivity]:
+    """CPU, plus the activity named like the device type (``CUDA``, ``XPU``, ``HPU``, ...) where torch records it."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    own = getattr(torch.profiler.ProfilerActivity, device.torch_device.type.upper(), None)
+    if own is not None and own not in activities and own in torch.profiler.supported_activities():
+        activities.append(own)
+    return activities
+
+
+@hookimpl(trylast=True)
+def devplug_peak_flops(device: Device, precision: str) -> float | None:
+    """Unknown: torch publishes no peak figures (MFU is then not reported)."""
+    return None

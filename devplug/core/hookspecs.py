@@ -39,9 +39,11 @@ from devplug.core.records import (
     CollectiveSetup,
     Device,
     DeviceSpec,
+    DoctorReport,
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
+    LogPoint,
     MemoryStats,
     OptimizerChoice,
     Phase,
@@ -118,8 +120,34 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
 def devplug_region(device: Device, name: str) -> contextlib.AbstractContextManager[Any] | None:
     """Return a context manager that marks a named region of the step for profilers.
 
-    Called around ``"forward"`` (``Trainer.autocast``), ``"backward"`` and ``"optimizer_step"``.
+    Called around ``"forward"`` (``Trainer.autocast``), ``"backward"``, ``"optimizer_step"`` and
+    ``"data_wait"`` (the loop waiting for each training batch). Inside a profiler window the Trainer also
+    opens a ``torch.profiler.record_function`` range of the same name around it.
     Return a context manager (e.g. an NVTX range) or ``None`` for no marking. First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_profiler_activities(device: Device) -> list[torch.profiler.ProfilerActivity] | None:
+    """Name the ``torch.profiler.ProfilerActivity`` values to record on ``device``.
+
+    Called when a profiler window opens (``Trainer(profile="steps 10-15")``), never in a step that is not
+    profiled. Return a list that includes ``ProfilerActivity.CPU`` (the host side: data wait, regions,
+    launches) and the device's own activity where this torch has one (``CUDA``, ``HPU``, ``XPU``, ...), or
+    ``None`` to defer (the core's fallback: CPU plus the activity named like the device type, when torch
+    has it). First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_peak_flops(device: Device, precision: str) -> float | None:
+    """Report the peak FLOP/s of one ``device`` for the precision plan named ``precision``.
+
+    Called once per Trainer, after the FLOPs of a training step were counted, to compute MFU (achieved
+    FLOP/s over this peak). Return the dense (no sparsity) peak of the matrix units for the precision the
+    plan computes in (``"bf16-mixed"``: BF16; ``"32-true"``: FP32, or TF32 where matmuls use it), as a float;
+    or a measured figure where no published one applies; or ``None`` when unknown (MFU is then not
+    reported). Must not train or allocate much: a short measurement at most. First-result.
     """
 
 
@@ -194,6 +222,31 @@ def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, 
 
     Called by ``Trainer.setup`` when compilation is enabled. ``options`` are passed on to the
     compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. First-result.
+    """
+
+
+@hookspec
+def devplug_log(device: Device, point: LogPoint) -> None:
+    """Receive the values of a log point, images, or the end of the run (rank 0 only).
+
+    Called on the main process at every log point with ``point.values`` (host floats, averaged since the
+    previous point and reduced across ranks: reading them costs no device synchronisation), at every
+    ``Trainer.log_images`` with ``point.images``, and once with ``point.final=True`` when the Trainer closes.
+    The place for a device-neutral experiment tracker (W&B, a dashboard); the Trainer's own loggers
+    (``loggers=``) receive the same points. Returns nothing. Not first-result: every implementation runs.
+    """
+
+
+@hookspec
+def devplug_doctor() -> DoctorReport | None:
+    """Contribute to ``devplug doctor``, the report a bug report needs.
+
+    Called on every plugin (device or neutral) when the command runs, with no device resolved. Return a
+    :class:`DoctorReport`: the plugin's stack (distribution names, whose versions and declared
+    requirements doctor checks), other versions, the environment variables that change its behaviour,
+    incompatible pairs and warnings found on this machine; or ``None``. Must be quick (the whole command
+    runs in about a second) and must not initialise a device: read metadata and the environment. Not
+    first-result: every plugin answers.
     """
 
 

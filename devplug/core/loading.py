@@ -14,9 +14,11 @@ plugin's (or the author's) loader, moves batches to the device, and advances the
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -210,8 +212,10 @@ class DeviceLoader:
     """
 
     def __init__(self, choice: LoaderChoice, seed: int, position: LoopPosition, move: Callable[[Any], Any],
-                 on_batch: Callable[[int], None], *, train: bool = True, index: int = 0,
-                 world_size: int = 1) -> None:
+                 on_batch: Callable[[int, float], None], *, train: bool = True, index: int = 0,
+                 world_size: int = 1, before_batch: Callable[[], None] | None = None,
+                 after_batches: Callable[[], None] | None = None,
+                 region: Callable[[str], contextlib.AbstractContextManager[Any]] | None = None) -> None:
         self.choice = choice
         self.world_size = world_size
         self.seed = position.resume_seeds.pop(index, seed) if train else seed
@@ -223,6 +227,9 @@ class DeviceLoader:
         self._epoch: int | None = None
         self._move = None if choice.on_device else move
         self._on_batch = on_batch
+        self._before_batch = before_batch
+        self._after_batches = after_batches
+        self._region = region
 
     @property
     def implementation(self) -> str:
@@ -296,6 +303,13 @@ class DeviceLoader:
         return skip
 
     def __iter__(self) -> Iterator[Any]:
+        try:
+            yield from self._batches()
+        finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
+            if self.primary and self._after_batches is not None:
+                self._after_batches()
+
+    def _batches(self) -> Iterator[Any]:
         position = self.position
         if self.train and self._epoch != position.epoch:
             self._epoch, self.drawn = position.epoch, 0
@@ -314,20 +328,24 @@ class DeviceLoader:
         lookahead = self.primary and position.accumulation > 1 and position.epoch_batches is None
         pending = next(batches, _END) if lookahead else _END
         while not self.primary or position.steps_left():
-            if self.primary and position.window_closed() and position.stop_check and position.stop_check():
-                position.stopped = True  # a stop signal: end before the next step begins
-                return
-            batch = pending if lookahead else next(batches, _END)
-            if batch is _END:
-                return
-            if lookahead:
-                pending = next(batches, _END)
-            self.drawn += 1
+            if self.primary and self._before_batch is not None:
+                self._before_batch()  # a profiler window opens or closes here
+            asked = time.perf_counter()  # the loop waits for the loader from here to the yield (no device sync)
+            with self._region("data_wait") if self.primary and self._region else contextlib.nullcontext():
+                if self.primary and position.window_closed() and position.stop_check and position.stop_check():
+                    position.stopped = True  # a stop signal: end before the next step begins
+                    return
+                batch = pending if lookahead else next(batches, _END)
+                if batch is _END:
+                    return
+                if lookahead:
+                    pending = next(batches, _END)
+                self.drawn += 1
+                if self.primary:
+                    position.advance(closes_epoch=lookahead and pending is _END)
+                batch = self._move(batch) if self._move is not None else batch
             if self.primary:
-                position.advance(closes_epoch=lookahead and pending is _END)
-            batch = self._move(batch) if self._move is not None else batch
-            if self.primary:
-                self._on_batch(batch_size(batch))
+                self._on_batch(batch_size(batch), time.perf_counter() - asked)
             yield batch
 
     def _moved(self, batches: Iterator[Any]) -> Iterator[Any]:

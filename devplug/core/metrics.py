@@ -61,7 +61,13 @@ def nonfinite(values: dict[str, float]) -> list[str]:
 
 
 class Throughput:
-    """Samples per second between log points and over the whole run (device synchronised first)."""
+    """Samples per second and the share of wall time spent waiting for the loader, between log points and
+    over the whole run (the caller synchronises the device before a lap).
+
+    The data wait is host time from the loop asking a loader for a batch to the batch being ready on the
+    device queue (``perf_counter`` only: no host-device synchronisation). The clock starts at the first
+    batch, so the first batch's wait (worker start-up) is not counted.
+    """
 
     def __init__(self) -> None:
         self.samples_total = 0
@@ -69,28 +75,48 @@ class Throughput:
         self._start: float | None = None
         self._last: float | None = None
         self.seconds_total = 0.0
+        self.wait_total = 0.0
+        self.wait_since = 0.0
+        self.wait_share = 0.0
 
     def start(self) -> None:
         """Start the clock (called at the first batch)."""
         if self._start is None:
             self._start = self._last = time.perf_counter()
 
-    def add(self, samples: int) -> None:
-        """Count samples of one batch (host-side bookkeeping only)."""
-        self.start()
+    def add(self, samples: int, waited: float = 0.0) -> None:
+        """Count samples of one batch and the seconds the loop waited for it (host-side bookkeeping only)."""
+        if self._start is None:
+            self.start()
+        else:
+            self.wait_total += waited
+            self.wait_since += waited
         self.samples_total += samples
         self.samples_since += samples
 
+    def exclude(self, seconds: float) -> None:
+        """Take ``seconds`` of bookkeeping (a measured peak) out of the clock: rates ignore them."""
+        if self._start is not None and self._last is not None:
+            self._start += seconds
+            self._last += seconds
+
     def lap(self) -> float:
-        """Samples/s since the previous lap; the caller synchronises the device first."""
+        """Samples/s since the previous lap (``wait_share`` is then this lap's data wait); the caller synchronises."""
         now = time.perf_counter()
         assert self._last is not None and self._start is not None
-        rate = self.samples_since / max(now - self._last, 1e-9)
+        elapsed = max(now - self._last, 1e-9)
+        rate = self.samples_since / elapsed
+        self.wait_share = min(self.wait_since / elapsed, 1.0)
         self.seconds_total = now - self._start
-        self._last, self.samples_since = now, 0
+        self._last, self.samples_since, self.wait_since = now, 0, 0.0
         return rate
 
     @property
     def mean_rate(self) -> float:
         """Samples/s over the run so far (0 before the first lap)."""
         return self.samples_total / self.seconds_total if self.seconds_total > 0 else 0.0
+
+    @property
+    def mean_wait_share(self) -> float:
+        """Share of the run's wall time (to the last lap) spent waiting for the loader."""
+        return min(self.wait_total / self.seconds_total, 1.0) if self.seconds_total > 0 else 0.0

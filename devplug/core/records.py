@@ -19,7 +19,7 @@ import torch
 #: Version of the hook contract (not of the devplug package; see docs/plugins.md "Contract versions").
 #: A plugin declares what it needs with ``DEVPLUG_CONTRACT``: ``"1.1"`` (that minor or newer, same major)
 #: or a range such as ``">=1.0,<3"``; a plugin this devplug cannot serve is reported and skipped.
-CONTRACT_VERSION = "1.1"
+CONTRACT_VERSION = "1.2"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -306,3 +306,43 @@ class MemoryStats:
     reserved: int | None = None
     peak_allocated: int | None = None
     total: int | None = None
+
+
+@attrs.frozen
+class LogPoint:
+    """What a logger receives (rank 0 only): the values of one log point, images, or the run's end.
+
+    ``values`` are host floats, already averaged since the previous log point and reduced across ranks
+    (empty when the point carries only ``images``); ``images`` maps a tag to an image grid (a C×H×W CPU
+    float tensor in [0, 1]); ``log_dir`` is the Trainer's ``log_dir`` (``None``: write nowhere on disk);
+    ``final`` is True once, when the Trainer closes: flush and close files there.
+    """
+
+    step: int
+    values: Mapping[str, float] = attrs.field(factory=dict)
+    images: Mapping[str, torch.Tensor] = attrs.field(factory=dict)
+    log_dir: str | None = None
+    final: bool = False
+
+
+def _strings(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not all(isinstance(item, str) and item.strip() for item in value):
+        raise ValueError(f"DoctorReport.{attribute.name} must hold non-empty strings, got {value!r}")
+
+
+@attrs.frozen
+class DoctorReport:
+    """What a plugin contributes to ``devplug doctor``: its stack, the variables it reads, what goes wrong.
+
+    ``packages``: distribution names of the plugin's software stack; doctor prints their versions ("not
+    installed" when absent) and reports, as an incompatible pair, a requirement one of them declares that
+    the installed packages do not meet. ``versions``: other facts worth a bug report (``"torch CUDA build":
+    "12.4"``). ``env``: environment variables that change the plugin's behaviour, a trailing ``*`` for a
+    prefix (``"NCCL_*"``). ``incompatible`` and ``warnings``: one line each, found on this machine.
+    """
+
+    packages: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)
+    versions: Mapping[str, str] = attrs.field(factory=dict)
+    env: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)
+    incompatible: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)

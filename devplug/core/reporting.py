@@ -1,8 +1,8 @@
-"""What a Trainer reports: logged values at log points, TensorBoard, the progress bar, throughput.
+"""What a Trainer reports: logged values at log points, the loggers, the progress bar, throughput.
 
 Values stay on the device between log points (:class:`~devplug.core.metrics.MetricBuffer`); at a log
-point they are averaged, reduced across ranks, checked for NaN/inf, written to TensorBoard (rank 0)
-and shown on the progress bar.
+point they are averaged, reduced across ranks, checked for NaN/inf, handed to the loggers and the
+``devplug_log`` hook as a :class:`~devplug.core.records.LogPoint` (rank 0), and shown on the progress bar.
 """
 
 from __future__ import annotations
@@ -10,28 +10,51 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from devplug.core.errors import NonFiniteLossError
+from devplug.core.flops import FlopMeter
+from devplug.core.loggers import Logger, TensorBoardLogger
 from devplug.core.metrics import MetricBuffer, Throughput, nonfinite
+from devplug.core.records import LogPoint
 
 log = logging.getLogger("devplug")
 
 
-class Reporter:
-    """Logged values, throughput, TensorBoard writer and progress bar of one Trainer.
+#: Share of wall time waiting for the loader above which a run counts as input-bound.
+INPUT_BOUND_SHARE = 0.1
 
-    ``log_dir`` (TensorBoard) and ``progress`` apply on the main process only; ``nonfinite`` is the
-    policy for a NaN/inf value (``"raise"``, ``"warn"``, ``"ignore"``); ``reduce`` averages values
-    across ranks at log points (``None`` in a single process).
+
+def input_bound_hint(rate: float, wait_share: float, threshold: float = INPUT_BOUND_SHARE) -> str | None:
+    """One line when the loop waited for its loader more than ``threshold`` of the time, else ``None``.
+
+    The loader delivers what the run achieved (``rate``); the step alone would consume ``rate / (1 - wait)``.
+    """
+    if rate <= 0 or wait_share <= threshold:
+        return None
+    consumes = rate / max(1.0 - wait_share, 1e-9)
+    return (f"input-bound: loader delivers {rate:,.1f} samples/s, step consumes {consumes:,.1f} samples/s "
+            f"({wait_share:.0%} of the time waiting for data); try the cache / more workers / DALI")
+
+
+class Reporter:
+    """Logged values, throughput, loggers and progress bar of one Trainer.
+
+    ``log_dir``, ``loggers`` and ``progress`` apply on the main process only; ``publish`` hands each
+    :class:`LogPoint` to the plugins (the ``devplug_log`` hook); ``nonfinite`` is the policy for a NaN/inf
+    value (``"raise"``, ``"warn"``, ``"ignore"``); ``reduce`` averages values across ranks at log points
+    (``None`` in a single process).
     """
 
     def __init__(self, *, log_dir: str | None, progress: bool, nonfinite: str, is_main: bool, world_size: int,
-                 reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, loggers: Sequence[Logger] = (),
+                 publish: Callable[[LogPoint], Any] | None = None) -> None:
         self.log_dir = log_dir if is_main else None
+        self.loggers: list[Logger] = list(loggers) if is_main else []
+        self.publish = publish if is_main else None
         self.show_progress = progress and is_main
         self.nonfinite_policy = nonfinite
         self.is_main = is_main
@@ -39,19 +62,25 @@ class Reporter:
         self.reduce = reduce
         self.metrics = MetricBuffer()
         self.throughput = Throughput()
+        self.flops = FlopMeter(steps_done=lambda: 0, samples_done=lambda: 0, peak=lambda: None, enabled=False)
         self.last_metrics: dict[str, float] = {}
-        self._writer: Any = None
         self.progress_bar: Any = None
+        self._closed = False
 
-    # ---- TensorBoard --------------------------------------------------------------------------------
+    # ---- loggers ------------------------------------------------------------------------------------
     @property
     def writer(self) -> Any:
-        """The TensorBoard SummaryWriter (rank 0 with ``log_dir`` set), created on first use; else None."""
-        if self._writer is None and self.log_dir:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy
+        """The TensorBoard SummaryWriter (rank 0, with a TensorBoard logger), created on first use; else None."""
+        board = next((lg for lg in self.loggers if isinstance(lg, TensorBoardLogger)), None)
+        return board.writer if board is not None else None
 
-            self._writer = SummaryWriter(self.log_dir)
-        return self._writer
+    def emit(self, point: LogPoint) -> None:
+        """Hand ``point`` to every logger, then to the plugins' ``devplug_log`` (main process only)."""
+        self._closed = point.final
+        for logger in self.loggers:
+            logger.devplug_log(point)
+        if self.publish is not None:
+            self.publish(point)
 
     def log_images(self, tag: str, images: torch.Tensor, step: int, *, nrow: int = 8,
                    path: str | None = None) -> None:
@@ -61,8 +90,7 @@ class Reporter:
         from torchvision.utils import make_grid, save_image
 
         grid = make_grid(images.detach().float().cpu(), nrow=nrow, normalize=True, value_range=(-1, 1))
-        if self.writer is not None:
-            self.writer.add_image(tag, grid, step)
+        self.emit(LogPoint(step=step, images={tag: grid}, log_dir=self.log_dir))
         if path is not None:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             save_image(grid, path)
@@ -102,14 +130,14 @@ class Reporter:
         if bad:
             self._on_nonfinite(bad, values, step)
         values["samples_per_sec"] = rate * self.world_size
+        values["data_wait"] = self.throughput.wait_share
+        values.update(self.flops.figures(rate, rate * self.world_size))
         for key, lr in learning_rates.items():
             if isinstance(lr, (int, float)):
                 values[f"lr/{key}"] = float(lr)
         self.last_metrics = values
         if self.is_main:
-            if self.writer is not None:
-                for name, value in values.items():
-                    self.writer.add_scalar(name, value, step)
+            self.emit(LogPoint(step=step, values=dict(values), log_dir=self.log_dir))
             if self.progress_bar is not None:
                 self.progress_bar.n = step
                 shown = {k: f"{v:.4g}" for k, v in values.items() if not k.startswith("lr/")}
@@ -137,15 +165,20 @@ class Reporter:
         except Exception as exc:  # the loop may be unwinding (break, exception): do not mask it
             log.warning("values logged before leaving the loop were not reported: %s", exc)
 
-    def rates(self) -> dict[str, float]:
-        """Mean throughput of the whole job so far: ``samples_per_sec`` and ``samples_per_hour``."""
+    def rates(self) -> dict[str, Any]:
+        """Mean throughput of the whole job so far: ``samples_per_sec``, ``samples_per_hour``, ``data_wait``
+        (this rank's share of wall time spent waiting for the loader), ``input_bound`` (a hint, or None), and
+        where known ``flops_per_sample``, ``mfu`` (one device's achieved FLOP/s over its peak) and
+        ``samples_per_dollar`` (with ``price_per_hour``)."""
         rate = self.throughput.mean_rate * self.world_size
-        return {"samples_per_sec": rate, "samples_per_hour": rate * 3600}
+        wait = self.throughput.mean_wait_share
+        return {"samples_per_sec": rate, "samples_per_hour": rate * 3600, "data_wait": wait,
+                "input_bound": input_bound_hint(rate, wait), **self.flops.figures(self.throughput.mean_rate, rate)}
 
-    def close(self) -> None:
-        """Flush and close TensorBoard and the progress bar."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+    def close(self, step: int) -> None:
+        """Send the final point to the loggers and plugins (once), and close the progress bar."""
+        if self.is_main and not self._closed:
+            self._closed = True
+            self.emit(LogPoint(step=step, log_dir=self.log_dir, final=True))
         self.close_progress()
 

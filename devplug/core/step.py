@@ -17,6 +17,7 @@ import torch
 from devplug.core import hookspecs as spec
 from devplug.core.devices import DeviceHooks
 from devplug.core.loading import LoopPosition
+from devplug.core.profiling import StepProfiler
 from devplug.core.records import Phase, PrecisionPlan
 
 
@@ -30,11 +31,13 @@ class StepMethods:
     hooks: DeviceHooks
     precision: PrecisionPlan
     position: LoopPosition
+    profiler: StepProfiler
     scaler: Any
 
     def region(self, name: str) -> contextlib.AbstractContextManager[Any]:
-        """A profiler region named ``name`` as the device plugin marks it (NVTX on CUDA when profiling)."""
-        return self.hooks(spec.devplug_region, name=name) or contextlib.nullcontext()
+        """A profiler region named ``name`` as the device plugin marks it (NVTX on CUDA when profiling), inside a
+        ``record_function`` range in a profiler window (``profile=``)."""
+        return self.profiler.region(name, self.hooks(spec.devplug_region, name=name) or contextlib.nullcontext())
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:

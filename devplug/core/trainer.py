@@ -20,24 +20,29 @@ from devplug.core import rng
 from devplug.core.config import TrainerConfig
 from devplug.core.devices import DeviceRegistry
 from devplug.core.errors import ConfigError
+from devplug.core.flops import FlopMeter
 from devplug.core.launch import detect_launch
 from devplug.core.loading import DeviceLoader, LoopPosition, is_dataset, loader_options, own_loader_choice
+from devplug.core.loggers import build_loggers
 from devplug.core.manager import DevplugPluginManager, get_plugin_manager
 from devplug.core.optimizers import algorithm_name, build_choice, optimizer_key
+from devplug.core.profiling import StepProfiler
 from devplug.core.records import OptimizerChoice, PrecisionPlan
 from devplug.core.reporting import Reporter
 from devplug.core.signals import StopRequest, gloo_combine
 from devplug.core.state import TrainerState
 from devplug.core.step import StepMethods
+from devplug.core.summary import MeasureMethods
 
 log = logging.getLogger("devplug")
 
 
-class Trainer(StepMethods):
+class Trainer(StepMethods, MeasureMethods):
     """Device-specific pieces of a training loop, supplied by the resolved device plugin.
 
     ``setup`` a model, build its ``optimizer`` and ``dataloader``, then loop over ``epochs`` with
-    ``autocast``, ``backward``, ``step`` and ``log`` (docs/trainer.md; the step's methods: :mod:`.step`). Options are
+    ``autocast``, ``backward``, ``step`` and ``log`` (docs/trainer.md; the step's methods: :mod:`.step`, the
+    measurements: :mod:`.summary`). Options are
     :class:`~devplug.core.config.TrainerConfig` fields, given as keyword arguments or as ``config=``;
     ``plugin_manager`` replaces the process-wide one (tests, embedding).
     """
@@ -73,10 +78,18 @@ class Trainer(StepMethods):
         self.state = TrainerState(device=self.device, precision=self.precision, modules=self.modules,
                                   optimizers=self.optimizers, loaders=self.loaders, position=self.position,
                                   world_size=self.world_size)
+        loggers = build_loggers(self.config.logger_items, self.config.log_dir) if self.is_main_process else []
         self.reporter = Reporter(log_dir=self.config.log_dir, progress=self.config.progress,
                                  nonfinite=self.config.nonfinite, is_main=self.is_main_process,
-                                 world_size=self.world_size, reduce=reduce)
+                                 world_size=self.world_size, reduce=reduce, loggers=loggers,
+                                 publish=lambda point: self.hooks(spec.devplug_log, point=point))
         self.throughput = self.reporter.throughput
+        self.flops = self.reporter.flops = FlopMeter(
+            steps_done=lambda: self.position.global_step, samples_done=lambda: self.throughput.samples_total,
+            peak=lambda: self.hooks(spec.devplug_peak_flops, precision=self.precision.name),
+            exclude=self.throughput.exclude, price_per_hour=self.config.price_per_hour, enabled=self.config.count_flops)
+        self.profiler = StepProfiler(self.config.profile, self.config.log_dir, lambda: self.hooks(
+            spec.devplug_profiler_activities), lambda: self.position.global_step, rank=self.rank)
 
     # ---- where am I -------------------------------------------------------------------------------
     @property
@@ -139,7 +152,7 @@ class Trainer(StepMethods):
 
     @property
     def writer(self) -> Any:
-        """The TensorBoard SummaryWriter (rank 0 with ``log_dir`` set), created on first use; else None."""
+        """The TensorBoard SummaryWriter (rank 0 with a TensorBoard logger), created on first use; else None."""
         return self.reporter.writer
 
     # ---- model, optimizer, data --------------------------------------------------------------------
@@ -222,7 +235,9 @@ class Trainer(StepMethods):
             log.info("data loader: %s (%s)", choice.implementation, choice.reason)
         index = sum(1 for loader in self.loaders if loader.train)
         loader = DeviceLoader(choice, base_seed, self.position, self.to_device, self.throughput.add, train=train,
-                              index=index, world_size=self.world_size)
+                              index=index, world_size=self.world_size, region=self.region,
+                              before_batch=lambda: (self.profiler.before_batch(), self.flops.before_batch()),
+                              after_batches=self.flops.stop)
         self.loaders.append(loader)
         return loader
 
@@ -253,6 +268,8 @@ class Trainer(StepMethods):
             finally:  # left early (break, exception): what is still pending, this rank's values only
                 self.reporter.flush_quietly(lambda: self.flush_logs(across_ranks=False))
                 self.reporter.close_progress()
+                self.profiler.stop()
+                self.flops.stop()
 
     def _epoch_batches(self) -> float:
         primary = next((loader for loader in self.loaders if loader.primary), None)
@@ -281,31 +298,6 @@ class Trainer(StepMethods):
         """Write a grid of images (N×C×H×W in [-1, 1]) to TensorBoard and optionally a PNG file (rank 0)."""
         self.reporter.log_images(tag, images, self.global_step, nrow=nrow, path=path)
 
-    # ---- measurement -----------------------------------------------------------------------------------
-    def synchronize(self) -> None:
-        """Wait for queued device work (log points and timing only)."""
-        self.hooks(spec.devplug_synchronize)
-
-    def memory_stats(self) -> Any:
-        """The device plugin's memory statistics record, or ``None``."""
-        return self.hooks(spec.devplug_memory_stats)
-
-    def summary(self) -> dict[str, Any]:
-        """Device, precision, optimizer implementations, loaders and throughput so far."""
-        return {
-            "device": str(self.device),
-            "device_plugin": self.device.plugin_name,
-            "world_size": self.world_size,
-            "precision": self.precision.name,
-            "precision_detail": self.precision.description,
-            "optimizers": {k: c.implementation for k, c in self.optimizers.items()},
-            "loaders": [loader.implementation for loader in self.loaders],
-            "steps": self.global_step,
-            "epoch": self.epoch,
-            **self.reporter.rates(),
-            "memory": self.memory_stats(),
-        }
-
     # ---- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: modules, optimizers, scaler, counters, RNG states."""
@@ -329,12 +321,13 @@ class Trainer(StepMethods):
         return self.state.load(path)
 
     def close(self) -> None:
-        """Flush and close TensorBoard and the progress bar.
+        """Flush and close the loggers (their final point) and the progress bar.
 
         The process group stays joined (other trainers in the process may use it); call
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
         """
-        self.reporter.close()
+        self.profiler.stop()
+        self.reporter.close(self.global_step)
 
     def __enter__(self) -> Trainer:
         return self

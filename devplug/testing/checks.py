@@ -34,9 +34,11 @@ from devplug.core.records import (
     Availability,
     CollectiveSetup,
     Device,
+    DoctorReport,
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
+    LogPoint,
     MemoryStats,
     OptimizerChoice,
     Phase,
@@ -46,7 +48,7 @@ from devplug.core.records import (
 #: Optimizer names every device must build (the hook may defer some to the core's fallback).
 STANDARD_OPTIMIZERS = ("adam", "adamw", "sgd")
 #: Regions the Trainer opens around the step.
-REGIONS = ("forward", "backward", "optimizer_step")
+REGIONS = ("forward", "backward", "optimizer_step", "data_wait")
 _BatchTuple = collections.namedtuple("_BatchTuple", "inputs targets")
 
 
@@ -506,6 +508,49 @@ def check_region(dut: DeviceUnderTest) -> str:
     return "regions: " + ", ".join(REGIONS)
 
 
+@conformance_check("devplug_profiler_activities")
+def check_profiler_activities(dut: DeviceUnderTest) -> str:
+    """``devplug_profiler_activities`` names ProfilerActivity values, CPU among them, that profile a step here."""
+    activities = dut.hooks(hookspecs.devplug_profiler_activities)
+    if activities is None:
+        return "activities: deferred"
+    kinds = torch.profiler.ProfilerActivity
+    if not activities or not all(isinstance(a, kinds) for a in activities):
+        raise dut.fail(f"devplug_profiler_activities returned {activities!r}, not a list of ProfilerActivity")
+    if kinds.CPU not in activities:
+        raise dut.fail("devplug_profiler_activities must include ProfilerActivity.CPU (data wait and regions)")
+    supported = torch.profiler.supported_activities()
+    missing = [a.name for a in activities if a not in supported]
+    if missing:
+        raise dut.fail(f"devplug_profiler_activities names {missing}, which this torch cannot record "
+                       f"(supported: {', '.join(a.name for a in supported)})")
+    x = dut.hooks(hookspecs.devplug_to_device, obj=torch.ones(8, 8))
+    with torch.profiler.profile(activities=activities) as profiler, torch.profiler.record_function("probe"):
+        (x @ x).sum()
+        dut.hooks(hookspecs.devplug_synchronize)
+    if not any(event.name == "probe" for event in profiler.events()):
+        raise dut.fail("a profile with these activities did not record a record_function range")
+    return "activities: " + ", ".join(a.name for a in activities)
+
+
+@conformance_check("devplug_peak_flops")
+def check_peak_flops(dut: DeviceUnderTest) -> str:
+    """``devplug_peak_flops`` gives a positive, finite FLOP/s figure (a float), or ``None``, for each plan it runs."""
+    seen = []
+    for precision in PRECISIONS:
+        try:
+            plan = dut.hooks(hookspecs.devplug_precision, precision=precision)
+        except PrecisionError:
+            continue  # the device refuses this setting: no plan, no peak
+        if plan is None:
+            continue
+        peak = dut.hooks(hookspecs.devplug_peak_flops, precision=plan.name)
+        if peak is not None and (not isinstance(peak, float) or not math.isfinite(peak) or peak <= 0):
+            raise dut.fail(f"devplug_peak_flops({plan.name!r}) returned {peak!r}, not a positive, finite float")
+        seen.append(f"{plan.name}: " + (f"{peak / 1e12:.3g} TFLOP/s" if peak else "unknown"))
+    return "peaks: " + "; ".join(dict.fromkeys(seen))
+
+
 @conformance_check("devplug_mark_step", over="phases")
 def check_mark_step(dut: DeviceUnderTest, phase: Phase) -> str:
     """``devplug_mark_step`` accepts ``phase`` (called after backward and after each optimizer step)."""
@@ -631,6 +676,39 @@ def check_synchronize_and_memory(dut: DeviceUnderTest) -> str:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise dut.fail(f"MemoryStats.{field.name} must be a number of bytes or None, got {value!r}")
     return f"memory stats: {stats}"
+
+
+@conformance_check("devplug_log")
+def check_log(dut: DeviceUnderTest) -> str:
+    """``devplug_log`` accepts a point with values, one with an image and the final one, and returns nothing."""
+    points = (LogPoint(step=1, values={"loss": 0.5, "lr/model": 1e-3}),
+              LogPoint(step=1, images={"grid": torch.rand(3, 4, 4)}), LogPoint(step=1, final=True))
+    for point in points:
+        answers = dut.hooks(hookspecs.devplug_log, point=point)  # an exception inside is named by the guard
+        if any(answer is not None for answer in answers or ()):
+            raise dut.fail(f"devplug_log returned {answers!r}; it returns nothing")
+    return "log points: values, images, final"
+
+
+@conformance_check("devplug_doctor", needs_device=False)
+def check_doctor(dut: DeviceUnderTest) -> str:
+    """``devplug_doctor`` of the device's plugin (and its distribution's others) gives a DoctorReport or ``None``."""
+    pm = dut.plugin_manager
+    family = {name for name, _ in _plugin_family(dut)}
+    answered = []
+    for impl in pm.hook.devplug_doctor.get_hookimpls():
+        if impl.plugin_name not in family:
+            continue
+        try:
+            report = impl.function()
+        except PluginError as exc:
+            raise dut.fail(str(exc)) from exc
+        if report is not None and not isinstance(report, DoctorReport):  # the guard reports it; belt and braces
+            raise dut.fail(f"devplug_doctor returned {report!r}, not a devplug.DoctorReport")
+        if report is not None:
+            answered.append(f"{impl.plugin_name}: {len(report.packages)} package(s), {len(report.env)} variable(s), "
+                            f"{len(report.warnings)} warning(s)")
+    return "; ".join(answered) or "nothing contributed"
 
 
 @conformance_check("devplug_compile", options={"run": "run_compiled"})

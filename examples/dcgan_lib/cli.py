@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="newest checkpoints to keep, 0 keeps all (default: 3)")
     out.add_argument("--price-per-hour", type=_positive_float, default=None, metavar="DOLLARS",
                      help="instance price; adds images per dollar to the summary (seed 000, Table 2.1)")
+    out.add_argument("--profile", default=None, metavar="'steps A-B'",
+                     help="profile steps A to B, data wait included; trace in OUT/tensorboard/profiler (TensorBoard, "
+                          "Perfetto)")
     out.add_argument("--no-progress", action="store_true",
                      help="no progress bar; each log point prints one line instead")
     return parser

@@ -20,9 +20,9 @@ from devplug import (
     PrecisionPlan,
     hookimpl,
 )
-from devplug.toolkit import autocast_plan, process_memory_stats, torch_optimizer_class
+from devplug.toolkit import autocast_plan, measured_matmul_flops, process_memory_stats, torch_optimizer_class
 
-DEVPLUG_CONTRACT = "1.1"
+DEVPLUG_CONTRACT = "1.2"
 
 #: Optimizers that torch implements with a fused CPU kernel in recent releases.
 FUSED_CANDIDATES = ("adam", "adamw", "sgd", "adagrad")
@@ -104,3 +104,10 @@ def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSe
 def devplug_memory_stats(device: Device) -> MemoryStats:
     """Resident memory of this process (peak as reported by the OS)."""
     return process_memory_stats()
+
+
+@hookimpl
+def devplug_peak_flops(device: Device, precision: str) -> float:
+    """Measured once per process: the best of a few 1024×1024 matmuls in the plan's number format."""
+    dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if precision.startswith("16") else torch.float32
+    return measured_matmul_flops("cpu", dtype)

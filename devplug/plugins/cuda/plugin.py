@@ -26,6 +26,7 @@ from devplug import (
     Device,
     DeviceSpec,
     DevplugError,
+    DoctorReport,
     ImageFolderSource,
     LaunchInfo,
     LoaderChoice,
@@ -36,13 +37,14 @@ from devplug import (
     PrecisionPlan,
     hookimpl,
 )
+from devplug.plugins.cuda import doctor, peaks
 from devplug.plugins.cuda.dali import build_dali_loader, dali_status
 from devplug.plugins.cuda.optimizers import build_optimizer
 from devplug.plugins.cuda.precision import configure_tf32, plan_precision
 from devplug.plugins.cuda.probe import compute_capability, device_count, probe
 from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_dataloader
 
-DEVPLUG_CONTRACT = "1.1"
+DEVPLUG_CONTRACT = "1.2"
 
 log = logging.getLogger("devplug")
 
@@ -178,3 +180,15 @@ def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, 
     if device.options.get("cuda_graphs") and "mode" not in options:
         options["mode"] = "reduce-overhead"
     return torch.compile(module, **options)
+
+
+@hookimpl
+def devplug_doctor() -> DoctorReport:
+    """apex and DALI versions, CUDA/NCCL variables, a DALI wheel for another CUDA major, PyPI's apex."""
+    return doctor.report()
+
+
+@hookimpl
+def devplug_peak_flops(device: Device, precision: str) -> float | None:
+    """Dense peak of this GPU model for the plan's number format, from NVIDIA's datasheets (:mod:`.peaks`)."""
+    return peaks.peak_flops(torch.cuda.get_device_name(device.index or 0), precision)

@@ -10,6 +10,7 @@ from devplug import (
     CollectiveSetup,
     Device,
     DeviceSpec,
+    DoctorReport,
     LaunchInfo,
     LoaderChoice,
     LoaderOptions,
@@ -19,10 +20,10 @@ from devplug import (
     PrecisionPlan,
     hookimpl,
 )
-from devplug.plugins.hpu import clipping, data, distributed, mode, optimizers, probe, stats
+from devplug.plugins.hpu import clipping, data, distributed, doctor, mode, optimizers, peaks, probe, stats
 from devplug.plugins.hpu import precision as precision_plans
 
-DEVPLUG_CONTRACT = "1.1"
+DEVPLUG_CONTRACT = "1.2"
 
 
 @hookimpl
@@ -98,3 +99,16 @@ def devplug_memory_stats(device: Device) -> MemoryStats:
 def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module:
     """``torch.compile(backend="hpu_backend")`` in eager mode; unchanged in lazy mode."""
     return mode.compile_module(device, module, options)
+
+
+@hookimpl
+def devplug_doctor() -> DoctorReport:
+    """Gaudi stack versions, execution mode, PT_HPU_*/HCCL variables; lazy mode's drop_last pitfall."""
+    return doctor.report()
+
+
+@hookimpl
+def devplug_peak_flops(device: Device, precision: str) -> float | None:
+    """Intel's published peak BF16 figure for Gaudi 1, 2 and 3 (:mod:`.peaks`); None for FP32 or another model."""
+    name = getattr(probe.hpu_module(), "get_device_name", None)
+    return peaks.peak_flops(str(name()) if callable(name) else "", precision)

@@ -1,0 +1,114 @@
+"""A profiler window: ``torch.profiler`` over a range of training steps, data wait included.
+
+``Trainer(profile="steps 10-15")`` starts ``torch.profiler`` just before the loop asks the training loader
+for step 10's batch and stops it once step 15 is done, with the activities the device plugin names
+(``devplug_profiler_activities``). Inside the window every region the Trainer opens — ``data_wait``,
+``forward``, ``backward``, ``optimizer_step`` — is also a ``record_function`` range, so the trace shows
+where the time went, the loader included. The trace is a Chrome trace file,
+``<log_dir>/profiler/rank<R>.<time>.pt.trace.json``, which TensorBoard's profiler plugin
+(``tensorboard --logdir <log_dir>/profiler``) and Perfetto (ui.perfetto.dev) open. Outside the window
+nothing is added to the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+log = logging.getLogger("devplug")
+
+_WINDOW_RE = re.compile(r"^\s*(?:steps?\s+)?(\d+)\s*(?:-\s*(\d+))?\s*$")
+
+
+def parse_window(text: Any) -> tuple[int, int]:
+    """``"steps 10-15"``, ``"10-15"`` or ``"12"`` → ``(first, last)`` step, both included; ValueError otherwise."""
+    match = _WINDOW_RE.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"profile must look like 'steps 10-15' (first and last step profiled), got {text!r}")
+    first = int(match[1])
+    last = int(match[2]) if match[2] is not None else first
+    if first < 1 or last < first:
+        raise ValueError(f"profile window {text!r} must name steps 1 <= first <= last")
+    return first, last
+
+
+def trace_dir(log_dir: str | None) -> str | None:
+    """Where profiler traces go: ``<log_dir>/profiler``."""
+    return os.path.join(log_dir, "profiler") if log_dir else None
+
+
+class StepProfiler:
+    """Runs ``torch.profiler`` over a window of steps; ``region`` adds a ``record_function`` range inside it.
+
+    ``profile`` is the Trainer's window (``"steps 10-15"``, or ``None``: never profiles); traces go under
+    ``log_dir/profiler``; ``activities`` asks the device plugin which activities to record (called when
+    the window opens); ``steps_done`` gives the number of completed training steps.
+    """
+
+    def __init__(self, profile: str | None, log_dir: str | None, activities: Callable[[], list[Any] | None],
+                 steps_done: Callable[[], int], rank: int = 0) -> None:
+        self.window = parse_window(profile) if profile is not None else None
+        self.trace_dir = trace_dir(log_dir)
+        self._activities = activities
+        self._steps_done = steps_done
+        self.rank = rank
+        self._profiler: Any = None
+        self.traces: list[str] = []
+
+    @property
+    def active(self) -> bool:
+        """True while the profiler runs."""
+        return self._profiler is not None
+
+    def before_batch(self) -> None:
+        """Called when the loop asks for the next training batch: open or close the window here."""
+        if self.window is None:
+            return
+        upcoming = self._steps_done() + 1
+        first, last = self.window
+        if self._profiler is None and first <= upcoming <= last and not self.traces:
+            self._start()
+        elif self._profiler is not None and upcoming > last:
+            self.stop()
+
+    def region(self, name: str, inner: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
+        """``inner`` (the device plugin's mark), inside a ``record_function(name)`` range while profiling."""
+        if self._profiler is None:
+            return inner
+        return _both(name, inner)
+
+    def _start(self) -> None:
+        import torch.profiler
+
+        activities = self._activities() or [torch.profiler.ProfilerActivity.CPU]
+        self._profiler = torch.profiler.profile(activities=activities, record_shapes=False)
+        self._profiler.__enter__()
+        log.info("profiling steps %d-%d (%s)", *self.window, ", ".join(a.name for a in activities))  # type: ignore[misc]
+
+    def stop(self) -> str | None:
+        """Stop profiling (if it runs) and write the trace; its path, or ``None``."""
+        if self._profiler is None:
+            return None
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(None, None, None)
+        assert self.trace_dir is not None
+        os.makedirs(self.trace_dir, exist_ok=True)
+        path = os.path.join(self.trace_dir, f"rank{self.rank}.{time.time_ns()}.pt.trace.json")
+        profiler.export_chrome_trace(path)
+        self.traces.append(path)
+        log.info("profiler trace: %s (tensorboard --logdir %s, or ui.perfetto.dev)", path, self.trace_dir)
+        return path
+
+
+@contextlib.contextmanager
+def _both(name: str, inner: AbstractContextManager[Any]) -> Iterator[None]:
+    import torch.profiler
+
+    with torch.profiler.record_function(name), inner:
+        yield
