@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from devplug.core import accelerator
+from devplug.core.recipes import log_once
 
 log = logging.getLogger("devplug")
 
@@ -90,7 +91,13 @@ class FlopMeter:
         if self.flops_per_sample is not None:
             out["flops_per_sample"] = self.flops_per_sample
             if self._peak_asked and self.peak:
-                out["mfu"] = self.flops_per_sample * samples_per_sec_per_device / self.peak
+                mfu = self.flops_per_sample * samples_per_sec_per_device / self.peak
+                if mfu <= 1.0:
+                    out["mfu"] = mfu
+                else:  # a peak measured while other work had the cores: no honest MFU from it
+                    log_once(f"MFU not reported: the device's peak ({self.peak / 1e9:.3g} GFLOP/s) is below what "
+                             f"training achieved ({mfu * self.peak / 1e9:.3g} GFLOP/s); a measured peak is too low "
+                             "on a busy host", logging.WARNING)
         if self.price_per_hour:
             out["samples_per_dollar"] = samples_per_sec * 3600 / self.price_per_hour
         return out

@@ -104,6 +104,9 @@ def build_summary(
         "images_per_hour": per_hour,
         "price_per_hour": price_per_hour,
         "images_per_dollar": per_hour / price_per_hour if price_per_hour else None,
+        "mfu": trainer_summary.get("mfu"),  # model FLOPs / (time x the device's peak), from the Trainer
+        "flops_per_image": trainer_summary.get("flops_per_sample"),
+        "input_bound": trainer_summary.get("input_bound"),
         "cache": str(cache.path) if cache is not None else None,
         "cache_built": bool(cache is not None and cache.built),
         "image_files_opened_for_cache": cache.opened if cache is not None else 0,
@@ -135,6 +138,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     if summary["images_per_dollar"] is not None:
         rows.append(("images/$", f"{_count(summary['images_per_dollar'])} at ${summary['price_per_hour']:.2f}/hour"))
+    if summary.get("mfu") is not None:
+        flops = summary.get("flops_per_image")
+        per_image = f", {flops / 1e9:.3g} GFLOP per image" if flops else ""
+        rows.append(("MFU", f"{100 * summary['mfu']:.2f} % of the device's peak{per_image}"))
+    if summary.get("input_bound"):
+        rows.append(("input", str(summary["input_bound"])))
     if summary["cache"] is not None:
         opened = summary["image_files_opened_for_cache"]
         how = f"{opened} to build the cache" if summary["cache_built"] else "none (cache reused)"
