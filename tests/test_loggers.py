@@ -177,6 +177,12 @@ def test_bad_loggers_are_one_clear_line(options, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+def test_one_logger_needs_no_list():
+    mine = ListLogger()
+    trainer = devplug.Trainer(device="cpu", progress=False, loggers=mine)
+    assert trainer.reporter.loggers == [mine]
+
+
 def test_without_log_dir_the_default_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     trainer = devplug.Trainer(device="cpu", progress=False, log_every=1)

@@ -74,7 +74,8 @@ class TrainerConfig:
     precision: str = attrs.field(default="auto", validator=_precision)
     log_dir: str | None = attrs.field(default=None, converter=attrs.converters.optional(str))
     loggers: tuple[Any, ...] | None = attrs.field(
-        default=None, converter=lambda v: None if v is None else (v,) if isinstance(v, str) else tuple(v),
+        default=None, converter=lambda v: None if v is None else (v,) if isinstance(v, str) or hasattr(v, "devplug_log")
+        else tuple(v),
         validator=_optional(attrs.validators.deep_iterable(lambda _i, _a, v: check_logger(v))))
     profile: str | None = attrs.field(default=None, validator=_optional(lambda _i, _a, v: parse_window(v)))
     price_per_hour: float | None = attrs.field(default=None, validator=_optional(lambda _i, a, v: _positive(a, v)))
