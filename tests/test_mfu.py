@@ -147,3 +147,18 @@ def test_a_bad_price_is_one_clear_line(price):
     with pytest.raises(devplug.ConfigError, match="price_per_hour must be a positive number") as info:
         devplug.Trainer(device="cpu", progress=False, price_per_hour=price)
     assert "\n" not in str(info.value)
+
+
+def test_an_impossible_mfu_is_not_reported_but_explained(caplog):
+    from devplug.core.flops import FlopMeter
+    from devplug.core.recipes import forget_logged
+
+    forget_logged()
+    meter = FlopMeter(steps_done=lambda: 0, samples_done=lambda: 0, peak=lambda: 1e9)
+    meter.flops_per_sample = 1e8
+    assert meter.peak == 1e9
+    assert meter.figures(5.0, 5.0)["mfu"] == pytest.approx(0.5)
+    with caplog.at_level("WARNING", logger="devplug"):
+        figures = meter.figures(50.0, 50.0)  # 5 GFLOP/s achieved against a 1 GFLOP/s "peak"
+    assert "mfu" not in figures and figures["flops_per_sample"] == 1e8
+    assert "MFU not reported" in caplog.text
