@@ -22,9 +22,10 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   :func:`fastest_torch_optimizer` / :func:`torch_kernel` (torch's ``fused`` or ``foreach`` kernel where
   the device type has one) and :func:`torch_precision_plan` (``"auto"`` from what torch reports) — the
   fallback's answers, to adjust rather than restate;
-- :func:`steps_to_params`, :func:`steps_to_groups`, :func:`native_groups` — for an optimizer whose state
-  is not in torch.optim's layout: the pieces of its ``OptimizerChoice.to_canonical``/``from_canonical``
-  converters (step counts per group or per parameter, the hyperparameters each side has);
+- :func:`steps_to_params`, :func:`steps_to_groups`, :func:`native_groups`, :func:`bias_corrected_to_canonical`,
+  :func:`momentum_to_canonical`, :func:`momentum_from_canonical` — for an optimizer whose state is not in
+  torch.optim's layout: the pieces of its ``OptimizerChoice.to_canonical``/``from_canonical`` converters
+  (step counts per group or per parameter, the hyperparameters each side has, fused Adam and SGD layouts);
 - :func:`remove_stale_temp_files` — delete the temporary files of checkpoint saves whose process is gone
   (``Trainer.save`` does it itself; call it at start to tidy a checkpoint folder at once);
 - :func:`log_once` — say something (a fallback and its reason) once per process (:func:`forget_logged`
@@ -60,7 +61,14 @@ from devplug.core.data import (
 from devplug.core.flops import measured_matmul_flops
 from devplug.core.images import display_path, load_rgb, printable
 from devplug.core.manager import BUILTIN_PLUGINS
-from devplug.core.optconvert import native_groups, steps_to_groups, steps_to_params
+from devplug.core.optconvert import (
+    bias_corrected_to_canonical,
+    momentum_from_canonical,
+    momentum_to_canonical,
+    native_groups,
+    steps_to_groups,
+    steps_to_params,
+)
 from devplug.core.recipes import (
     TORCH_OPTIMIZERS,
     autocast_plan,
@@ -94,6 +102,7 @@ __all__ = [
     "TORCH_OPTIMIZERS",
     "ImageFolderDataset",
     "autocast_plan",
+    "bias_corrected_to_canonical",
     "builtin_plugin",
     "collective_backend",
     "current_accelerator_type",
@@ -111,6 +120,8 @@ __all__ = [
     "map_tensors",
     "measured_matmul_flops",
     "memory_stats",
+    "momentum_from_canonical",
+    "momentum_to_canonical",
     "move_to",
     "native_bf16",
     "native_groups",

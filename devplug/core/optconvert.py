@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from devplug.core.recipes import torch_optimizer_class, torch_optimizer_defaults
+
 
 def steps_to_params(state: Mapping[str, Any], *, drop: Iterable[str] = ()) -> dict[str, Any]:
     """``state`` with each group's ``step`` moved into the state of each of its parameters that has state.
@@ -72,20 +74,49 @@ def steps_to_groups(state: Mapping[str, Any], *, param_step: Any = None) -> dict
     return {"state": per_param, "param_groups": groups}
 
 
-def native_groups(optimizer: torch.optim.Optimizer, groups: list[Mapping[str, Any]],
-                  torch_only: Iterable[str]) -> list[dict[str, Any]]:
-    """Parameter groups for ``optimizer`` (not a torch.optim class) from canonical ``groups``.
+def native_groups(optimizer: torch.optim.Optimizer, groups: list[Mapping[str, Any]], algorithm: str, *,
+                  implementation: str, refuse: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Parameter groups for ``optimizer`` (``implementation``, not a torch.optim class) from canonical ``groups``.
 
-    Keys in ``torch_only`` (hyperparameters the implementation does not have) are left out; the
+    Hyperparameters torch's ``algorithm`` has and the implementation lacks are left out; a group with one of
+    the flags in ``refuse`` set (``maximize``, ``amsgrad``: what the kernel cannot do) is a ValueError; the
     implementation's own keys the canonical group lacks (``bias_correction``) keep their current value;
     everything else (``lr``, a scheduler's ``initial_lr``) comes from the canonical group.
     """
-    skip = set(torch_only)
+    skip = set(torch_optimizer_defaults(torch_optimizer_class(algorithm))) - set(optimizer.defaults)
     result = []
     for group, current in zip(groups, optimizer.param_groups, strict=True):
+        for flag in refuse:
+            if group.get(flag):
+                raise ValueError(f"{implementation} has no {flag}=True")
         merged = {k: v for k, v in group.items() if k not in skip}
         for key, value in current.items():
             if key not in ("params", "step"):  # the step count comes from the canonical state
                 merged.setdefault(key, value)
         result.append(merged)
     return result
+
+
+def bias_corrected_to_canonical(state: Mapping[str, Any], *, decoupled: bool) -> dict[str, Any]:
+    """A fused Adam's state (per-group step, ``bias_correction`` groups) in torch.optim.Adam/AdamW's layout."""
+    canonical = steps_to_params(state)
+    for group in canonical["param_groups"]:
+        if not group.pop("bias_correction", True):
+            raise ValueError("bias_correction=False has no torch.optim counterpart")
+        group["decoupled_weight_decay"] = decoupled
+    return canonical
+
+
+def momentum_to_canonical(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A fused SGD's state in torch.optim.SGD's layout: momentum buffers only where a group has momentum."""
+    kept = {index for group in state["param_groups"] if group.get("momentum") for index in group["params"]}
+    per_param = {index: dict(entry) for index, entry in state["state"].items() if index in kept}
+    return {"state": per_param, "param_groups": [dict(group) for group in state["param_groups"]]}
+
+
+def momentum_from_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any], *,
+                            implementation: str) -> dict[str, Any]:
+    """torch.optim.SGD state for a fused SGD: its momentum buffers as they are, the implementation's group keys."""
+    groups = native_groups(optimizer, state["param_groups"], "sgd", implementation=implementation,
+                           refuse=("maximize",))
+    return {"state": {index: dict(entry) for index, entry in state["state"].items()}, "param_groups": groups}

@@ -16,45 +16,32 @@ from typing import Any
 import torch
 
 from devplug.toolkit import (
+    bias_corrected_to_canonical,
+    momentum_from_canonical,
+    momentum_to_canonical,
     native_groups,
     steps_to_groups,
-    steps_to_params,
-    torch_optimizer_class,
-    torch_optimizer_defaults,
 )
 
-
-def _torch_only(optimizer: torch.optim.Optimizer, name: str) -> set[str]:
-    return set(torch_optimizer_defaults(torch_optimizer_class(name))) - set(optimizer.defaults)
-
-
-def _refuse(group: Mapping[str, Any], implementation: str, *flags: str) -> None:
-    for flag in flags:
-        if group.get(flag):
-            raise ValueError(f"{implementation} has no {flag}=True")
+FUSED_ADAM, FUSED_SGD = "apex.optimizers.FusedAdam", "apex.optimizers.FusedSGD"
 
 
 def fused_adam_to_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
     """apex ``FusedAdam`` state in torch.optim.Adam's layout (``decoupled_weight_decay`` from ``adam_w_mode``)."""
-    canonical = steps_to_params(state)
-    for group in canonical["param_groups"]:
-        if not group.pop("bias_correction", True):
-            raise ValueError("bias_correction=False has no torch.optim counterpart")
-        group["decoupled_weight_decay"] = bool(optimizer.adam_w_mode)  # type: ignore[attr-defined]
-    return canonical
+    return bias_corrected_to_canonical(state, decoupled=bool(optimizer.adam_w_mode))  # type: ignore[attr-defined]
 
 
 def fused_adam_from_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
     """torch.optim.Adam/AdamW state for apex ``FusedAdam``: one step count per group, apex's group keys."""
     decoupled = bool(optimizer.adam_w_mode)  # type: ignore[attr-defined]
     for group in state["param_groups"]:
-        _refuse(group, "apex.optimizers.FusedAdam", "amsgrad", "maximize")
         if group.get("weight_decay") and bool(group.get("decoupled_weight_decay")) != decoupled:
             kinds = ("L2", "decoupled") if decoupled else ("decoupled", "L2")
             raise ValueError(f"the state has {kinds[0]} weight decay, this FusedAdam applies {kinds[1]} "
                              f"(adam_w_mode={decoupled})")
     native = steps_to_groups(state)
-    native["param_groups"] = native_groups(optimizer, native["param_groups"], _torch_only(optimizer, "adam"))
+    native["param_groups"] = native_groups(optimizer, native["param_groups"], "adam", implementation=FUSED_ADAM,
+                                           refuse=("amsgrad", "maximize"))
     if getattr(optimizer, "capturable", False):  # apex keeps a capturable optimizer's step as a device tensor
         for group, current in zip(native["param_groups"], optimizer.param_groups, strict=True):
             if "step" in group:
@@ -67,17 +54,12 @@ def fused_sgd_to_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str,
     """apex ``FusedSGD`` state in torch.optim.SGD's layout (no momentum buffers without momentum)."""
     if getattr(optimizer, "wd_after_momentum", False):
         raise ValueError("wd_after_momentum=True has no torch.optim counterpart")
-    kept = {index for group in state["param_groups"] if group.get("momentum") for index in group["params"]}
-    per_param = {index: dict(entry) for index, entry in state["state"].items() if index in kept}
-    return {"state": per_param, "param_groups": [dict(group) for group in state["param_groups"]]}
+    return momentum_to_canonical(state)
 
 
 def fused_sgd_from_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
     """torch.optim.SGD state for apex ``FusedSGD``: its momentum buffers as they are, apex's group keys."""
-    for group in state["param_groups"]:
-        _refuse(group, "apex.optimizers.FusedSGD", "maximize")
-    groups = native_groups(optimizer, state["param_groups"], _torch_only(optimizer, "sgd"))
-    return {"state": {index: dict(entry) for index, entry in state["state"].items()}, "param_groups": groups}
+    return momentum_from_canonical(optimizer, state, implementation=FUSED_SGD)
 
 
 #: Converters for each apex class with a torch.optim counterpart (FusedLAMB has none).

@@ -16,60 +16,30 @@ from typing import Any
 import torch
 
 from devplug.toolkit import (
+    bias_corrected_to_canonical,
+    momentum_from_canonical,
+    momentum_to_canonical,
     native_groups,
     steps_to_groups,
-    steps_to_params,
-    torch_optimizer_class,
-    torch_optimizer_defaults,
 )
-
-
-def _torch_only(optimizer: torch.optim.Optimizer, name: str) -> set[str]:
-    return set(torch_optimizer_defaults(torch_optimizer_class(name))) - set(optimizer.defaults)
-
-
-def _refuse(group: Mapping[str, Any], implementation: str, *flags: str) -> None:
-    for flag in flags:
-        if group.get(flag):
-            raise ValueError(f"{implementation} has no {flag}=True")
 
 
 def fused_adamw_to_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any], *,
                              decoupled: bool) -> dict[str, Any]:
     """``FusedAdamW`` state in torch.optim.Adam/AdamW's layout; ``decoupled`` is the torch group's flag."""
-    canonical = steps_to_params(state)
-    for group in canonical["param_groups"]:
-        if not group.pop("bias_correction", True):
-            raise ValueError("bias_correction=False has no torch.optim counterpart")
-        group["decoupled_weight_decay"] = decoupled
-    return canonical
+    return bias_corrected_to_canonical(state, decoupled=decoupled)
 
 
 def fused_adamw_from_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any], *,
                                name: str) -> dict[str, Any]:
     """torch.optim.Adam/AdamW (``name``) state for ``FusedAdamW``: one step count per group, its own keys."""
     for group in state["param_groups"]:
-        _refuse(group, "FusedAdamW", "amsgrad", "maximize")
         if group.get("weight_decay") and not group.get("decoupled_weight_decay"):
             raise ValueError("the state has Adam's L2 weight decay, and FusedAdamW decays weights decoupled (AdamW)")
     native = steps_to_groups(state, param_step=0)
-    native["param_groups"] = native_groups(optimizer, native["param_groups"], _torch_only(optimizer, name))
+    native["param_groups"] = native_groups(optimizer, native["param_groups"], name, implementation="FusedAdamW",
+                                           refuse=("amsgrad", "maximize"))
     return native
-
-
-def fused_sgd_to_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
-    """``FusedSGD`` state in torch.optim.SGD's layout (momentum buffers only where there is momentum)."""
-    kept = {index for group in state["param_groups"] if group.get("momentum") for index in group["params"]}
-    per_param = {index: dict(entry) for index, entry in state["state"].items() if index in kept}
-    return {"state": per_param, "param_groups": [dict(group) for group in state["param_groups"]]}
-
-
-def fused_sgd_from_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
-    """torch.optim.SGD state for ``FusedSGD``: the momentum buffers as they are, its own group keys."""
-    for group in state["param_groups"]:
-        _refuse(group, "FusedSGD", "maximize")
-    groups = native_groups(optimizer, state["param_groups"], _torch_only(optimizer, "sgd"))
-    return {"state": {index: dict(entry) for index, entry in state["state"].items()}, "param_groups": groups}
 
 
 Converter = Callable[[torch.optim.Optimizer, Mapping[str, Any]], dict[str, Any]]
@@ -78,7 +48,8 @@ Converter = Callable[[torch.optim.Optimizer, Mapping[str, Any]], dict[str, Any]]
 def converters(hpex_class: str, name: str, options: Mapping[str, Any]) -> dict[str, Converter]:
     """``to_canonical``/``from_canonical`` for a Habana fused optimizer built for torch optimizer ``name``."""
     if hpex_class == "FusedSGD":
-        return {"to_canonical": fused_sgd_to_canonical, "from_canonical": fused_sgd_from_canonical}
+        return {"to_canonical": lambda _optimizer, state: momentum_to_canonical(state),
+                "from_canonical": functools.partial(momentum_from_canonical, implementation="FusedSGD")}
     decoupled = name == "adamw" or bool(options.get("decoupled_weight_decay", False))
     return {"to_canonical": functools.partial(fused_adamw_to_canonical, decoupled=decoupled),
             "from_canonical": functools.partial(fused_adamw_from_canonical, name=name)}
