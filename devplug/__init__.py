@@ -10,6 +10,7 @@ from devplug._version import __version__
 from devplug.core.config import TrainerConfig
 from devplug.core.errors import (
     CheckpointError,
+    CheckpointMismatchError,
     ConfigError,
     DataError,
     DeviceUnavailableError,
@@ -52,6 +53,7 @@ __all__ = [
     "Availability",
     "CSVLogger",
     "CheckpointError",
+    "CheckpointMismatchError",
     "CollectiveSetup",
     "ConfigError",
     "DataError",

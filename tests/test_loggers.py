@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from test_trainer import SyncCounter, make_data, make_model
+from test_trainer import SyncCounter, make_data, make_model, train_toy
 
 import devplug
 from devplug.core.manager import create_plugin_manager
@@ -30,16 +30,7 @@ def devplug_log(point):
 
 
 def _train(trainer: devplug.Trainer, steps: int = 6) -> None:
-    model = trainer.setup(make_model())
-    opt = trainer.optimizer("sgd", model.parameters(), lr=0.01)
-    loader = trainer.dataloader(make_data(64), batch_size=4, num_workers=0)
-    for _ in trainer.epochs(1, max_steps=steps):
-        for x, y in loader:
-            with trainer.autocast():
-                loss = torch.nn.functional.mse_loss(model(x), y)
-            trainer.backward(loss)
-            trainer.step(opt)
-            trainer.log(loss=loss)
+    train_toy(trainer, steps=steps)
     trainer.log_images("samples", torch.zeros(4, 3, 8, 8))
     trainer.close()
 

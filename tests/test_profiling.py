@@ -6,24 +6,14 @@ import collections
 import json
 
 import pytest
-import torch
-from test_trainer import make_data, make_model
+from test_trainer import train_toy
 
 import devplug
 from devplug.core.profiling import parse_window
 
 
 def _train(trainer: devplug.Trainer, steps: int) -> None:
-    model = trainer.setup(make_model())
-    opt = trainer.optimizer("sgd", model.parameters(), lr=0.01)
-    loader = trainer.dataloader(make_data(64), batch_size=4, num_workers=0)
-    for _ in trainer.epochs(2, max_steps=steps):
-        for x, y in loader:
-            with trainer.autocast():
-                loss = torch.nn.functional.mse_loss(model(x), y)
-            trainer.backward(loss)
-            trainer.step(opt)
-            trainer.log(loss=loss)
+    train_toy(trainer, steps=steps, epochs=2)
 
 
 def _regions(path) -> collections.Counter:

@@ -22,6 +22,20 @@ def make_data(n: int = 48) -> TensorDataset:
     return TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
 
 
+def train_toy(trainer: devplug.Trainer, *, steps: int, epochs: int = 1) -> None:
+    """A few SGD steps of ``make_model`` on ``make_data(64)`` through ``trainer``, logging the loss each step."""
+    model = trainer.setup(make_model())
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.01)
+    loader = trainer.dataloader(make_data(64), batch_size=4, num_workers=0)
+    for _ in trainer.epochs(epochs, max_steps=steps):
+        for x, y in loader:
+            with trainer.autocast():
+                loss = torch.nn.functional.mse_loss(model(x), y)
+            trainer.backward(loss)
+            trainer.step(opt)
+            trainer.log(loss=loss)
+
+
 def test_trainer_matches_plain_pytorch_exactly():
     data = make_data()
     # plain PyTorch, same optimizer implementation the CPU plugin picks

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from devplug.core.errors import CheckpointError
+from devplug.core.errors import CheckpointMismatchError
 from devplug.core.optstate import state_problems
 from devplug.core.records import OptimizerChoice
 
@@ -112,4 +112,4 @@ def check_matches(state: Mapping[str, Any], modules: Mapping[str, torch.nn.Modul
                 problems += state_problems(choice, saved_optimizers[key], key)
     if problems:
         text = "; ".join(" ".join(p.split()) for p in problems)
-        raise CheckpointError(f"checkpoint {str(path)!r} does not match this training setup: {text}")
+        raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this training setup: {text}")

@@ -39,6 +39,10 @@ class CheckpointError(DevplugError, RuntimeError):
     """A checkpoint is missing, corrupt, or does not match what is being restored."""
 
 
+class CheckpointMismatchError(CheckpointError):
+    """A readable checkpoint that belongs to another training setup (other modules, optimizers or shapes)."""
+
+
 class NonFiniteLossError(DevplugError, FloatingPointError):
     """A logged value became NaN or infinite."""
 

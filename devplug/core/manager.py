@@ -222,10 +222,6 @@ class DevplugPluginManager(pluggy.PluginManager):
         live = {name for name, _ in self.list_name_plugin()}
         return {name: specs for name, specs in self._declared.items() if name in live}
 
-    def is_device_plugin(self, name: str) -> bool:
-        """True when plugin ``name`` declares devices (a static fact: it implements the registration hook)."""
-        return name in self.declared_devices()
-
     def _precedence(self, name: str) -> tuple[int, int]:
         order = [n for n, _ in self.list_name_plugin()]
         if name.lower() in self.preferred:

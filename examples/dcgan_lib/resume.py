@@ -18,12 +18,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from devplug import CheckpointError, NonFiniteLossError, Trainer
+from devplug import CheckpointError, CheckpointMismatchError, NonFiniteLossError, Trainer
 
 from .cli import CHECKPOINT_RE, checkpoints_newest_first
-
-#: How devplug says a checkpoint belongs to another training setup (any other CheckpointError: the file is damaged).
-MISMATCH = "does not match this training setup"
 
 Say = Callable[..., None]
 
@@ -31,7 +28,7 @@ Say = Callable[..., None]
 def damaged(exc: Exception) -> bool:
     """True when a load failed because the file is damaged (empty, truncated, not a checkpoint, a failed
     digest, non-finite values, ...), not because it belongs to another model."""
-    return isinstance(exc, NonFiniteLossError) or MISMATCH not in str(exc)
+    return not isinstance(exc, CheckpointMismatchError)
 
 
 def load_first_good(trainer: Trainer, candidates: Sequence[Path], *, fall_back: bool,
