@@ -15,7 +15,28 @@ def interleaved(
     warmup: int = 1,
     after: Mapping[str, Callable[[], None]] | None = None,
 ) -> dict[str, float]:
-    """Median seconds per call of each variant, the variants taking turns so machine noise hits all alike.
+    """Median seconds per call of each variant, timed by :func:`interleaved_samples`."""
+    samples = interleaved_samples(variants, rounds=rounds, warmup=warmup, after=after)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def paired_ratio(samples: Mapping[str, list[float]], variant: str, baseline: str) -> float:
+    """Median over rounds of ``variant``'s time / ``baseline``'s time in the same round (>1: slower).
+
+    Pairing within a round cancels the drifts that hit both (another tenant, frequency), so the ratio is
+    steadier than a ratio of medians.
+    """
+    return statistics.median(v / b for v, b in zip(samples[variant], samples[baseline], strict=True))
+
+
+def interleaved_samples(
+    variants: dict[str, Callable[[], None]],
+    *,
+    rounds: int = 5,
+    warmup: int = 1,
+    after: Mapping[str, Callable[[], None]] | None = None,
+) -> dict[str, list[float]]:
+    """Seconds of each call of each variant, round by round, the variants taking turns so noise hits all alike.
 
     The order of the variants is shuffled anew each round (seeded, so runs repeat), so that no variant always
     runs first, last, or right after the same other one.
@@ -44,7 +65,7 @@ def interleaved(
         shuffle(order)
         for name in order:
             samples[name].append(call(name, variants[name]))
-    return {name: statistics.median(times) for name, times in samples.items()}
+    return samples
 
 
 def report(

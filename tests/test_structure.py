@@ -4,6 +4,8 @@ cycle in the core, one place to add a hook."""
 from __future__ import annotations
 
 import ast
+import collections
+import contextlib
 import inspect
 import shutil
 import subprocess
@@ -177,3 +179,50 @@ def test_the_step_goes_through_pluggy_only_for_hooks_with_several_implementation
                               plugin_manager=create_plugin_manager(autoload=False, extra_plugins=[Counting()]))
     counted.backward(counted.setup(torch.nn.Linear(3, 1))(torch.ones(2, 3)).sum())
     assert Counting.marks == 1  # a neutral plugin's hook is still called
+
+
+def _count_hook_calls(trainer: devplug.Trainer) -> collections.Counter:
+    calls: collections.Counter = collections.Counter()
+    callers = trainer.hooks._callers
+    for name, caller in list(callers.items()):
+        callers[name] = lambda _name=name, _caller=caller, **kwargs: (calls.update([_name]), _caller(**kwargs))[1]
+    return calls
+
+
+def test_a_cpu_step_calls_no_hook_that_only_the_fallback_answers():
+    # count_flops=False: the one-time peak-FLOPs question at step 2 is not a per-step call
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, stop_signals=(), count_flops=False)
+    model = trainer.setup(torch.nn.Linear(3, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.ones(8, 3), torch.ones(8, 1)), 2,
+                                num_workers=0)
+    calls = _count_hook_calls(trainer)
+    for _ in trainer.epochs(1):
+        for x, y in loader:
+            with trainer.autocast():
+                loss = torch.nn.functional.mse_loss(model(x), y)
+            trainer.backward(loss)
+            trainer.step(opt)
+    # one move per batch; no region (the fallback marks none), no mark_step (eager), no context of theirs
+    assert dict(calls) == {"devplug_to_device": 4}
+    trainer.close()
+
+
+def test_a_plugin_that_marks_regions_is_called_for_each_region():
+    class Marking:
+        names: list[str] = []
+
+        @devplug.hookimpl
+        def devplug_region(self, device, name):
+            Marking.names.append(name)
+            return contextlib.nullcontext()
+
+    pm = create_plugin_manager(autoload=False, extra_plugins=[Marking()])
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, plugin_manager=pm)
+    model = trainer.setup(torch.nn.Linear(3, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    with trainer.autocast():
+        loss = model(torch.ones(2, 3)).sum()
+    trainer.backward(loss)
+    trainer.step(opt)
+    assert Marking.names == ["forward", "backward", "optimizer_step"]

@@ -194,9 +194,19 @@ class DeviceHooks:
         pm = registry.pm
         others = [pm.get_plugin(name) for name in registry.device_plugin_names() - {device.plugin_name}]
         self._callers: dict[str, Callable[..., Any]] = {}
+        self._answered_by: dict[str, tuple[str, ...]] = {}
         for name in hookspecs.OPERATIONAL_HOOKS:
             caller = pm.subset_hook_caller(name, remove_plugins=[p for p in others if p is not None])
             self._callers[name] = _direct_call(caller, device) or functools.partial(caller, device=device)
+            self._answered_by[name] = tuple(impl.plugin_name for impl in caller.get_hookimpls())
+
+    def answered_by(self, spec: Callable[..., Any], /) -> tuple[str, ...]:
+        """The names of the plugins implementing hook ``spec`` for this device (empty: nobody does).
+
+        The step asks once whether only the core fallback answers a per-step hook (no region marking, no
+        step marking), and then leaves the call out of every step.
+        """
+        return self._answered_by[spec.__name__]
 
     def __call__(self, spec: Callable[Concatenate[Device, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Call the hook ``spec`` (a function of :mod:`devplug.core.hookspecs`) with keyword arguments."""

@@ -110,6 +110,13 @@ class Device:
     plugin_name: str
     options: Mapping[str, Any] = attrs.field(factory=dict)
     channels_last: bool = False
+    # built once: the step and the loader ask for it on every batch
+    _torch_device: torch.device = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        torch_type = self.spec.torch_type
+        place = torch.device(torch_type, self.index) if self.index is not None else torch.device(torch_type)
+        object.__setattr__(self, "_torch_device", place)
 
     @property
     def name(self) -> str:
@@ -119,9 +126,7 @@ class Device:
     @property
     def torch_device(self) -> torch.device:
         """The ``torch.device`` tensors are placed on."""
-        return torch.device(self.spec.torch_type, self.index) if self.index is not None else torch.device(
-            self.spec.torch_type
-        )
+        return self._torch_device
 
     @property
     def memory_format(self) -> torch.memory_format | None:

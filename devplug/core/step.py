@@ -9,6 +9,7 @@ current micro-batch comes from the training loader (:class:`~devplug.core.loadin
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,15 +21,70 @@ from devplug.core.loading import LoopPosition
 from devplug.core.profiling import StepProfiler
 from devplug.core.records import Phase, PrecisionPlan
 
+#: Entered where nothing is marked; a nullcontext keeps no state, so one serves every ``with``.
+NO_REGION = contextlib.nullcontext()
+
 
 def _parameters_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
+class StepRoute:
+    """The per-step hooks of one Trainer, resolved once: what only the core fallback answers is left out.
+
+    ``region`` and ``mark_step`` run several times per step. Where no device plugin implements them (the
+    fallback marks no region; an eager device marks no step), the step neither calls them nor enters a
+    context manager for them, so a step costs what the author's own loop would (issue 15's floor).
+    """
+
+    def __init__(self, hooks: DeviceHooks, profiler: StepProfiler, fallback: str) -> None:
+        self.hooks, self.profiler = hooks, profiler
+        self.marks_regions = hooks.answered_by(spec.devplug_region) not in ((), (fallback,))
+        self.marks_steps = hooks.answered_by(spec.devplug_mark_step) not in ((), (fallback,))
+
+    def region(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        """The device plugin's mark for region ``name``, inside a ``record_function`` range while profiling."""
+        if not self.marks_regions:
+            return NO_REGION if not self.profiler.active else self.profiler.region(name, NO_REGION)
+        return self.profiler.region(name, self.hooks(spec.devplug_region, name=name) or NO_REGION)
+
+    def plain(self) -> bool:
+        """True when no region is marked now: the step enters no context manager of its own."""
+        return not self.marks_regions and not self.profiler.active
+
+    def mark_step(self, phase: Phase) -> None:
+        """The lazy-mode step boundary, where the device marks one."""
+        if self.marks_steps:
+            self.hooks(spec.devplug_mark_step, phase=phase)
+
+
+class _Regioned(contextlib.AbstractContextManager):
+    """``region`` around ``inner``, without a generator frame."""
+
+    def __init__(self, region: contextlib.AbstractContextManager[Any], inner: Any) -> None:
+        self.region, self.inner = region, inner
+
+    def __enter__(self) -> Any:
+        self.region.__enter__()
+        try:
+            return self.inner.__enter__()
+        except BaseException:
+            self.region.__exit__(*sys.exc_info())
+            raise
+
+    def __exit__(self, *exc: Any) -> bool:
+        try:
+            suppressed = bool(self.inner.__exit__(*exc))
+        finally:
+            self.region.__exit__(*exc)
+        return suppressed
 
 
 class StepMethods:
     """The step methods of :class:`~devplug.Trainer` (a mixin: it uses the Trainer's hooks, plan and position)."""
 
     hooks: DeviceHooks
+    route: StepRoute
     precision: PrecisionPlan
     position: LoopPosition
     profiler: StepProfiler
@@ -37,13 +93,13 @@ class StepMethods:
     def region(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """A profiler region named ``name`` as the device plugin marks it (NVTX on CUDA when profiling), inside a
         ``record_function`` range in a profiler window (``profile=``)."""
-        return self.profiler.region(name, self.hooks(spec.devplug_region, name=name) or contextlib.nullcontext())
+        return self.route.region(name)
 
-    @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Context for forward and loss: the precision plan's autocast inside a ``"forward"`` region."""
-        with self.region("forward"), self.precision.autocast():
-            yield
+        if self.route.plain():
+            return self.precision.autocast()
+        return _Regioned(self.route.region("forward"), self.precision.autocast())
 
     @property
     def sync_gradients(self) -> bool:
@@ -59,13 +115,14 @@ class StepMethods:
         accumulation = self.position.accumulation
         if accumulation > 1:
             loss = loss / accumulation
-        with self.region("backward"):
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
+        scaler = self.scaler
+        with self.route.region("backward"):
+            if scaler is not None:
+                scaler.scale(loss).backward()
             else:
                 loss.backward()
         if self.position.sync_now:
-            self.hooks(spec.devplug_mark_step, phase=Phase.BACKWARD)
+            self.route.mark_step(Phase.BACKWARD)
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Optimizer step (through the scaler), step marking, ``zero_grad(set_to_none=True)``; True if it stepped.
@@ -75,14 +132,14 @@ class StepMethods:
         """
         if not self.position.sync_now:
             return False
-        step_context = self.precision.optimizer_step_context
-        with self.region("optimizer_step"), (step_context() if step_context else contextlib.nullcontext()):
-            if self.scaler is not None:
-                self.scaler.step(optimizer)
-                self.scaler.update()
+        step_context, scaler = self.precision.optimizer_step_context, self.scaler
+        with self.route.region("optimizer_step"), (step_context() if step_context else NO_REGION):
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
             else:
                 optimizer.step()
-        self.hooks(spec.devplug_mark_step, phase=Phase.OPTIMIZER_STEP)
+        self.route.mark_step(Phase.OPTIMIZER_STEP)
         optimizer.zero_grad(set_to_none=True)
         return True
 

@@ -24,14 +24,14 @@ from devplug.core.flops import FlopMeter
 from devplug.core.launch import detect_launch
 from devplug.core.loading import DeviceLoader, LoopPosition, is_dataset, loader_options, own_loader_choice
 from devplug.core.loggers import build_loggers
-from devplug.core.manager import DevplugPluginManager, get_plugin_manager
+from devplug.core.manager import FALLBACK_NAME, DevplugPluginManager, get_plugin_manager
 from devplug.core.optimizers import algorithm_name, build_choice, optimizer_key
 from devplug.core.profiling import StepProfiler
 from devplug.core.records import OptimizerChoice, PrecisionPlan
 from devplug.core.reporting import Reporter
 from devplug.core.signals import StopRequest, gloo_combine
 from devplug.core.state import TrainerState
-from devplug.core.step import StepMethods
+from devplug.core.step import StepMethods, StepRoute
 from devplug.core.summary import MeasureMethods
 
 log = logging.getLogger("devplug")
@@ -90,6 +90,7 @@ class Trainer(StepMethods, MeasureMethods):
             exclude=self.throughput.exclude, price_per_hour=self.config.price_per_hour, enabled=self.config.count_flops)
         self.profiler = StepProfiler(self.config.profile, self.config.log_dir, lambda: self.hooks(
             spec.devplug_profiler_activities), lambda: self.position.global_step, rank=self.rank)
+        self.route = StepRoute(self.hooks, self.profiler, FALLBACK_NAME)
 
     # ---- where am I -------------------------------------------------------------------------------
     @property

@@ -32,9 +32,15 @@ def move_to(obj: Any, device: torch.device, *, memory_format: torch.memory_forma
         return obj.to(device)
 
     def _move(t: torch.Tensor) -> torch.Tensor:
-        out = t.to(device, non_blocking=t.is_pinned())
+        # A tensor already on the device is kept (what .to() would return) without asking whether its
+        # memory is pinned, a query that costs more than the rest of the move on a CPU device.
+        out = t if t.device == device else t.to(device, non_blocking=t.is_pinned())
         if memory_format is not None and out.dim() == 4:
             out = out.contiguous(memory_format=memory_format)
         return out
 
+    if isinstance(obj, torch.Tensor):
+        return _move(obj)
+    if type(obj) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in obj):
+        return type(obj)(map(_move, obj))  # the common (inputs, targets) batch, without the general walk
     return map_tensors(obj, _move)
