@@ -1,23 +1,22 @@
 """Pieces the DCGAN benchmarks share: the example's training step, loader streams, a demo image folder.
 
 The training step (``DCGANStep``), models, data sets, image cache and ``to_unit_range`` are imported from
-``examples/`` unchanged, so the benchmarks time exactly what ``examples/dcgan.py`` runs.
+``examples/`` unchanged, so the benchmarks time exactly what ``examples/dcgan.py`` runs. The demo folder
+(``make_demo_folder``) lives in ``_photos.py``, which imports no devplug, and is re-exported here.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
 
+from _photos import make_demo_folder  # noqa: E402
 from dcgan import DCGANStep, to_unit_range  # noqa: E402
 from dcgan_lib.data import prepare_cache  # noqa: E402
 from dcgan_lib.default_data import FakeImages, ShapesDataset  # noqa: E402
@@ -88,23 +87,3 @@ class BatchStream:
                 pass
             self._batches = None
             self.driver.advance()
-
-
-def make_demo_folder(root: Path, count: int, width: int = 480, height: int = 360, seed: int = 0) -> float:
-    """Write ``count`` photo-like JPEGs of ``width``×``height`` (seed 000's 480×360) into ``root``; seconds taken.
-
-    Each is a smooth random color field with film-like grain, so the files have the size and decode cost of
-    ordinary photos (~70 KB at quality 90), not of flat synthetic images.
-    """
-    from PIL import Image
-
-    start = time.perf_counter()
-    root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for index in range(count):
-        coarse = rng.uniform(0, 255, size=(height // 60 + 2, width // 60 + 2, 3)).astype(np.uint8)
-        smooth = np.asarray(Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC), np.float32)
-        grain = rng.normal(0.0, 10.0, size=(height, width, 1)).astype(np.float32)
-        pixels = np.clip(smooth + grain, 0, 255).astype(np.uint8)
-        Image.fromarray(pixels).save(root / f"photo_{index:05d}.jpg", quality=90)
-    return time.perf_counter() - start
