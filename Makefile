@@ -37,6 +37,7 @@ check-device: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
 bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'  # Lightning Fabric and HF Accelerate, the peers of benchmarks/peers.py
 	$(PY) benchmarks/run_all.py  # each script takes its own flags: python benchmarks/NAME.py --help
 
 # The documentation site (MkDocs + Material, API reference from the docstrings), strict: a broken link,

@@ -259,6 +259,6 @@ class DevplugAdapter(Adapter):
         self.trainer.close()
 
     def describe(self) -> str:
-        opt = ", ".join(self.trainer.optimizer_implementation(c.optimizer) for c in self.trainer.optimizers.values())
+        opt = ", ".join(sorted({choice.implementation for choice in self.trainer.optimizers.values()}))
         loaders = "; ".join(loader.implementation for loader in self.trainer.loaders)
         return f"precision {self.trainer.precision.name}, {opt}, {loaders}"

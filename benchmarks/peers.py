@@ -20,7 +20,8 @@ the median over rounds of (variant's time / raw's time in the same round). A tim
 (``torch.synchronize`` is a no-op there) the clock reads follow the step's last kernel anyway.
 
 Run: python benchmarks/peers.py [--workload mlp,dcgan] [--setting same,best] [--rounds 15] [--device auto]
-     [--mlp-steps 200] [--dcgan-steps 4] [--model tiny-32] [--batch-size 64]
+     [--mlp-steps 200] [--dcgan-steps 4] [--model tiny-32] [--batch-size 64] [--adapters raw,fabric,...]
+     python benchmarks/peers.py --scaling [--rounds 5]   # raw vs devplug over batch sizes and model sizes
 Peers that cannot be imported (``pip install -e '.[bench]'`` brings Fabric and Accelerate; ``make bench``
 installs it) are named and skipped; the others run.
 """
@@ -129,7 +130,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     variants: dict[str, Callable[[], None]] = {}
     adapters: dict[str, Adapter] = {}
     missing: dict[str, str] = {}
-    for name in ADAPTERS:
+    for name in args.adapters.split(","):
         try:
             adapter, workload = build(name, args, device, best_dtype)
         except ImportError as exc:
@@ -186,28 +187,73 @@ def main() -> int:
     parser.add_argument("--dcgan-steps", type=int, default=4, help="DCGAN steps per timed epoch")
     parser.add_argument("--model", default="tiny-32", help="DCGAN model preset (tiny-32, naive-64, safe-64)")
     parser.add_argument("--batch-size", type=int, default=64, help="DCGAN batch size")
+    parser.add_argument("--adapters", default=",".join(ADAPTERS), help="which of raw, fabric, accelerate, devplug")
+    parser.add_argument("--scaling", action="store_true",
+                        help="instead: raw vs devplug on the DCGAN step over batch sizes 8-256 (tiny-32) and model "
+                             "sizes tiny-32 to safe-64 (batch 16), fp32 identical numerics, one table")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # run one workload/setting here
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_one(args)))
         return 0
-    results = []
-    for workload in args.workload.split(","):
-        for setting in args.setting.split(","):
-            command = [sys.executable, __file__, "--one", "--workload", workload, "--setting", setting]
-            for flag in ("rounds", "device", "best_precision", "mlp_steps", "dcgan_steps", "model", "batch_size"):
-                command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-            done = subprocess.run(command, capture_output=True, text=True, cwd=HERE)
-            if done.returncode != 0:
-                print(f"{workload}/{setting} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
-                return 1
-            result = json.loads(done.stdout.strip().splitlines()[-1])
-            results.append(result)
-            print_table(result)
+    results = scaling(args) if args.scaling else compare(args)
+    if results is None:
+        return 1
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
+
+
+def run_child(args: argparse.Namespace, **changes: Any) -> dict[str, Any] | None:
+    """``run_one`` in a fresh process with ``changes`` over ``args``; None (and the error printed) on failure."""
+    values = {**vars(args), **changes}
+    command = [sys.executable, __file__, "--one"]
+    for flag in ("workload", "setting", "adapters", "rounds", "device", "best_precision", "mlp_steps", "dcgan_steps",
+                 "model", "batch_size"):
+        command += [f"--{flag.replace('_', '-')}", str(values[flag])]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=HERE)
+    if done.returncode != 0:
+        print(f"{' '.join(command[2:])} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """Every workload × setting, one process each, a table each."""
+    results = []
+    for workload in args.workload.split(","):
+        for setting in args.setting.split(","):
+            result = run_child(args, workload=workload, setting=setting)
+            if result is None:
+                return None
+            results.append(result)
+            print_table(result)
+    return results
+
+
+#: (model, batch size) pairs of the scaling table: batch sizes on the smallest model, then model sizes.
+SCALING = [("tiny-32", 8), ("tiny-32", 32), ("tiny-32", 64), ("tiny-32", 128), ("tiny-32", 256),
+           ("naive-64", 16), ("safe-64", 16)]
+
+
+def scaling(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """Raw vs devplug (identical numerics) over batch and model sizes: how the overhead ratio moves with the work."""
+    print(f"DCGAN step, raw PyTorch vs devplug, fp32 and the same Adam (setting 'same'), {args.rounds} rounds each")
+    print(f"{'model':<10} {'batch':>5} {'steps/block':>11} {'raw ms/step':>12} {'devplug ms/step':>16} "
+          f"{'devplug/raw':>12} {'A/A':>7} {'overhead µs/step':>17}", flush=True)
+    results = []
+    for model, batch in SCALING:
+        steps = max(2, 512 // batch) if model == "tiny-32" else 1
+        result = run_child(args, workload="dcgan", setting="same", adapters="raw,devplug", model=model,
+                           batch_size=batch, dcgan_steps=steps)
+        if result is None:
+            return None
+        results.append(result)
+        us, ratio = result["us_per_step"], result["vs_raw"]
+        print(f"{model:<10} {batch:>5} {steps:>11} {us['raw'] / 1e3:>12.2f} {us['devplug'] / 1e3:>16.2f} "
+              f"{ratio['devplug']:>12.4f} {ratio[AA]:>7.4f} {(ratio['devplug'] - 1) * us['raw']:>+17.1f}", flush=True)
+    return results
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ class sub-folder (``ImageFolder`` needs one); ``--images`` is rounded down to a 
 because the example drops a last partial batch and upstream does not, so both train the same images.
 ``--folder PATH`` keeps the folder (written there if PATH does not exist) to reuse in a later run.
 
-Run: python benchmarks/reference_dcgan.py [compare] [--images 512] [--epochs 2] [--rounds 3] [--warmup 1]
+Run: python benchmarks/reference_dcgan.py [compare] [--images 128] [--epochs 2] [--rounds 2] [--warmup 0]
      [--batch-size 64] [--folder PATH]
      python benchmarks/reference_dcgan.py train --dataroot DIR [--epochs 5] [--batch-size 64] [--workers 2]
      [--image-size 64] [--nz 100] [--ngf 64] [--ndf 64] [--lr 2e-4] [--beta1 0.5] [--print-every 1]
@@ -268,11 +268,11 @@ def compare_parser() -> argparse.ArgumentParser:
     """Flags of ``compare`` (the default)."""
     parser = argparse.ArgumentParser(prog="reference_dcgan.py [compare]", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", type=int, default=512,
-                        help="JPEGs in the demo folder, rounded down to a multiple of --batch-size (default: 512)")
+    parser.add_argument("--images", type=int, default=128,
+                        help="JPEGs in the demo folder, rounded down to a multiple of --batch-size (default: 128)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs per run (default: 2)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds (default: 3)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each variant first (default: 1)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved timed rounds (default: 2)")
+    parser.add_argument("--warmup", type=int, default=0, help="untimed runs of each variant first (default: 0)")
     parser.add_argument("--batch-size", type=int, default=64, help="for every variant (default: 64, upstream's)")
     parser.add_argument("--folder", type=Path, default=None,
                         help="image folder to use (one sub-folder per class); written with --images demo JPEGs "
