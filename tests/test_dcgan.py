@@ -314,15 +314,15 @@ def test_auto_resume_starts_fresh_then_continues_from_the_newest_checkpoint(tmp_
 def interrupt_at_item(monkeypatch, item: int, action) -> None:
     """Make the embedded data set call ``action()`` when item number ``item`` is fetched."""
     calls = {"n": 0}
-    original = ShapesDataset.__getitem__
+    original = ShapesDataset.__getitems__
 
-    def fetching(self, index):
-        calls["n"] += 1
-        if calls["n"] == item:
+    def fetching(self, indices):  # the loader asks for a batch of items at once
+        before, calls["n"] = calls["n"], calls["n"] + len(indices)
+        if before < item <= calls["n"]:
             action()
-        return original(self, index)
+        return original(self, indices)
 
-    monkeypatch.setattr(ShapesDataset, "__getitem__", fetching)
+    monkeypatch.setattr(ShapesDataset, "__getitems__", fetching)
 
 
 def test_first_ctrl_c_finishes_the_step_then_saves_samples_and_summarizes(tmp_path, monkeypatch, capsys):
