@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     if args.data in EMBEDDED_NAMES:
         # One timed block = one epoch, so the epoch can end between blocks (same per-image cost as 32,000 images).
         dataset: Any = ShapesDataset(size, length=batch * args.steps)
-        sources[""] = dataset, f"embedded shapes ({size}x{size}, drawn per item; epoch = one block)"
+        sources[""] = dataset, f"embedded shapes ({size}x{size}, drawn per batch; epoch = one block)"
     elif args.data == "fake":
         sources[""] = FakeImages(size, length=batch * args.steps), f"fake (random {size}x{size} uint8 pool)"
     else:
