@@ -72,8 +72,8 @@ def main() -> None:
     parser.add_argument("--data", default="shapes",
                         help="shapes (embedded, default), fake, folder-demo, or a folder of images")
     parser.add_argument("--workers", default=None,
-                        help="loader worker processes, or a comma-separated list to compare side by side "
-                             "(default: the Trainer's, CPU cores minus one, at most 8)")
+                        help="loader worker processes, or a comma-separated list to compare side by side; "
+                             "'auto' is the Trainer's default (the device plugin measures the source and decides)")
     parser.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
                         help="default: what the device plugin prefers")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -100,7 +100,8 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     trainer = devplug.Trainer(device=args.device, precision=args.precision, seed=0, progress=False,
                               log_every=10**9)
     step = DCGANStep(trainer, spec)
-    worker_counts: list[int | None] = [None] if args.workers is None else [int(w) for w in args.workers.split(",")]
+    worker_counts: list[int | None] = [None if w.strip() == "auto" else int(w)
+                                       for w in (args.workers or "auto").split(",")]
     sources: dict[str, tuple[Any, str]] = {}  # data kind ("" or "cache"/"decode") -> (data source, description)
     notes: list[str] = []
     if args.data in EMBEDDED_NAMES:
@@ -132,12 +133,13 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     for kind, (source, description) in sources.items():
         for workers in worker_counts:
             parts = [kind] if kind else []
-            parts += [f"workers={workers}"] if len(worker_counts) > 1 else []
+            parts += [f"workers={'auto' if workers is None else workers}"] if len(worker_counts) > 1 else []
             label = f" ({', '.join(parts)})" if parts else ""
             loader = trainer.dataloader(source, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers,
                                         pin_memory=args.pin_memory)
             streams[label] = driver.stream(loader)
-            notes.append(f"data{label}: {description}; loader {loader.implementation}")
+            tuned = f" [{loader.choice.reason}]" if loader.choice.reason else ""
+            notes.append(f"data{label}: {description}; loader {loader.implementation}{tuned}")
     first = next(iter(streams.values()))
     images, _labels = first.next()
     fixed = to_unit_range(images)  # SYNTHETIC's one batch, kept on the device

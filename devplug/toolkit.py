@@ -11,6 +11,9 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   :func:`list_images`, :data:`IMAGE_EXTENSIONS`, :func:`load_rgb` — the tuned torch loader to fall back to
   when a faster loader does not apply, and the image pipeline every loader of an ``ImageFolderSource``
   must match (any pixel format to 8-bit RGB, EXIF orientation, reduced-scale JPEG decoding);
+- :func:`tune_loader` — the worker processes for the loader options the author left to devplug
+  (``LoaderOptions.automatic``), chosen from the device (does compute share the host's cores?) and a
+  measurement of the source; ``torch_dataloader(..., compute_competes=...)`` calls it;
 - :func:`display_path`, :func:`printable` — file names and messages shown readably (names that are not
   UTF-8 included);
 - :func:`process_memory_stats` — the host process's memory figure;
@@ -60,6 +63,7 @@ from devplug.core.data import (
 )
 from devplug.core.flops import measured_matmul_flops
 from devplug.core.images import display_path, load_rgb, printable
+from devplug.core.loadtune import tune_loader
 from devplug.core.manager import BUILTIN_PLUGINS
 from devplug.core.optconvert import (
     bias_corrected_to_canonical,
@@ -137,4 +141,5 @@ __all__ = [
     "torch_optimizer_class",
     "torch_optimizer_defaults",
     "torch_precision_plan",
+    "tune_loader",
 ]

@@ -131,6 +131,17 @@ def test_embedded_and_fake_data_are_deterministic_uint8():
     assert fake[3][0].shape == (3, 16, 16) and len(fake) == 10
 
 
+def test_embedded_images_are_the_same_drawn_alone_or_in_a_batch():
+    shapes = ShapesDataset(32, length=500, seed=4)
+    indices = [499, 0, 17, 17, 250, *range(100, 160)]
+    batch = shapes.__getitems__(indices)
+    assert [label for _, label in batch] == [shapes[i][1] for i in indices]
+    assert all(torch.equal(image, shapes[i][0]) for (image, _), i in zip(batch, indices, strict=True))
+    assert {label for _, label in batch} == {0, 1}
+    with pytest.raises(IndexError, match="out of range for 500 images"):
+        shapes.__getitems__([3, 500])
+
+
 def test_decode_resizes_short_side_and_center_crops(tmp_path):
     image = Image.new("RGB", (60, 30), (255, 0, 0))
     image.paste((0, 0, 255), (0, 0, 15, 30))  # a blue left quarter, cropped away by the center crop
@@ -312,7 +323,7 @@ def test_auto_resume_starts_fresh_then_continues_from_the_newest_checkpoint(tmp_
 
 
 def interrupt_at_item(monkeypatch, item: int, action) -> None:
-    """Make the embedded data set call ``action()`` when item number ``item`` is fetched."""
+    """Make the embedded data set call ``action()`` when item number ``item`` is fetched (in batches)."""
     calls = {"n": 0}
     original = ShapesDataset.__getitems__
 

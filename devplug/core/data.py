@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from devplug.core.errors import DataError
 from devplug.core.images import display_path, load_rgb, printable
+from devplug.core.loadtune import tune_loader
 from devplug.core.records import ImageFolderSource, LoaderChoice, LoaderOptions
 
 log = logging.getLogger(__name__)
@@ -224,8 +225,15 @@ def make_sampler(dataset: Dataset, options: LoaderOptions) -> Any:
     )
 
 
-def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "") -> LoaderChoice:
-    """A ``torch.utils.data.DataLoader`` tuned from ``options`` (workers, pinning, prefetch, sharding)."""
+def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
+                     compute_competes: bool | None = None) -> LoaderChoice:
+    """A ``torch.utils.data.DataLoader`` built from ``options`` (workers, pinning, prefetch, sharding).
+
+    With ``compute_competes`` given (contract 1.3), the options the author left automatic are tuned
+    first by measuring the source (:func:`devplug.core.loadtune.tune_loader`; ``True`` where the
+    training step runs on the host's cores, as on a CPU device), and what was decided is added to
+    ``reason``. Left ``None``, the options are used as they are.
+    """
     dataset = as_dataset(source)
     try:
         size = len(dataset)  # type: ignore[arg-type]
@@ -233,6 +241,9 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "") -
         size = None
     if size == 0:
         raise DataError("the dataset is empty; give the loader at least one sample")
+    if compute_competes is not None:
+        options, tuned = tune_loader(dataset, options, compute_competes=compute_competes)
+        reason = "; ".join(part for part in (reason, tuned) if part)
     sampler = make_sampler(dataset, options)
     workers = options.num_workers
     kwargs: dict[str, Any] = {}

@@ -85,8 +85,13 @@ def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSe
 
 @hookimpl(trylast=True)
 def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice:
-    """A tuned ``torch.utils.data.DataLoader``."""
-    return torch_dataloader(source, options)
+    """A ``torch.utils.data.DataLoader`` tuned by measuring the source (the author's explicit settings win).
+
+    Compute competes with loading for the host's cores unless the device type is torch's current
+    accelerator (``torch.accelerator``); a device plugin that knows better says so itself.
+    """
+    competes = not accelerator.is_current_accelerator(device.torch_device.type)
+    return torch_dataloader(source, options, compute_competes=competes)
 
 
 @hookimpl(trylast=True)

@@ -193,8 +193,10 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
 
     ``source`` is a ``torch.utils.data.Dataset`` or an :class:`~devplug.core.records.ImageFolderSource`.
     ``options`` carries batch size, shuffling, workers, pinning, and the rank and world size to shard
-    by. Return a :class:`LoaderChoice`, or ``None`` to defer (the core's fallback builds a
-    ``torch.utils.data.DataLoader``). First-result.
+    by; ``options.automatic`` names the options the author left to devplug, which the plugin may tune
+    (``devplug.toolkit.tune_loader``) — the others are the author's and are used as given. Return a
+    :class:`LoaderChoice` (its ``reason`` says what was chosen and why), or ``None`` to defer (the core's
+    fallback builds a ``torch.utils.data.DataLoader`` with tuned workers). First-result.
     """
 
 

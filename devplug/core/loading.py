@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
 
 from devplug.core.errors import CheckpointError, ConfigError, DataError
+from devplug.core.loadtune import DEFAULT_PREFETCH, default_workers
 from devplug.core.records import ImageFolderSource, LoaderChoice, LoaderOptions
 from devplug.core.tree import map_tensors
 
@@ -148,15 +149,22 @@ def batch_size(batch: Any) -> int:
     return found[0] if found else 1
 
 
-def loader_options(*, num_workers: int | None, **values: Any) -> LoaderOptions:
+def loader_options(*, num_workers: int | None, pin_memory: bool | None, prefetch_factor: int | None,
+                   **values: Any) -> LoaderOptions:
     """The :class:`LoaderOptions` for ``Trainer.dataloader``, or a :class:`ConfigError` naming the bad option.
 
-    ``num_workers=None`` means the cores left after the main process (at most 8).
+    ``None`` leaves an option to devplug and names it in ``LoaderOptions.automatic``; the fields still
+    hold usable defaults for plugins that pass them on: ``num_workers`` the cores left after the main
+    process (at most 8), ``prefetch_factor`` 2, ``pin_memory`` ``None`` (the device plugin decides). The
+    device plugin's loader hook tunes what is automatic (:func:`devplug.core.loadtune.tune_loader`).
     """
-    if num_workers is None:
-        num_workers = min(8, max(0, (os.cpu_count() or 1) - 1))
+    automatic = {name for name, value in (("num_workers", num_workers), ("pin_memory", pin_memory),
+                                          ("prefetch_factor", prefetch_factor)) if value is None}
     try:
-        return LoaderOptions(num_workers=num_workers, **values)
+        return LoaderOptions(
+            num_workers=default_workers() if num_workers is None else num_workers, pin_memory=pin_memory,
+            prefetch_factor=DEFAULT_PREFETCH if prefetch_factor is None else prefetch_factor,
+            automatic=frozenset(automatic), **values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid data loader option: {exc}") from exc
 

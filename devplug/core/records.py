@@ -19,7 +19,7 @@ import torch
 #: Version of the hook contract (not of the devplug package; see docs/plugins.md "Contract versions").
 #: A plugin declares what it needs with ``DEVPLUG_CONTRACT``: ``"1.1"`` (that minor or newer, same major)
 #: or a range such as ``">=1.0,<3"``; a plugin this devplug cannot serve is reported and skipped.
-CONTRACT_VERSION = "1.2"
+CONTRACT_VERSION = "1.3"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -268,9 +268,28 @@ class ImageFolderSource:
     skip_unreadable: bool = True
 
 
+#: The loader options an author may leave to devplug (``LoaderOptions.automatic`` names those left).
+AUTOMATIC_LOADER_OPTIONS = frozenset({"num_workers", "pin_memory", "prefetch_factor"})
+
+
+def _check_automatic(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+    unknown = set(value) - AUTOMATIC_LOADER_OPTIONS
+    if unknown:
+        raise ValueError(f"LoaderOptions.automatic names {sorted(unknown)}, which devplug does not choose; "
+                         f"it may name {sorted(AUTOMATIC_LOADER_OPTIONS)}")
+
+
 @attrs.frozen
 class LoaderOptions:
-    """What the author asked of a data loader; plugins honour what applies to them."""
+    """What the author asked of a data loader; plugins honour what applies to them.
+
+    Every field holds a usable value, so a plugin that passes the options on as they are builds a
+    working loader: ``num_workers`` and ``prefetch_factor`` left out by the author hold the Trainer's
+    defaults (CPU cores − 1 at most 8, and 2); ``pin_memory`` left out is ``None`` (the device plugin
+    decides). ``automatic`` (contract 1.3) names the options the author left to devplug, so a plugin
+    can tune those (:func:`devplug.toolkit.tune_loader`) and must keep the others exactly as given: the
+    author's explicit settings always win.
+    """
 
     batch_size: int = attrs.field(validator=attrs.validators.gt(0))
     shuffle: bool = False
@@ -284,6 +303,7 @@ class LoaderOptions:
     world_size: int = 1
     collate_fn: Callable[..., Any] | None = None
     sampler: Any = None
+    automatic: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset, validator=_check_automatic)
 
 
 @attrs.frozen
@@ -293,7 +313,9 @@ class LoaderChoice:
     ``loader`` is iterable over batches; ``implementation`` names it (``"torch DataLoader"``,
     ``"DALI"``, ``"HabanaDataLoader"``); ``on_device`` is True when batches already live on the
     device (so the Trainer does not move them again); ``sampler`` is the sampler whose ``set_epoch``
-    the Trainer calls each epoch, if any; ``reason`` says why a faster loader was not used.
+    the Trainer calls each epoch, if any; ``reason`` says why this loader and its settings were
+    chosen: why a faster loader was not used, what automatic tuning measured and decided (the Trainer
+    logs it).
     """
 
     loader: Iterable[Any]

@@ -210,7 +210,7 @@ class Trainer(StepMethods, MeasureMethods):
     def dataloader(
         self, source: Any, batch_size: int | None = None, *, train: bool = True, shuffle: bool = False,
         drop_last: bool = False, num_workers: int | None = None, pin_memory: bool | None = None,
-        persistent_workers: bool = True, prefetch_factor: int | None = 2, collate_fn: Any = None,
+        persistent_workers: bool = True, prefetch_factor: int | None = None, collate_fn: Any = None,
         sampler: Any = None, seed: int | None = None,
     ) -> DeviceLoader:
         """A loader whose batches arrive on the device: a training loader, or an evaluation one (``train=False``).
@@ -219,6 +219,9 @@ class Trainer(StepMethods, MeasureMethods):
         HabanaDataLoader, a tuned torch DataLoader; under DDP each rank reads its own shard), or a
         DataLoader or iterable of batches the author built (used as it is). Training loaders count steps;
         an evaluation loader never does, always yields its whole dataset, and is never skipped on resume.
+        ``num_workers``, ``pin_memory`` and ``prefetch_factor`` left out (``None``) are chosen by the device
+        plugin from the device and a measurement of the source (``loader.choice.reason`` says what and
+        why); given, they are used exactly as given.
         """
         base_seed = self.config.seed if seed is None and self.config.seed is not None else (seed or 0)
         if is_dataset(source):

@@ -152,14 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="build the image cache for --data PATH and exit (prepare data before a long or "
                            "multi-process run)")
     data.add_argument("--workers", type=_workers, default=None,
-                      help="data loader worker processes (default: CPU cores minus one, at most 8); also caps "
-                           "the processes that build the cache (default: every CPU core)")
+                      help="data loader worker processes (default: the device plugin decides by timing a batch of "
+                           "the data: none for the cache or the embedded data on a CPU, where they would compete "
+                           "with training; workers for decoding); also caps the processes that build the cache "
+                           "(default: every CPU core)")
     data.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
                       help="pin host batches for faster copies (default: what the device plugin prefers)")
     data.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction, default=True,
                       help="keep loader workers alive between epochs (default: on)")
-    data.add_argument("--prefetch-factor", type=_positive_int, default=2,
-                      help="batches each worker loads ahead (default: 2)")
+    data.add_argument("--prefetch-factor", type=_positive_int, default=None,
+                      help="batches each worker loads ahead (default: the device plugin's, 2 for torch's loader)")
 
     train = parser.add_argument_group("training")
     train.add_argument("--steps", type=_positive_int, default=None,

@@ -15,14 +15,22 @@ from devplug import (
     Device,
     DeviceSpec,
     LaunchInfo,
+    LoaderChoice,
+    LoaderOptions,
     MemoryStats,
     OptimizerChoice,
     PrecisionPlan,
     hookimpl,
 )
-from devplug.toolkit import autocast_plan, measured_matmul_flops, process_memory_stats, torch_optimizer_class
+from devplug.toolkit import (
+    autocast_plan,
+    measured_matmul_flops,
+    process_memory_stats,
+    torch_dataloader,
+    torch_optimizer_class,
+)
 
-DEVPLUG_CONTRACT = "1.2"
+DEVPLUG_CONTRACT = "1.3"
 
 #: Optimizers that torch implements with a fused CPU kernel in recent releases.
 FUSED_CANDIDATES = ("adam", "adamw", "sgd", "adagrad")
@@ -98,6 +106,17 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
 def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup:
     """gloo; DDP keeps its own defaults on CPU."""
     return CollectiveSetup(backend="gloo")
+
+
+@hookimpl
+def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice:
+    """The torch DataLoader, tuned for a device whose compute shares the cores with loading.
+
+    A cheap source (a memory-mapped cache, tensors in memory) is read in the main process; an expensive
+    one (decoding) by background workers that take only the CPU time the step leaves idle. The author's
+    ``num_workers`` wins (see ``devplug.toolkit.tune_loader``).
+    """
+    return torch_dataloader(source, options, compute_competes=True)
 
 
 @hookimpl

@@ -44,7 +44,7 @@ from devplug.plugins.cuda.precision import configure_tf32, plan_precision
 from devplug.plugins.cuda.probe import compute_capability, device_count, probe
 from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_dataloader
 
-DEVPLUG_CONTRACT = "1.2"
+DEVPLUG_CONTRACT = "1.3"
 
 log = logging.getLogger("devplug")
 
@@ -130,11 +130,15 @@ def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSe
 
 @hookimpl
 def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice:
-    """DALI for image folders when DALI is installed, else the torch DataLoader with pinned memory."""
+    """DALI for image folders when DALI is installed, else the torch DataLoader with pinned memory.
+
+    The torch DataLoader's workers, where the author left them out, are tuned by measuring the source
+    (compute runs on the GPU, so workers do not compete with it); DALI's threads follow ``num_workers``.
+    """
     if options.pin_memory is None:
         options = attrs.evolve(options, pin_memory=bool(device.options.get("pin_memory", True)))
     if not isinstance(source, ImageFolderSource):
-        return torch_dataloader(source, options)
+        return torch_dataloader(source, options, compute_competes=False)
     if not device.options.get("dali", True):
         reason = "DALI disabled by the device option dali=False"
     else:
@@ -151,7 +155,7 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
             except Exception as exc:  # a DALI that imports but cannot run here must not stop training
                 reason = f"the DALI pipeline could not be built ({type(exc).__name__}: {exc})"
     log_once(f"cuda: loading {source.root} with the torch DataLoader, not DALI: {reason}")
-    return torch_dataloader(source, options, reason=reason)
+    return torch_dataloader(source, options, reason=reason, compute_competes=False)
 
 
 @hookimpl

@@ -23,7 +23,7 @@ from devplug.plugins.generic.catalog import declared_types, facts, priority
 from devplug.plugins.generic.probe import count, probe
 from devplug.toolkit import log_once, torch_dataloader
 
-DEVPLUG_CONTRACT = "1.2"
+DEVPLUG_CONTRACT = "1.3"
 
 
 def device_spec(device_type: str) -> DeviceSpec:
@@ -55,7 +55,10 @@ def devplug_device_setup(device: Device) -> None:
 
 @hookimpl
 def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice:
-    """The torch DataLoader, pinning host memory by default where PyTorch supports it for the type (not MPS)."""
+    """The torch DataLoader, pinning host memory by default where PyTorch supports it for the type (not MPS).
+
+    Workers the author left out are tuned by measuring the source; compute runs on the accelerator.
+    """
     if options.pin_memory is None:
         options = attrs.evolve(options, pin_memory=facts(device.torch_device.type).pin_memory)
-    return torch_dataloader(source, options)
+    return torch_dataloader(source, options, compute_competes=False)

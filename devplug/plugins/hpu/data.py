@@ -66,7 +66,7 @@ def build_loader(device: Device, source: Any, options: LoaderOptions) -> LoaderC
                       "Intel Gaudi PyTorch containers and installer")
     if loader_class is None:
         runtime.log_once(f"data loader: {reason}; using torch DataLoader", logging.INFO)
-        return torch_dataloader(source, options, reason=reason)
+        return torch_dataloader(source, options, reason=reason, compute_competes=False)
     sampler = make_sampler(dataset, options)
     kwargs: dict[str, Any] = {
         "batch_size": options.batch_size,

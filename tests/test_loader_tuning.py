@@ -1,0 +1,209 @@
+"""The loader tuned to the device and the source (issue 15), and the author's explicit settings winning.
+
+Nothing here is timed: the sources are far from the thresholds (tensors in memory: well under a
+millisecond per batch; sleeping samples: at least the sleep), or the threshold is moved for the test.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import attrs
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
+
+import devplug
+from devplug import LoaderOptions, hookimpl
+from devplug.core import loadtune
+from devplug.core.manager import create_plugin_manager
+from devplug.plugins.cpu import plugin as cpu_plugin
+from devplug.plugins.cuda import plugin as cuda_plugin
+from devplug.toolkit import measured_matmul_flops, tune_loader
+
+AUTO = frozenset({"num_workers", "pin_memory", "prefetch_factor"})
+
+
+class Counting(Dataset):
+    """Samples that sleep ``seconds`` each (an expensive source when long enough) and count their reads."""
+
+    def __init__(self, length: int = 16, seconds: float = 0.0) -> None:
+        self.length, self.seconds, self.reads = length, seconds, 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        self.reads += 1
+        if self.seconds:
+            time.sleep(self.seconds)
+        return torch.full((3,), float(index)), index
+
+
+class Noisy(Dataset):
+    """Draws from torch's, Python's and NumPy's global random generators, as random augmentations do."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([float(index), torch.rand(()).item(), random.random(), np.random.rand()])
+
+
+class Capture:
+    """A device-neutral plugin that records the LoaderOptions the device plugin's loader hook receives."""
+
+    def __init__(self) -> None:
+        self.options: list[LoaderOptions] = []
+
+    @hookimpl(tryfirst=True)
+    def devplug_dataloader(self, device, source, options):
+        self.options.append(options)
+
+
+def cpu_trainer(capture: Capture | None = None, seed: int = 0) -> devplug.Trainer:
+    extra = [("capture", capture)] if capture is not None else []
+    return devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=seed,
+                           plugin_manager=create_plugin_manager(autoload=False, extra_plugins=extra))
+
+
+def test_a_cheap_in_memory_source_is_read_in_the_main_process_on_cpu():
+    loader = cpu_trainer().dataloader(TensorDataset(torch.randn(64, 3)), batch_size=4)
+    assert loader.choice.loader.num_workers == 0
+    assert loader.implementation == "torch DataLoader(workers=0, pin_memory=False)"
+    assert loader.choice.reason.startswith("auto: 0 workers") and " ms in the main process" in loader.choice.reason
+
+
+def test_an_expensive_source_gets_a_worker_per_core_on_cpu():
+    dataset = Counting(length=16, seconds=0.02)  # 20 ms a sample: far above the CPU threshold (1 ms)
+    loader = cpu_trainer().dataloader(dataset, batch_size=4)
+    workers = min(loadtune.MAX_WORKERS, loadtune.available_cpus())
+    assert workers >= 1  # one per core, so a 1-core machine gets one too
+    assert loader.choice.loader.num_workers == workers
+    assert loader.choice.reason.startswith(f"auto: {workers} workers")
+    assert 1 <= dataset.reads <= 4  # at most one batch was read to measure it (and at most ~0.2 s of it)
+
+
+def test_a_moderate_source_gets_no_workers_where_compute_competes_but_workers_on_an_accelerator(monkeypatch):
+    dataset = Counting(length=32, seconds=0.001)  # >= 8 ms a batch of 8: not cheap
+    options = LoaderOptions(batch_size=8, num_workers=5, automatic=AUTO)
+    monkeypatch.setattr(loadtune, "CPU_WORKER_SAMPLE_SECONDS", 1.0)  # below it whatever the machine's load
+    on_cpu, why = tune_loader(dataset, options, compute_competes=True)
+    assert on_cpu.num_workers == 0 and "workers would take their time from compute" in why
+    on_gpu, why = tune_loader(dataset, options, compute_competes=False)
+    assert on_gpu.num_workers == loadtune.default_workers() and "CPU cores - 1" in why
+
+
+def test_explicit_settings_win_and_nothing_is_measured():
+    capture = Capture()
+    dataset = Counting(length=16, seconds=0.02)
+    trainer = cpu_trainer(capture)
+    loader = trainer.dataloader(dataset, batch_size=4, num_workers=0, pin_memory=False, prefetch_factor=3)
+    assert capture.options[-1].automatic == frozenset()
+    assert dataset.reads == 0 and loader.choice.reason == ""
+    assert loader.choice.loader.num_workers == 0  # although the source is expensive
+
+    cheap = Counting(length=16)
+    loader = trainer.dataloader(cheap, batch_size=4, num_workers=2, prefetch_factor=3)
+    assert capture.options[-1].automatic == frozenset({"pin_memory"})
+    assert cheap.reads == 0
+    assert loader.choice.loader.num_workers == 2 and loader.choice.loader.prefetch_factor == 3  # although cheap
+
+    trainer.dataloader(cheap, batch_size=4)
+    assert capture.options[-1].automatic == AUTO
+    assert capture.options[-1].num_workers == loadtune.default_workers()  # usable as it is by any plugin
+    assert capture.options[-1].prefetch_factor == loadtune.DEFAULT_PREFETCH
+
+
+def test_tune_loader_leaves_explicit_options_alone():
+    dataset = Counting(length=16, seconds=0.02)
+    options = LoaderOptions(batch_size=4, num_workers=3, automatic={"pin_memory", "prefetch_factor"})
+    assert tune_loader(dataset, options, compute_competes=True) == (options, "")
+    assert dataset.reads == 0
+
+
+def test_explicit_pin_memory_wins_on_cuda_and_workers_are_tuned():
+    dataset = TensorDataset(torch.randn(16, 3))
+    device = cuda_plugin.devplug_register_devices()
+    device = devplug.Device(spec=device, index=None, plugin_name="cuda")
+    auto = cuda_plugin.devplug_dataloader(device=device, source=dataset,
+                                          options=LoaderOptions(batch_size=4, num_workers=2, automatic=AUTO))
+    assert auto.loader.pin_memory is True and auto.loader.num_workers == 0 and auto.reason.startswith("auto: 0")
+    told = cuda_plugin.devplug_dataloader(device=device, source=dataset, options=LoaderOptions(
+        batch_size=4, num_workers=2, pin_memory=False, automatic={"prefetch_factor"}))
+    assert told.loader.pin_memory is False and told.loader.num_workers == 2 and told.reason == ""
+
+
+def test_measuring_changes_neither_the_batches_nor_the_global_random_state():
+    # The CPU plugin measures its peak FLOP/s once per process at the third step, drawing from torch's global
+    # generator (devplug.core.flops); do it now, so that both loaders below run after it.
+    measured_matmul_flops("cpu", torch.float32)
+    trainer = cpu_trainer(seed=3)  # (seeds the global generators itself)
+    torch.manual_seed(7)
+    random.seed(7)
+    np.random.seed(7)
+    before = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    tuned = trainer.dataloader(Noisy(), batch_size=4, shuffle=True)
+    assert tuned.choice.reason.startswith("auto: 0 workers")  # it was measured (and is cheap)
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+    assert np.array_equal(np.random.get_state()[1], before[2])
+
+    def first_epoch(loader) -> list[torch.Tensor]:
+        torch.manual_seed(11)
+        random.seed(11)
+        np.random.seed(11)
+        return list(loader)
+
+    plain = cpu_trainer(seed=3).dataloader(Noisy(), batch_size=4, shuffle=True, num_workers=0)
+    assert plain.choice.reason == ""
+    tuned_batches, plain_batches = first_epoch(tuned), first_epoch(plain)
+    assert len(tuned_batches) == 6
+    assert all(torch.equal(a, b) for a, b in zip(tuned_batches, plain_batches, strict=True))
+
+
+def test_the_cpu_plugin_and_the_fallback_say_whether_compute_competes(monkeypatch):
+    seen = []
+    monkeypatch.setattr("devplug.core.data.tune_loader",
+                        lambda dataset, options, compute_competes: (seen.append(compute_competes) or (options, "")))
+    dataset = TensorDataset(torch.randn(8, 3))
+    options = LoaderOptions(batch_size=4, automatic=AUTO)
+    cpu = devplug.Device(spec=cpu_plugin.devplug_register_devices(), index=None, plugin_name="cpu")
+    cpu_plugin.devplug_dataloader(device=cpu, source=dataset, options=options)
+    from devplug.core import fallback
+
+    fallback.devplug_dataloader(device=cpu, source=dataset, options=options)  # not torch's accelerator
+    cuda = devplug.Device(spec=cuda_plugin.devplug_register_devices(), index=None, plugin_name="cuda")
+    monkeypatch.setattr("devplug.core.accelerator.current_accelerator_type", lambda: "cuda")
+    fallback.devplug_dataloader(device=cuda, source=dataset, options=options)
+    assert seen == [True, True, False]
+
+
+@pytest.mark.parametrize(
+    ("dataset", "why"),
+    [
+        (type("Stream", (IterableDataset,), {"__iter__": lambda self: iter([torch.zeros(2)] * 4)})(),
+         "an IterableDataset is not read ahead"),
+        (type("Broken", (Dataset,), {"__len__": lambda self: 4,
+                                     "__getitem__": lambda self, i: 1 / 0})(), "raised ZeroDivisionError"),
+    ],
+    ids=["iterable", "raises"],
+)
+def test_a_source_that_cannot_be_read_ahead_keeps_the_defaults_and_says_why(dataset, why):
+    options = LoaderOptions(batch_size=2, num_workers=loadtune.default_workers(), automatic=AUTO)
+    tuned, reason = tune_loader(dataset, options, compute_competes=True)
+    assert tuned == options and why in reason and reason.startswith(f"auto: {options.num_workers} workers")
+
+
+def test_the_reason_is_logged_where_the_trainer_builds_the_loader(caplog):
+    with caplog.at_level("INFO", logger="devplug"):
+        cpu_trainer().dataloader(TensorDataset(torch.randn(8, 3)), batch_size=4)
+    assert any("torch DataLoader(workers=0, pin_memory=False) (auto: 0 workers" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_automatic_names_only_options_devplug_chooses():
+    with pytest.raises(ValueError, match="which devplug does not choose"):
+        LoaderOptions(batch_size=2, automatic={"shuffle"})
+    assert attrs.evolve(LoaderOptions(batch_size=2, automatic=["num_workers"])).automatic == {"num_workers"}
