@@ -162,3 +162,9 @@ def test_an_impossible_mfu_is_not_reported_but_explained(caplog):
         figures = meter.figures(50.0, 50.0)  # 5 GFLOP/s achieved against a 1 GFLOP/s "peak"
     assert "mfu" not in figures and figures["flops_per_sample"] == 1e8
     assert "MFU not reported" in caplog.text
+
+
+def test_measuring_the_peak_draws_nothing_from_the_training_rng():
+    before = torch.random.get_rng_state()
+    measured_matmul_flops("cpu", torch.float32, seconds=0.01)
+    assert torch.equal(torch.random.get_rng_state(), before)  # a run's random numbers do not depend on it
