@@ -39,8 +39,9 @@ class StepRoute:
 
     def __init__(self, hooks: DeviceHooks, profiler: StepProfiler, fallback: str) -> None:
         self.hooks, self.profiler = hooks, profiler
+        # the fallback's region is a nullcontext (no mark); the fallback implements no mark_step
         self.marks_regions = hooks.answered_by(spec.devplug_region) not in ((), (fallback,))
-        self.marks_steps = hooks.answered_by(spec.devplug_mark_step) not in ((), (fallback,))
+        self.marks_steps = bool(hooks.answered_by(spec.devplug_mark_step))
 
     def region(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """The device plugin's mark for region ``name``, inside a ``record_function`` range while profiling."""
