@@ -2,8 +2,9 @@
 
 Each framework is an *adapter* with the few operations a training loop needs (set up a module, build an
 optimizer and a loader, autocast, backward, step), each written the way that framework's documentation
-writes it. The workloads (:mod:`_workloads`) are written once against the adapter interface, so every
-framework runs the same Python around the same model and differs only in what its own API does.
+writes it, under the names ``devplug.Trainer`` gives them. The workloads (``peers.py``) are written once
+against that interface, the DCGAN one being the example's own ``DCGANStep``, so every framework runs the
+same Python around the same model and differs only in what its own API does.
 
 Two settings per adapter:
 
@@ -50,16 +51,31 @@ class Adapter:
 
     name = "?"
 
+    #: One process: what the example's DCGANStep reads to slice its noise.
+    rank, world_size = 0, 1
+
     def __init__(self, device: torch.device, setting: str, best_dtype: torch.dtype | None) -> None:
         self.device, self.setting, self.best_dtype = device, setting, best_dtype
         self.fused = fused_supported(device)
 
-    def setup(self, module: torch.nn.Module, name: str) -> torch.nn.Module:
+    @property
+    def torch_device(self) -> torch.device:
+        """Where tensors go (the name ``devplug.Trainer`` gives it, so the example's step runs on any adapter)."""
+        return self.device
+
+    def mixed_precision(self, bf16: str, fp16: str, off: str) -> str:
+        """This framework's name for the precision of this setting: ``bf16``/``fp16`` under ``best``, else ``off``."""
+        if self.setting != "best" or self.best_dtype is None:
+            return off
+        return bf16 if self.best_dtype == torch.bfloat16 else fp16
+
+    def setup(self, module: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
         """The module to call in the loop."""
         raise NotImplementedError
 
-    def optimizer(self, params: Iterable[torch.nn.Parameter], **options: Any) -> torch.optim.Optimizer:
-        """Adam over ``params``: the same implementation for all under ``same``, each one's best under ``best``."""
+    def optimizer(self, algorithm: str, params: Iterable[torch.nn.Parameter], **options: Any) -> torch.optim.Optimizer:
+        """``algorithm`` (Adam: the only one the workloads use) over ``params``: the same implementation for all
+        under ``same``, each one's best under ``best``."""
         raise NotImplementedError
 
     def loader(self, dataset: Dataset, batch_size: int) -> Iterable[Any]:
@@ -104,10 +120,10 @@ class RawTorch(Adapter):
 
     name = "raw"
 
-    def setup(self, module: torch.nn.Module, name: str) -> torch.nn.Module:
+    def setup(self, module: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
         return module.to(self.device)
 
-    def optimizer(self, params: Iterable[torch.nn.Parameter], **options: Any) -> torch.optim.Optimizer:
+    def optimizer(self, algorithm: str, params: Iterable[torch.nn.Parameter], **options: Any) -> torch.optim.Optimizer:
         return self._adam(params, **options)
 
     def loader(self, dataset: Dataset, batch_size: int) -> Iterable[Any]:
@@ -150,17 +166,15 @@ class FabricAdapter(Adapter):
         except ImportError:  # the standalone lightning-fabric distribution
             from lightning_fabric import Fabric  # type: ignore[import-not-found]
 
-        precision = "32-true"
-        if setting == "best" and best_dtype is not None:
-            precision = "bf16-mixed" if best_dtype == torch.bfloat16 else "16-mixed"
+        precision = self.mixed_precision("bf16-mixed", "16-mixed", "32-true")
         accelerator = {"cpu": "cpu", "cuda": "cuda", "mps": "mps"}.get(device.type, "auto")
         self.precision = precision
         self.fabric = Fabric(accelerator=accelerator, devices=1, precision=precision)
 
-    def setup(self, module: torch.nn.Module, name: str) -> torch.nn.Module:
+    def setup(self, module: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
         return self.fabric.setup_module(module)
 
-    def optimizer(self, params: Iterable[torch.nn.Parameter], **options: Any) -> torch.optim.Optimizer:
+    def optimizer(self, algorithm: str, params: Iterable[torch.nn.Parameter], **options: Any) -> torch.optim.Optimizer:
         return self.fabric.setup_optimizers(self._adam(params, **options))
 
     def loader(self, dataset: Dataset, batch_size: int) -> Iterable[Any]:
@@ -189,16 +203,13 @@ class AccelerateAdapter(Adapter):
         super().__init__(device, setting, best_dtype)
         from accelerate import Accelerator  # type: ignore[import-not-found]
 
-        mixed = "no"
-        if setting == "best" and best_dtype is not None:
-            mixed = "bf16" if best_dtype == torch.bfloat16 else "fp16"
-        self.mixed = mixed
-        self.accelerator = Accelerator(mixed_precision=mixed, cpu=device.type == "cpu")
+        self.mixed = self.mixed_precision("bf16", "fp16", "no")
+        self.accelerator = Accelerator(mixed_precision=self.mixed, cpu=device.type == "cpu")
 
-    def setup(self, module: torch.nn.Module, name: str) -> torch.nn.Module:
+    def setup(self, module: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
         return self.accelerator.prepare(module)
 
-    def optimizer(self, params: Iterable[torch.nn.Parameter], **options: Any) -> torch.optim.Optimizer:
+    def optimizer(self, algorithm: str, params: Iterable[torch.nn.Parameter], **options: Any) -> torch.optim.Optimizer:
         return self.accelerator.prepare(self._adam(params, **options))
 
     def loader(self, dataset: Dataset, batch_size: int) -> Iterable[Any]:
@@ -229,13 +240,13 @@ class DevplugAdapter(Adapter):
                                        progress=False, log_every=10**9, stop_signals=())
         self._epochs = self.trainer.epochs(2**62)
 
-    def setup(self, module: torch.nn.Module, name: str) -> torch.nn.Module:
+    def setup(self, module: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
         return self.trainer.setup(module, name=name)
 
-    def optimizer(self, params: Iterable[torch.nn.Parameter], **options: Any) -> torch.optim.Optimizer:
+    def optimizer(self, algorithm: str, params: Iterable[torch.nn.Parameter], **options: Any) -> torch.optim.Optimizer:
         if self.setting == "same":
             options = {**options, "fused": True} if self.fused else {**options, "foreach": False}
-        return self.trainer.optimizer("adam", params, **options)
+        return self.trainer.optimizer(algorithm, params, **options)
 
     def loader(self, dataset: Dataset, batch_size: int) -> Iterable[Any]:
         workers = {"num_workers": 0} if self.setting == "same" else {}

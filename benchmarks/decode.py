@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from _dcgan import make_demo_folder, prepare_cache
 from _timing import interleaved, report
 
 import devplug
-from devplug.toolkit import ImageFolderDataset, list_images, load_rgb
+from devplug.toolkit import ImageFolderDataset, available_cpus, list_images, load_rgb
 
 
 def make_detailed_folder(root: Path, count: int, width: int = 480, height: int = 360, seed: int = 1) -> None:
@@ -156,7 +155,7 @@ def run(root: Path, size: int, rounds: int, note: str) -> None:
 
 def time_cache_build(root: Path, size: int, rounds: int, tmp: Path) -> None:
     """The DCGAN example's one-off cache build (decode + write) with 0, 1 and every core's worker processes."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = available_cpus()
     count = len(list_images(root))
 
     def build(workers: int) -> Callable[[], None]:

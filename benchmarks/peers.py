@@ -4,7 +4,7 @@ Two workloads, each written once against a small adapter interface (``_peers.py`
 implements the way its documentation writes a loop:
 
 - ``mlp``: a 2-layer MLP on a small batch, where the step is short and per-step framework overhead shows;
-- ``dcgan``: the example's DCGAN step (D on real and fake, D step, G step; ``examples/dcgan_lib`` models).
+- ``dcgan``: the example's own DCGAN step (``DCGANStep``: D on real and fake, D step, G step).
 
 Each workload runs in two settings, each in a process of its own (Accelerate's state is process-wide):
 
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _dcgan import PRESETS, DCGANStep
 from _peers import AccelerateAdapter, Adapter, DevplugAdapter, FabricAdapter, RawTorch, synchronize
 from _timing import interleaved_samples, paired_ratio
 from torch import nn
@@ -60,7 +61,7 @@ class MLPWorkload:
         self.adapter = adapter
         model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
         self.model = adapter.setup(model, "mlp")
-        self.opt = adapter.optimizer(self.model.parameters(), lr=1e-3)
+        self.opt = adapter.optimizer("adam", self.model.parameters(), lr=1e-3)
         data = TensorDataset(torch.randn(steps * batch_size, 64), torch.randint(0, 10, (steps * batch_size,)))
         self.loader = adapter.loader(data, batch_size)
         self.criterion = nn.CrossEntropyLoss()
@@ -76,42 +77,20 @@ class MLPWorkload:
 
 
 class DCGANWorkload:
-    """The example's DCGAN step (BCE with logits, Adam lr 2e-4, betas (0.5, 0.999)) on in-memory images."""
+    """The example's own DCGAN step (``DCGANStep`` from ``examples/dcgan.py``) on in-memory images, any adapter."""
 
     def __init__(self, adapter: Adapter, steps: int, batch_size: int, model: str) -> None:
-        sys.path.insert(0, str(HERE.parent / "examples"))
-        from dcgan_lib.models import PRESETS, build_models
-
         torch.manual_seed(0)
-        self.adapter, self.spec = adapter, PRESETS[model]
-        generator, discriminator = build_models(self.spec)
-        self.net_g = adapter.setup(generator, "generator")
-        self.net_d = adapter.setup(discriminator, "discriminator")
-        self.opt_g = adapter.optimizer(self.net_g.parameters(), lr=2e-4, betas=(0.5, 0.999))
-        self.opt_d = adapter.optimizer(self.net_d.parameters(), lr=2e-4, betas=(0.5, 0.999))
-        size = self.spec.image_size
+        self.adapter = adapter
+        self.step = DCGANStep(adapter, PRESETS[model])  # type: ignore[arg-type]  # the adapter reads like a Trainer
+        size = self.step.spec.image_size
         images = torch.rand(steps * batch_size, 3, size, size) * 2 - 1
         self.loader = adapter.loader(TensorDataset(images, torch.zeros(steps * batch_size)), batch_size)
-        self.criterion = nn.BCEWithLogitsLoss()
 
     def epoch(self) -> None:
         """One epoch of DCGAN iterations."""
-        adapter, net_g, net_d, criterion = self.adapter, self.net_g, self.net_d, self.criterion
-        device, nz = adapter.device, self.spec.nz
-        for real, _ in adapter.epoch(self.loader):
-            batch = real.shape[0]
-            noise = torch.randn(batch, nz, 1, 1, device=device)
-            ones, zeros = torch.ones(batch, device=device), torch.zeros(batch, device=device)
-            with adapter.autocast():
-                fake = net_g(noise)
-                loss_d = criterion(net_d(real), ones) + criterion(net_d(fake.detach()), zeros)
-            self.opt_d.zero_grad(set_to_none=True)
-            adapter.backward(loss_d)
-            adapter.step(self.opt_d)
-            with adapter.autocast():
-                loss_g = criterion(net_d(fake), ones)
-            adapter.backward(loss_g)
-            adapter.step(self.opt_g)
+        for real, _ in self.adapter.epoch(self.loader):
+            self.step(real)
 
 
 def build(name: str, args: argparse.Namespace, device: torch.device, best_dtype: torch.dtype | None) -> Any:

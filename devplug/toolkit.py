@@ -14,6 +14,7 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
 - :func:`tune_loader` — the worker processes for the loader options the author left to devplug
   (``LoaderOptions.automatic``), chosen from the device (does compute share the host's cores?) and a
   measurement of the source; ``torch_dataloader(..., compute_competes=...)`` calls it;
+  :func:`available_cpus` — the cores this process may run on (its affinity mask), what it counts with;
 - :func:`display_path`, :func:`printable` — file names and messages shown readably (names that are not
   UTF-8 included);
 - :func:`process_memory_stats` — the host process's memory figure;
@@ -63,7 +64,7 @@ from devplug.core.data import (
 )
 from devplug.core.flops import measured_matmul_flops
 from devplug.core.images import display_path, load_rgb, printable
-from devplug.core.loadtune import tune_loader
+from devplug.core.loadtune import available_cpus, tune_loader
 from devplug.core.manager import BUILTIN_PLUGINS
 from devplug.core.optconvert import (
     bias_corrected_to_canonical,
@@ -106,6 +107,7 @@ __all__ = [
     "TORCH_OPTIMIZERS",
     "ImageFolderDataset",
     "autocast_plan",
+    "available_cpus",
     "bias_corrected_to_canonical",
     "builtin_plugin",
     "collective_backend",

@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import Dataset
 
 from devplug import DataError
-from devplug.toolkit import display_path, list_images
+from devplug.toolkit import available_cpus, display_path, list_images
 
 from .cachefile import CacheWriter, build_lock, check_free_space, collect_stale, npy_header, open_locked, write_text
 from .decode_pool import decode_chw, decode_files
@@ -50,10 +50,7 @@ def default_cache_dir() -> Path:
 
 def build_workers() -> int:
     """Decode processes for a cache build: every core this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return available_cpus()
 
 
 def decode_image(path: str | os.PathLike[str], image_size: int) -> np.ndarray:
