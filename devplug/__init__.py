@@ -7,26 +7,8 @@ vendor stack and not TensorBoard.
 """
 
 from devplug._version import __version__
-from devplug.core.config import TrainerConfig
-from devplug.core.errors import (
-    CheckpointError,
-    CheckpointMismatchError,
-    ConfigError,
-    DataError,
-    DeviceUnavailableError,
-    DevplugError,
-    NonFiniteLossError,
-    OptimizerError,
-    PluginError,
-    PrecisionError,
-    UnknownDeviceError,
-)
-from devplug.core.hookimpl import hookimpl
-from devplug.core.launch import detect_launch
-from devplug.core.loggers import CSVLogger, JSONLinesLogger, Logger, TensorBoardLogger
-from devplug.core.manager import create_plugin_manager, reset_plugin_manager
-from devplug.core.mlflow_logger import MLflowLogger
-from devplug.core.records import (
+from devplug.core.contract.hookimpl import hookimpl
+from devplug.core.contract.records import (
     CONTRACT_VERSION,
     Availability,
     CollectiveSetup,
@@ -43,8 +25,26 @@ from devplug.core.records import (
     Phase,
     PrecisionPlan,
 )
-from devplug.core.schedules import DECAYS, LR_SCALING_RULES, LRSchedule, scale_lr
-from devplug.core.trainer import Trainer
+from devplug.core.distributed.launch import detect_launch
+from devplug.core.errors import (
+    CheckpointError,
+    CheckpointMismatchError,
+    ConfigError,
+    DataError,
+    DeviceUnavailableError,
+    DevplugError,
+    NonFiniteLossError,
+    OptimizerError,
+    PluginError,
+    PrecisionError,
+    UnknownDeviceError,
+)
+from devplug.core.loop.config import TrainerConfig
+from devplug.core.loop.trainer import Trainer
+from devplug.core.observe.loggers import CSVLogger, JSONLinesLogger, Logger, TensorBoardLogger
+from devplug.core.observe.mlflow import MLflowLogger
+from devplug.core.optim.schedules import DECAYS, LR_SCALING_RULES, LRSchedule, scale_lr
+from devplug.core.registry.manager import create_plugin_manager, reset_plugin_manager
 
 __all__ = [
     "CONTRACT_VERSION",

@@ -11,10 +11,11 @@ from typing import Any
 import attrs
 
 from devplug._version import __version__
-from devplug.core.devices import DeviceRegistry
-from devplug.core.doctor import diagnose
+from devplug.core.contract.records import CONTRACT_VERSION
 from devplug.core.errors import DevplugError
-from devplug.core.manager import (
+from devplug.core.observe.doctor import diagnose
+from devplug.core.registry.devices import DeviceRegistry
+from devplug.core.registry.manager import (
     BUILTIN_DISTRIBUTION,
     ENV_BLOCK,
     ENV_DISABLE_AUTOLOAD,
@@ -22,7 +23,6 @@ from devplug.core.manager import (
     DevplugPluginManager,
     get_plugin_manager,
 )
-from devplug.core.records import CONTRACT_VERSION
 from devplug.testing.checks import ConformanceError, run_checks
 
 #: How ``devplug devices --verbose`` marks a hook implementation's pluggy options.

@@ -43,18 +43,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from devplug.core.accelerator import (
-    collective_backend,
-    current_accelerator_type,
-    device_available,
-    device_count,
-    device_module,
-    memory_stats,
-    native_bf16,
-    select_device,
-    synchronize,
-)
-from devplug.core.data import (
+from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
+from devplug.core.data.images import display_path, load_rgb, printable
+from devplug.core.data.torch_loader import (
     IMAGE_EXTENSIONS,
     ImageFolderDataset,
     image_transform,
@@ -62,11 +53,23 @@ from devplug.core.data import (
     make_sampler,
     torch_dataloader,
 )
-from devplug.core.flops import measured_matmul_flops
-from devplug.core.images import display_path, load_rgb, printable
-from devplug.core.loadtune import available_cpus, tune_loader
-from devplug.core.manager import BUILTIN_PLUGINS
-from devplug.core.optconvert import (
+from devplug.core.data.tuning import available_cpus, tune_loader
+from devplug.core.fallback.accelerator import (
+    collective_backend,
+    current_accelerator_type,
+    device_available,
+    device_count,
+    device_module,
+    memory_stats,
+    native_bf16,
+    process_memory_stats,
+    select_device,
+    synchronize,
+)
+from devplug.core.fallback.precision import autocast_plan, torch_precision_plan
+from devplug.core.log_once import forget_logged, log_once
+from devplug.core.observe.flops import measured_matmul_flops
+from devplug.core.optim.conversion import (
     bias_corrected_to_canonical,
     momentum_from_canonical,
     momentum_to_canonical,
@@ -74,19 +77,14 @@ from devplug.core.optconvert import (
     steps_to_groups,
     steps_to_params,
 )
-from devplug.core.recipes import (
+from devplug.core.optim.torch_optimizers import (
     TORCH_OPTIMIZERS,
-    autocast_plan,
     fastest_torch_optimizer,
-    forget_logged,
-    log_once,
-    process_memory_stats,
     torch_kernel,
     torch_optimizer_class,
     torch_optimizer_defaults,
-    torch_precision_plan,
 )
-from devplug.core.tempfiles import remove_stale_temp_files
+from devplug.core.registry.manager import BUILTIN_PLUGINS
 from devplug.core.tree import map_tensors, move_to
 
 

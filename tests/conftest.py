@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from distributions import pip_install, write_project
 
-from devplug.core import manager
+from devplug.core.registry import manager
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import devplug
-from devplug.core import checkpoint as ckpt
+from devplug.core.checkpoint import file as ckpt
 from devplug.core.errors import CheckpointError
 
 

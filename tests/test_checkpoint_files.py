@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import devplug
-from devplug.core import checkpoint as ckpt
+from devplug.core.checkpoint import file as ckpt
 from devplug.core.errors import CheckpointError
 
 

@@ -19,7 +19,7 @@ from standins import hpu_fixtures
 
 import devplug
 from devplug.core.errors import CheckpointError
-from devplug.core.manager import create_plugin_manager
+from devplug.core.registry.manager import create_plugin_manager
 from devplug.plugins.cuda import optimizers as cuda_optimizers
 from devplug.plugins.hpu import optimizers as hpu_optimizers
 from devplug.toolkit import torch_optimizer_class

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import devplug
-from devplug.core.checkpoint import read_checkpoint
+from devplug.core.checkpoint.file import read_checkpoint
 from devplug.toolkit import remove_stale_temp_files
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,8 +7,8 @@ import torch
 
 import devplug
 from devplug import cli
-from devplug.core import manager
-from devplug.core.manager import create_plugin_manager
+from devplug.core.registry import manager
+from devplug.core.registry.manager import create_plugin_manager
 
 
 class Toy:

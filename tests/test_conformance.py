@@ -15,7 +15,7 @@ import torch.distributed as dist
 from standins import hpu_fixtures
 
 import devplug
-from devplug.core.manager import DevplugPluginManager, create_plugin_manager
+from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
 from devplug.core.tree import move_to
 from devplug.testing import DeviceConformance, checks
 from devplug.testing.checks import ConformanceError
@@ -295,7 +295,7 @@ def test_a_device_nobody_registers_names_the_load_failures():
 def test_unavailable_device_skips_with_the_reason_or_fails_when_required(tmp_path):
     (tmp_path / "test_unavailable.py").write_text(textwrap.dedent("""
         import devplug
-        from devplug.core.manager import create_plugin_manager
+        from devplug.core.registry.manager import create_plugin_manager
         from devplug.testing import DeviceConformance
 
         class Absent:

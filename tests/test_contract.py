@@ -11,8 +11,8 @@ import torch
 
 import devplug
 from devplug import toolkit
-from devplug.core.devices import DeviceRegistry
-from devplug.core.manager import create_plugin_manager
+from devplug.core.registry.devices import DeviceRegistry
+from devplug.core.registry.manager import create_plugin_manager
 
 
 def spec(name: str, priority: int = 5) -> devplug.DeviceSpec:

@@ -1,7 +1,7 @@
 """The CUDA plugin's DALI image-folder loader, run for real in DALI's CPU-only mode (``device_id=None``).
 
 The same pipeline decodes on the GPU ("mixed") when given a device id; here it decodes on the CPU, which
-needs no GPU. Batches are compared with the torch loader's (:class:`devplug.core.data.ImageFolderDataset`).
+needs no GPU. Batches are compared with the torch loader's (:class:`devplug.core.data.torch_loader.ImageFolderDataset`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 import torch
 from PIL import Image
 
-from devplug.core.data import ImageFolderDataset, list_images
+from devplug.core.contract.records import Device, ImageFolderSource, LoaderOptions
+from devplug.core.data.torch_loader import ImageFolderDataset, list_images
 from devplug.core.errors import DataError
-from devplug.core.records import Device, ImageFolderSource, LoaderOptions
 from devplug.plugins.cuda import dali, plugin
 from devplug.plugins.cuda import plugin as cuda_plugin
 from devplug.toolkit import forget_logged

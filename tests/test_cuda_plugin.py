@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import devplug
-from devplug.core.devices import DeviceRegistry
+from devplug.core.contract.records import Availability, Device, DeviceSpec, LaunchInfo, LoaderOptions, Phase
 from devplug.core.errors import DeviceUnavailableError, OptimizerError, PrecisionError
-from devplug.core.manager import DevplugPluginManager, create_plugin_manager
-from devplug.core.records import Availability, Device, DeviceSpec, LaunchInfo, LoaderOptions, Phase
+from devplug.core.registry.devices import DeviceRegistry
+from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
 from devplug.plugins.cuda import optimizers, precision, probe
 from devplug.plugins.cuda import plugin as cuda_plugin
 from devplug.testing import DeviceConformance
@@ -89,7 +89,7 @@ def one_step(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
 def test_registering_and_probing_cuda_imports_neither_apex_nor_dali():
     code = (
         "import sys\n"
-        "from devplug.core.devices import DeviceRegistry\n"
+        "from devplug.core.registry.devices import DeviceRegistry\n"
         "registry = DeviceRegistry()\n"
         "registry.devices['cuda'].availability(); registry.devices['cuda'].count()\n"
         "print([m for m in sys.modules if m == 'apex' or m.startswith(('apex.', 'nvidia.dali'))])\n"

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 import devplug
-from devplug.core.data import list_images
+from devplug.core.data.torch_loader import list_images
 from devplug.core.errors import DataError
 
 
@@ -58,9 +58,10 @@ def break_images(root):
 def test_unreadable_images_are_skipped_with_a_warning_naming_each_file(tmp_path, caplog):
     write_images(tmp_path / "imgs", 6)
     broken = break_images(tmp_path / "imgs")
-    dataset = devplug.core.data.ImageFolderDataset(devplug.ImageFolderSource(str(tmp_path / "imgs"), image_size=16))
+    source = devplug.ImageFolderSource(str(tmp_path / "imgs"), image_size=16)
+    dataset = devplug.core.data.torch_loader.ImageFolderDataset(source)
     assert len(dataset) == 8
-    with caplog.at_level("WARNING", logger="devplug.core.data"):
+    with caplog.at_level("WARNING", logger="devplug.core.data.torch_loader"):
         samples = [dataset[i] for i in range(len(dataset))]
         samples += [dataset[i] for i in range(len(dataset))]  # a second epoch warns no more
     assert all(image.shape == (3, 16, 16) for image, _ in samples)
@@ -84,7 +85,8 @@ def test_unreadable_images_raise_when_skipping_is_off_or_nothing_is_readable(tmp
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "a.jpg").write_bytes(b"no")
     (tmp_path / "bad" / "b.png").write_bytes(b"no")
-    dataset = devplug.core.data.ImageFolderDataset(devplug.ImageFolderSource(str(tmp_path / "bad"), image_size=8))
+    source = devplug.ImageFolderSource(str(tmp_path / "bad"), image_size=8)
+    dataset = devplug.core.data.torch_loader.ImageFolderDataset(source)
     with pytest.raises(DataError, match="none of the 2 images"):
         dataset[0]
 

@@ -8,7 +8,7 @@ import torch
 from test_trainer import make_data, make_model
 
 import devplug
-from devplug.core.reporting import input_bound_hint
+from devplug.core.observe.reporter import input_bound_hint
 
 
 class SlowDataset(torch.utils.data.Dataset):
@@ -70,7 +70,7 @@ def test_the_hint_says_what_the_step_could_consume():
 
 
 def test_the_first_batch_wait_is_not_counted():
-    from devplug.core.metrics import Throughput
+    from devplug.core.observe.metrics import Throughput
 
     meter = Throughput()
     meter.add(4, waited=5.0)  # worker start-up, before the clock runs

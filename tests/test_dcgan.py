@@ -414,7 +414,7 @@ def test_no_cache_hands_the_folder_to_the_plugin_loader_which_skips_unreadable_f
     folder, out = tmp_path / "images", tmp_path / "run"
     write_images(folder, 8, classes=False)
     (folder / "broken.jpg").write_bytes(b"not a jpeg at all")
-    with caplog.at_level("WARNING", logger="devplug.core.data"):
+    with caplog.at_level("WARNING", logger="devplug.core.data.torch_loader"):
         assert run(["--data", str(folder), "--no-cache", "--workers", "0", "--batch-size", "9", "--steps", "2",
                     "--out", str(out)]) == 0
     summary = summary_of(out)

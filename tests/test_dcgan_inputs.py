@@ -148,7 +148,7 @@ def test_a_decompression_bomb_does_not_stop_a_no_cache_run(tmp_path, caplog):
     folder = tmp_path / "images"
     write_images(folder, 8, classes=False)
     decompression_bomb(folder / "huge.png")
-    with caplog.at_level("WARNING", logger="devplug.core.data"):
+    with caplog.at_level("WARNING", logger="devplug.core.data.torch_loader"):
         assert dcgan.main([*TINY, "--data", str(folder), "--no-cache", "--batch-size", "9", "--steps", "2",
                            "--out", str(tmp_path / "run")]) == 0
     assert any("huge.png" in r.getMessage() and "MAX_IMAGE_PIXELS" in r.getMessage() for r in caplog.records)

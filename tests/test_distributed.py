@@ -19,10 +19,11 @@ from dist_scripts import common
 from dist_scripts.common import HERE, free_port, make_model, run_ranks
 
 import devplug
-from devplug.core import distributed
-from devplug.core.config import TrainerConfig
+from devplug.core.contract.records import CollectiveSetup, LaunchInfo
+from devplug.core.distributed import combine, ddp
+from devplug.core.distributed import process_group as distributed
 from devplug.core.errors import ConfigError
-from devplug.core.records import CollectiveSetup, LaunchInfo
+from devplug.core.loop.config import TrainerConfig
 
 EPOCHS, BATCH, SAMPLES, LOG_EVERY, WORLD = 2, 4, 40, 4, 2
 STEPS = EPOCHS * SAMPLES // (BATCH * WORLD)
@@ -180,11 +181,12 @@ def test_single_process_trainer_leaves_torch_distributed_alone():
 def test_ddp_options_put_author_options_over_plugin_defaults():
     plugin = CollectiveSetup(backend="x", ddp_kwargs={"bucket_cap_mb": 100, "broadcast_buffers": False,
                                                       "gradient_as_bucket_view": True, "device_ids": [3]})
-    options = distributed.ddp_options(plugin, TrainerConfig(bucket_cap_mb=8))
-    buffers = "forward_sync_buffers" if "forward_sync_buffers" in distributed._ddp_parameters() else "broadcast_buffers"
+    options = ddp.ddp_options(plugin, TrainerConfig(bucket_cap_mb=8).ddp_overrides())
+    buffers = "forward_sync_buffers" if "forward_sync_buffers" in ddp._ddp_parameters() else "broadcast_buffers"
     assert options == {"bucket_cap_mb": 8, buffers: False, "gradient_as_bucket_view": True, "device_ids": [3]}
-    options = distributed.ddp_options(plugin, TrainerConfig(broadcast_buffers=True, gradient_as_bucket_view=False,
-                                                            find_unused_parameters=True, static_graph=True))
+    config = TrainerConfig(broadcast_buffers=True, gradient_as_bucket_view=False, find_unused_parameters=True,
+                           static_graph=True)
+    options = ddp.ddp_options(plugin, config.ddp_overrides())
     assert options == {"bucket_cap_mb": 100, buffers: True, "gradient_as_bucket_view": False, "device_ids": [3],
                        "find_unused_parameters": True, "static_graph": True}
 
@@ -215,7 +217,7 @@ def test_wrap_ddp_passes_merged_options_to_ddp(one_rank_group):
     plugin = CollectiveSetup(backend="gloo", ddp_kwargs={"bucket_cap_mb": 7, "broadcast_buffers": False,
                                                          "gradient_as_bucket_view": True})
     config = TrainerConfig(bucket_cap_mb=2, find_unused_parameters=True)
-    wrapped = distributed.wrap_ddp(make_model(0), plugin, config)
+    wrapped = ddp.wrap_ddp(make_model(0), plugin, config.ddp_overrides())
     assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel)
     assert wrapped.bucket_bytes_cap == 2 * 1024 * 1024
     assert (wrapped.broadcast_buffers, wrapped.gradient_as_bucket_view, wrapped.find_unused_parameters) == (
@@ -224,27 +226,27 @@ def test_wrap_ddp_passes_merged_options_to_ddp(one_rank_group):
 
 def test_wrap_ddp_leaves_a_frozen_module_unwrapped(one_rank_group):
     frozen = make_model(0).requires_grad_(False)
-    assert distributed.wrap_ddp(frozen, CollectiveSetup(backend="gloo"), TrainerConfig()) is frozen
+    assert ddp.wrap_ddp(frozen, CollectiveSetup(backend="gloo"), TrainerConfig().ddp_overrides()) is frozen
 
 
 def test_mean_across_ranks_on_one_rank_is_identity(one_rank_group):
     values = torch.tensor([1.0, 3.0])
-    assert torch.equal(distributed.mean_across_ranks(values), values)
+    assert torch.equal(combine.mean_across_ranks(values), values)
 
 
 def test_metric_reduction_returns_only_after_gloo_let_go_of_its_tensor(one_rank_group, monkeypatch):
     # gloo's worker thread releases a finished all_reduce's tensor after the caller resumes; a release
     # during interpreter shutdown aborts the process (seen as a rare SIGABRT at the end of 2-rank runs)
     seen = []
-    real = distributed.wait_for_release
+    real = combine.wait_for_release
 
     def spy(tensor, timeout=2.0):
         released = real(tensor, timeout)
         seen.append((released, tensor._use_count()))
         return released
 
-    monkeypatch.setattr(distributed, "wait_for_release", spy)
-    distributed.mean_across_ranks(torch.tensor([1.0, 3.0]))
+    monkeypatch.setattr(combine, "wait_for_release", spy)
+    combine.mean_across_ranks(torch.tensor([1.0, 3.0]))
     assert seen == [(True, 1)]
 
 
@@ -263,9 +265,9 @@ def test_wait_for_release_gives_up_while_another_owner_holds_the_tensor():
     tensor = torch.ones(2)
     holder = tensor.view(-1)  # a view owns its base from C++, as a collective's work object does
     assert tensor._use_count() == 2
-    assert distributed.wait_for_release(tensor, timeout=0.02) is False
+    assert combine.wait_for_release(tensor, timeout=0.02) is False
     del holder
-    assert distributed.wait_for_release(tensor, timeout=0.02) is True
+    assert combine.wait_for_release(tensor, timeout=0.02) is True
 
 
 def test_init_process_group_keeps_an_existing_group_and_checks_it(one_rank_group):

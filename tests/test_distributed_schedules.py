@@ -10,7 +10,7 @@ import torch
 
 import devplug
 from devplug.core.errors import ConfigError
-from devplug.core.schedules import DECAYS, LR_SCALING_RULES, cosine_factor, warmup_factor
+from devplug.core.optim.schedules import DECAYS, LR_SCALING_RULES, cosine_factor, warmup_factor
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from devplug import docgen
-from devplug.core import hookspecs
+from devplug.core.contract import hookspecs
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -15,7 +15,7 @@ from distributions import pip_install, write_project
 
 import devplug
 from devplug.cli import doctor_report
-from devplug.core.manager import create_plugin_manager
+from devplug.core.registry.manager import create_plugin_manager
 from devplug.plugins.hpu import doctor as hpu_doctor
 
 REPO = Path(__file__).resolve().parents[1]

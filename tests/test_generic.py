@@ -18,9 +18,9 @@ from standins.fake_accelerator import FAKE_BACKEND, fake_accelerator
 import devplug
 from devplug import Availability, DeviceSpec, LaunchInfo, MemoryStats
 from devplug.cli import devices_report
-from devplug.core import hookspecs as spec
-from devplug.core.devices import DeviceRegistry
-from devplug.core.manager import create_plugin_manager
+from devplug.core.contract import hookspecs as spec
+from devplug.core.registry.devices import DeviceRegistry
+from devplug.core.registry.manager import create_plugin_manager
 from devplug.plugins.generic import catalog
 from devplug.plugins.generic import plugin as generic_plugin
 from devplug.testing import DeviceConformance

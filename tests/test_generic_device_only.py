@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import devplug
-from devplug.core.recipes import torch_kernel
+from devplug.core.optim.torch_optimizers import torch_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "dcgan.py"

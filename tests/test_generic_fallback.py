@@ -14,8 +14,10 @@ import torch
 from standins.fake_accelerator import fake_accelerator
 
 from devplug import Availability, Device, DeviceSpec, LaunchInfo, MemoryStats, PrecisionError
-from devplug.core import accelerator, fallback, rng
-from devplug.core.recipes import torch_kernel
+from devplug.core.checkpoint import rng
+from devplug.core.fallback import accelerator
+from devplug.core.fallback import plugin as fallback
+from devplug.core.optim.torch_optimizers import torch_kernel
 
 
 def device(torch_type: str, index: int | None = None) -> Device:

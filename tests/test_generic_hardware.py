@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from devplug.core.devices import DeviceRegistry
-from devplug.core.manager import DevplugPluginManager, create_plugin_manager
+from devplug.core.registry.devices import DeviceRegistry
+from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
 from devplug.plugins.generic.catalog import privateuse1_name
 from devplug.testing import run_checks
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from standins import hpu_fixtures
 
-from devplug.core.manager import DevplugPluginManager, create_plugin_manager
+from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
 from devplug.testing import DeviceConformance
 
 pytestmark = pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true:UserWarning")

@@ -20,9 +20,9 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import devplug
-from devplug.core import hookspecs
-from devplug.core.devices import DeviceRegistry
-from devplug.core.records import Device, ImageFolderSource, LaunchInfo, LoaderOptions, Phase
+from devplug.core.contract import hookspecs
+from devplug.core.contract.records import Device, ImageFolderSource, LaunchInfo, LoaderOptions, Phase
+from devplug.core.registry.devices import DeviceRegistry
 from devplug.plugins.hpu import precision, runtime
 
 # The stand-in computes on the CPU, where torch ignores pinned memory (and says so).

@@ -12,8 +12,8 @@ from standins import hpu_fixtures
 
 import devplug
 from devplug.cli import devices_report
-from devplug.core.devices import DeviceRegistry
-from devplug.core.manager import create_plugin_manager
+from devplug.core.registry.devices import DeviceRegistry
+from devplug.core.registry.manager import create_plugin_manager
 from devplug.plugins.hpu import probe
 
 

@@ -18,9 +18,9 @@ import pytest
 from PIL import Image, JpegImagePlugin
 
 import devplug
-from devplug.core.data import ImageFolderDataset, list_images
+from devplug.core.data.images import ImageTooLarge, load_rgb
+from devplug.core.data.torch_loader import ImageFolderDataset, list_images
 from devplug.core.errors import DataError
-from devplug.core.images import ImageTooLarge, load_rgb
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
@@ -185,7 +185,7 @@ def test_a_decompression_bomb_is_skipped_like_any_unreadable_file(tmp_path, capl
         Image.new("RGB", (24, 20), (index * 60, 0, 0)).save(folder / f"img{index}.png")
     decompression_bomb(folder / "img1_bomb.png")
     dataset = ImageFolderDataset(devplug.ImageFolderSource(str(folder), image_size=SIZE))
-    with caplog.at_level("WARNING", logger="devplug.core.data"):
+    with caplog.at_level("WARNING", logger="devplug.core.data.torch_loader"):
         images = [dataset[index][0] for index in range(len(dataset))]
     assert len(images) == 4 and list(dataset.unreadable) == [str(folder / "img1_bomb.png")]
     assert "MAX_IMAGE_PIXELS" in dataset.unreadable[str(folder / "img1_bomb.png")]
@@ -224,7 +224,7 @@ def test_file_names_that_are_not_utf8_decode_and_show_readably(tmp_path, caplog)
     good, bad = latin1_names(tmp_path / "images")
     assert [path for path, _ in list_images(tmp_path / "images")] == [good, bad]
     dataset = ImageFolderDataset(devplug.ImageFolderSource(str(tmp_path / "images"), image_size=SIZE))
-    with caplog.at_level("WARNING", logger="devplug.core.data"):
+    with caplog.at_level("WARNING", logger="devplug.core.data.torch_loader"):
         dataset[1]  # the garbage file: replaced by the next readable one, and named in the warning
     assert any("d\\xe9j\\xe0.jpg" in record.getMessage() for record in caplog.records)
 

@@ -20,6 +20,7 @@ def test_import_devplug_loads_no_vendor_stack_or_tensorboard():
 
 
 def test_resolving_cpu_loads_no_vendor_stack():
-    loaded = _modules_after("from devplug.core.devices import DeviceRegistry\nDeviceRegistry().resolve('auto')")
+    loaded = _modules_after("from devplug.core.registry.devices import DeviceRegistry\n"
+                            "DeviceRegistry().resolve('auto')")
     assert not [m for m in loaded if m.startswith(("habana_frameworks", "apex", "nvidia.dali", "tensorboard"))]
 

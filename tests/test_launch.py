@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from devplug.core.errors import ConfigError
-from devplug.core.launch import (
+from devplug.core.contract.records import LaunchInfo
+from devplug.core.distributed.launch import (
     DEFAULT_PORT,
     detect_launch,
     expand_slurm_nodelist,
     expand_tasks_per_node,
     first_slurm_host,
 )
-from devplug.core.records import LaunchInfo
+from devplug.core.errors import ConfigError
 
 
 def test_no_launcher_variables_is_one_process():

@@ -17,8 +17,8 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 import devplug
 from devplug import LoaderOptions, hookimpl
-from devplug.core import loadtune
-from devplug.core.manager import create_plugin_manager
+from devplug.core.data import tuning as loadtune
+from devplug.core.registry.manager import create_plugin_manager
 from devplug.plugins.cpu import plugin as cpu_plugin
 from devplug.plugins.cuda import plugin as cuda_plugin
 from devplug.toolkit import measured_matmul_flops, tune_loader
@@ -138,7 +138,7 @@ def test_explicit_pin_memory_wins_on_cuda_and_workers_are_tuned():
 
 def test_measuring_changes_neither_the_batches_nor_the_global_random_state():
     # The CPU plugin measures its peak FLOP/s once per process at the third step, drawing from torch's global
-    # generator (devplug.core.flops); do it now, so that both loaders below run after it.
+    # generator (devplug.core.observe.flops); do it now, so that both loaders below run after it.
     measured_matmul_flops("cpu", torch.float32)
     trainer = cpu_trainer(seed=3)  # (seeds the global generators itself)
     torch.manual_seed(7)
@@ -165,17 +165,17 @@ def test_measuring_changes_neither_the_batches_nor_the_global_random_state():
 
 def test_the_cpu_plugin_and_the_fallback_say_whether_compute_competes(monkeypatch):
     seen = []
-    monkeypatch.setattr("devplug.core.data.tune_loader",
+    monkeypatch.setattr("devplug.core.data.torch_loader.tune_loader",
                         lambda dataset, options, compute_competes: (seen.append(compute_competes) or (options, "")))
     dataset = TensorDataset(torch.randn(8, 3))
     options = LoaderOptions(batch_size=4, automatic=AUTO)
     cpu = devplug.Device(spec=cpu_plugin.devplug_register_devices(), index=None, plugin_name="cpu")
     cpu_plugin.devplug_dataloader(device=cpu, source=dataset, options=options)
-    from devplug.core import fallback
+    from devplug.core.fallback import plugin as fallback
 
     fallback.devplug_dataloader(device=cpu, source=dataset, options=options)  # not torch's accelerator
     cuda = devplug.Device(spec=cuda_plugin.devplug_register_devices(), index=None, plugin_name="cuda")
-    monkeypatch.setattr("devplug.core.accelerator.current_accelerator_type", lambda: "cuda")
+    monkeypatch.setattr("devplug.core.fallback.accelerator.current_accelerator_type", lambda: "cuda")
     fallback.devplug_dataloader(device=cuda, source=dataset, options=options)
     assert seen == [True, True, False]
 

@@ -11,7 +11,7 @@ import torch
 from test_trainer import SyncCounter, make_data, make_model, train_toy
 
 import devplug
-from devplug.core.manager import create_plugin_manager
+from devplug.core.registry.manager import create_plugin_manager
 
 LOGGER_PLUGIN = """
 import json, os
@@ -145,7 +145,7 @@ def test_no_host_sync_between_log_points_with_three_loggers(tmp_path, monkeypatc
 
 
 def test_loggers_write_on_the_main_process_only(tmp_path):
-    from devplug.core.reporting import Reporter
+    from devplug.core.observe.reporter import Reporter
 
     mine, published = ListLogger(), []
     reporter = Reporter(log_dir=str(tmp_path), progress=False, nonfinite="raise", is_main=False, world_size=2,

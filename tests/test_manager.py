@@ -7,9 +7,9 @@ import sys
 import pytest
 
 import devplug
-from devplug.core.devices import DeviceRegistry
-from devplug.core.manager import create_plugin_manager
-from devplug.core.records import Availability, DeviceSpec
+from devplug.core.contract.records import Availability, DeviceSpec
+from devplug.core.registry.devices import DeviceRegistry
+from devplug.core.registry.manager import create_plugin_manager
 
 GOOD_PLUGIN = """
 import devplug

@@ -11,7 +11,7 @@ from test_trainer import SyncCounter, make_data, make_model
 from torch import nn
 
 import devplug
-from devplug.core.flops import measured_matmul_flops
+from devplug.core.observe.flops import measured_matmul_flops
 from devplug.plugins.cuda import peaks as cuda_peaks
 from devplug.plugins.hpu import peaks as hpu_peaks
 
@@ -150,8 +150,8 @@ def test_a_bad_price_is_one_clear_line(price):
 
 
 def test_an_impossible_mfu_is_not_reported_but_explained(caplog):
-    from devplug.core.flops import FlopMeter
-    from devplug.core.recipes import forget_logged
+    from devplug.core.log_once import forget_logged
+    from devplug.core.observe.flops import FlopMeter
 
     forget_logged()
     meter = FlopMeter(steps_done=lambda: 0, samples_done=lambda: 0, peak=lambda: 1e9)

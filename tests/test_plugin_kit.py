@@ -19,8 +19,8 @@ from distributions import pip_install
 import devplug
 from devplug import cli
 from devplug.cli import devices_report
-from devplug.core.devices import DeviceRegistry
-from devplug.core.manager import DevplugPluginManager, create_plugin_manager
+from devplug.core.registry.devices import DeviceRegistry
+from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
 from devplug.testing import DeviceConformance
 
 REPO = Path(__file__).resolve().parents[1]

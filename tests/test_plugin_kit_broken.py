@@ -15,8 +15,8 @@ from test_plugin_kit import devplug_command, run
 
 import devplug
 from devplug.cli import devices_report
-from devplug.core.devices import DeviceRegistry
-from devplug.core.manager import create_plugin_manager
+from devplug.core.registry.devices import DeviceRegistry
+from devplug.core.registry.manager import create_plugin_manager
 
 BROKEN_DIST = "devplug-broken-examples 0.2.0"
 BROKEN_MODULES = {

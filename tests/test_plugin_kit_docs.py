@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import devplug
-from devplug.core import hookspecs
-from devplug.core.devices import DeviceHooks, DeviceRegistry
-from devplug.core.manager import create_plugin_manager
+from devplug.core.contract import hookspecs
+from devplug.core.registry.devices import DeviceHooks, DeviceRegistry
+from devplug.core.registry.manager import create_plugin_manager
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 

@@ -9,7 +9,7 @@ import pytest
 from test_trainer import train_toy
 
 import devplug
-from devplug.core.profiling import parse_window
+from devplug.core.observe.profiling import parse_window
 
 
 def _train(trainer: devplug.Trainer, steps: int) -> None:

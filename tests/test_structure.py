@@ -17,8 +17,8 @@ import torch
 
 import devplug
 from devplug import cli
-from devplug.core import hookspecs
-from devplug.core.manager import BUILTIN_PLUGINS, create_plugin_manager
+from devplug.core.contract import hookspecs
+from devplug.core.registry.manager import BUILTIN_PLUGINS, create_plugin_manager
 from devplug.testing import checks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +65,8 @@ def _ruff() -> list[str]:
 
 @pytest.mark.parametrize("where", ["examples/bad_example.py", "devplug/plugins/cpu/bad.py", "benchmarks/bad.py"])
 def test_the_lint_rule_rejects_core_imports_outside_the_core(where):
-    source = "from devplug.core.data import list_images\nimport devplug.core.manager\n\nprint(list_images)\n"
+    source = ("from devplug.core.data.torch_loader import list_images\nimport devplug.core.registry.manager\n\n"
+              "print(list_images)\n")
     result = subprocess.run([*_ruff(), "check", "--no-cache", "--select", "TID251", "--stdin-filename", where, "-"],
                             input=source, capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -80,33 +81,50 @@ def test_the_lint_rule_allows_the_public_api_and_the_core_itself():
         assert result.returncode == expected, result.stdout  # examples may import devplug.toolkit, not the core
 
 
-def _core_imports(path: Path) -> set[str]:
-    """devplug.core modules imported by ``path`` at any level, except under ``if TYPE_CHECKING:``."""
-    tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)}
+#: The core's feature packages, lowest first: a package imports only from the packages before it (and the leaves).
+CORE_LAYERS = ("contract", "data", "optim", "fallback", "registry", "checkpoint", "observe", "distributed", "loop")
+#: The small modules at the core's root that every feature package may use; they import none of the packages.
+CORE_LEAVES = {"errors", "validators", "tree", "log_once"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """devplug modules ``path`` imports at any level (lazy and type-only imports included)."""
+    name = _module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("devplug.core"):
-            names = [node.module] if node.module != "devplug.core" else [f"devplug.core.{a.name}" for a in node.names]
-            found.update(names)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[:len(package) - node.level + 1], node.module or ""]).strip(".") \
+                if node.level else (node.module or "")
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in known else base)
         elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("devplug.core."))
-    return found
+            found.update(alias.name for alias in node.names)
+    return {module for module in found if module in known and module != name}
 
 
-def test_no_import_cycle_in_the_core():
-    graph = {f"devplug.core.{p.stem}": _core_imports(p) for p in CORE.glob("*.py") if p.stem != "__init__"}
+def _import_graph() -> dict[str, set[str]]:
+    paths = sorted((REPO / "devplug").rglob("*.py"))
+    known = {_module_name(p) for p in paths}
+    return {_module_name(p): _imports(p, known) for p in paths}
+
+
+def test_no_import_circle_anywhere_in_devplug():
+    graph = _import_graph()
     state: dict[str, int] = {}
 
     def visit(module: str, trail: list[str]) -> None:
         state[module] = 1
-        for target in sorted(graph.get(module, ())):
+        for target in sorted(graph[module]):
             if state.get(target) == 1:
-                pytest.fail("import cycle: " + " -> ".join([*trail[trail.index(target):], target]))
-            if target in graph and not state.get(target):
+                pytest.fail("import circle: " + " -> ".join([*trail[trail.index(target):], target]))
+            if not state.get(target):
                 visit(target, [*trail, target])
         state[module] = 2
 
@@ -115,11 +133,31 @@ def test_no_import_cycle_in_the_core():
             visit(module, [module])
 
 
-def test_the_core_does_not_import_the_layers_above_it():
-    for path in CORE.glob("*.py"):
-        text = path.read_text()
-        for above in ("devplug.testing", "devplug.cli", "devplug.plugins", "devplug.toolkit"):
-            assert f"from {above}" not in text and f"import {above}" not in text, f"{path.name} imports {above}"
+def test_the_core_is_feature_packages_and_a_few_leaves():
+    modules = {p.stem for p in CORE.glob("*.py")} - {"__init__"}
+    assert modules == CORE_LEAVES, f"modules at the core's root beyond the leaves: {sorted(modules - CORE_LEAVES)}"
+    packages = {p.name for p in CORE.iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(CORE_LAYERS)
+    for package in packages:
+        tree = ast.parse((CORE / package / "__init__.py").read_text())
+        assert len(tree.body) == 1 and ast.get_docstring(tree), f"core/{package}/__init__.py is not a docstring only"
+
+
+def test_core_packages_import_only_from_the_packages_below_them():
+    graph = _import_graph()
+    for module, targets in graph.items():
+        parts = module.split(".")
+        if parts[:2] != ["devplug", "core"] or len(parts) < 3:
+            continue
+        own = parts[2]
+        allowed = set(CORE_LEAVES) if own in CORE_LEAVES else {own, *CORE_LEAVES, *CORE_LAYERS[:CORE_LAYERS.index(own)]}
+        for target in targets:
+            target_parts = target.split(".")
+            if target_parts[:2] != ["devplug", "core"]:
+                assert target in ("devplug.core", "devplug._version"), f"{module} imports {target}, above the core"
+                continue
+            if len(target_parts) > 2:
+                assert target_parts[2] in allowed, f"{module} imports {target}, from a package above it"
 
 
 def test_one_place_to_add_a_hook():
@@ -127,11 +165,6 @@ def test_one_place_to_add_a_hook():
     assert list(hookspecs.OPERATIONAL_HOOKS) == operational
     assert checks.uncovered_hooks() == []
     assert hookspecs.HOOKS[0].__name__ == "devplug_register_devices"
-
-
-def test_the_trainer_stays_small():
-    lines = (CORE / "trainer.py").read_text().count("\n")
-    assert lines < 350, f"devplug/core/trainer.py has {lines} lines; move a topic into a module of its own"
 
 
 def test_the_cli_does_not_swallow_an_internal_assertion(monkeypatch):

@@ -23,12 +23,8 @@ from typing import Any
 import attrs
 import torch
 
-from devplug.core import hookspecs
-from devplug.core.contract import contract_problem
-from devplug.core.devices import DeviceHooks, DeviceRegistry, RegisteredDevice
-from devplug.core.errors import DevplugError, PluginError, PrecisionError
-from devplug.core.manager import BUILTIN_DISTRIBUTION, DevplugPluginManager, create_plugin_manager
-from devplug.core.records import (
+from devplug.core.contract import hookspecs
+from devplug.core.contract.records import (
     CONTRACT_VERSION,
     PRECISIONS,
     Availability,
@@ -44,6 +40,10 @@ from devplug.core.records import (
     Phase,
     PrecisionPlan,
 )
+from devplug.core.contract.versions import contract_problem
+from devplug.core.errors import DevplugError, PluginError, PrecisionError
+from devplug.core.registry.devices import DeviceHooks, DeviceRegistry, RegisteredDevice
+from devplug.core.registry.manager import BUILTIN_DISTRIBUTION, DevplugPluginManager, create_plugin_manager
 
 #: Optimizer names every device must build (the hook may defer some to the core's fallback).
 STANDARD_OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -174,7 +174,7 @@ class DeviceUnderTest:
 
     def trainer(self, **options: Any) -> Any:
         """A :class:`devplug.Trainer` on this device with this plugin manager (no progress bar)."""
-        from devplug.core.trainer import Trainer
+        from devplug.core.loop.trainer import Trainer
 
         options.setdefault("progress", False)
         options.setdefault("device_options", dict(self.options))
@@ -819,7 +819,7 @@ def all_checks(
 ) -> list[tuple[str, Callable[[DeviceUnderTest], str]]]:
     """Every check as ``(name, function of a DeviceUnderTest)``, in the order :func:`run_checks` runs them.
 
-    The list follows the hook contract: each hook's checks in the order of :mod:`devplug.core.hookspecs`,
+    The list follows the hook contract: each hook's checks in the order of :mod:`devplug.core.contract.hookspecs`,
     parametrised checks expanded (``optimizer[adam]``), end-to-end checks last.
     """
     selection: dict[str, Any] = {"optimizer_names": optimizer_names, "precisions": precisions, "phases": list(Phase),

@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from devplug.core.manager import DevplugPluginManager, create_plugin_manager
-from devplug.core.records import PRECISIONS, Phase
+from devplug.core.contract.records import PRECISIONS, Phase
+from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
 from devplug.testing import checks
 from devplug.testing.checks import STANDARD_OPTIMIZERS, DeviceUnderTest, NotApplicable
 

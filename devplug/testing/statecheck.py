@@ -11,9 +11,9 @@ from typing import Any
 import attrs
 import torch
 
-from devplug.core import hookspecs
+from devplug.core.contract import hookspecs
 from devplug.core.errors import CheckpointError
-from devplug.core.optstate import canonical_class, export_state, import_state, normalize
+from devplug.core.optim.canonical import canonical_class, export_state, import_state, normalize
 from devplug.core.tree import map_tensors
 from devplug.testing.checks import DeviceUnderTest, _author_options, _toy_regression, conformance_check
 

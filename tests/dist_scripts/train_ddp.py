@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 import devplug
-from devplug.core.manager import create_plugin_manager
+from devplug.core.registry.manager import create_plugin_manager
 
 COLLECTIVES = ("barrier", "monitored_barrier", "all_reduce", "broadcast", "all_gather", "all_gather_object",
                "broadcast_object_list", "reduce", "gather", "scatter")

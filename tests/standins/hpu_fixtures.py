@@ -25,9 +25,9 @@ from typing import Any
 import attrs
 import pytest
 
-from devplug.core.devices import DeviceHooks, DeviceRegistry
-from devplug.core.manager import DevplugPluginManager, create_plugin_manager
-from devplug.core.records import Device
+from devplug.core.contract.records import Device
+from devplug.core.registry.devices import DeviceHooks, DeviceRegistry
+from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
 from devplug.plugins.hpu import probe, runtime
 
 STANDIN_PATH = Path(__file__).resolve().parent / "hpu_standin"

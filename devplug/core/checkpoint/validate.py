@@ -1,0 +1,115 @@
+"""Checking a checkpoint against the training setup before anything is restored.
+
+Every module key and tensor shape, every optimizer's algorithm, layout, parameter groups and state tensor
+shapes, the counters (non-negative integers), the loader positions, the RNG states and the grad scaler:
+all problems are collected and raised as one :class:`CheckpointError` line, and nothing has changed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from devplug.core.contract.records import OptimizerChoice
+from devplug.core.errors import CheckpointMismatchError
+from devplug.core.optim.canonical import state_problems
+
+_LOADER_KEYS = {"seed", "drawn", "samples", "world_size", "sharded"}
+
+
+def _count(value: Any, minimum: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def counter_problems(state: Mapping[str, Any]) -> list[str]:
+    """Counters, loader positions, RNG states, scaler and extra state that are not what a save writes."""
+    problems = [f"{key} is {state[key]!r}, not a non-negative integer"
+                for key in ("global_step", "epoch", "batches_in_epoch") if not _count(state[key])]
+    if not _count(state["world_size"], 1):
+        problems.append(f"world_size is {state['world_size']!r}, not a positive integer")
+    loaders = state["loaders"]
+    if not isinstance(loaders, list) or not all(isinstance(e, Mapping) and set(e) == _LOADER_KEYS for e in loaders):
+        problems.append("its loader positions are not what Trainer.save() writes")
+    else:
+        for n, entry in enumerate(loaders):
+            samples_ok = entry["samples"] is None or _count(entry["samples"])
+            seed_ok = isinstance(entry["seed"], int) and not isinstance(entry["seed"], bool)
+            if not (seed_ok and _count(entry["drawn"]) and _count(entry["world_size"], 1)
+                    and samples_ok and isinstance(entry["sharded"], bool)):
+                problems.append(f"training loader {n} has position {dict(entry)!r}")
+    problems += rng_problems(state["rng"])
+    if state["scaler"] is not None and not isinstance(state["scaler"], Mapping):
+        problems.append("its grad scaler state is not a dict")
+    if not isinstance(state["extra"], Mapping):
+        problems.append("its extra state is not a dict")
+    return problems
+
+
+def rng_problems(saved: Any) -> list[str]:
+    """Why ``saved`` is not an RNG state :func:`devplug.core.checkpoint.rng.rng_state` wrote ([] when it is)."""
+    if not isinstance(saved, Mapping) or "python" not in saved or "torch" not in saved:
+        return ["its RNG state is incomplete"]
+    python = saved["python"]
+    try:
+        version, internal, gauss = python
+        random.Random().setstate((version, tuple(internal), gauss))
+    except (TypeError, ValueError, OverflowError):
+        return ["its Python RNG state is not one Python wrote"]
+    cpu, now = saved["torch"], torch.get_rng_state()
+    if not isinstance(cpu, torch.Tensor) or cpu.dtype != now.dtype or cpu.shape != now.shape:
+        return ["its torch RNG state is not one torch wrote"]
+    device = saved.get("device")
+    if device is not None and not (isinstance(device, list) and all(isinstance(t, torch.Tensor) for t in device)):
+        return ["its device RNG state is not a list of tensors"]
+    return []
+
+
+def module_problems(saved_modules: Any, modules: Mapping[str, torch.nn.Module]) -> list[str]:
+    """Module names, tensor names and shapes that differ between the checkpoint and the set-up modules."""
+    if not isinstance(saved_modules, Mapping):
+        return ["its modules are not a dict"]
+    problems = []
+    if sorted(saved_modules) != sorted(modules):
+        problems.append(f"modules {sorted(saved_modules)} vs set up {sorted(modules)}")
+    for key, module in modules.items():
+        saved = saved_modules.get(key)
+        if saved is None:
+            continue
+        if not isinstance(saved, Mapping):
+            problems.append(f"module {key!r} is not a state dict")
+            continue
+        current = module.state_dict()
+        missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
+        if missing or unexpected:
+            problems.append(f"module {key!r}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+            continue
+        for pname, tensor in current.items():
+            value = saved[pname]
+            if not isinstance(value, torch.Tensor):
+                problems.append(f"{key}.{pname} is a {type(value).__name__}, not a tensor")
+                break
+            if tuple(value.shape) != tuple(tensor.shape):
+                problems.append(f"{key}.{pname} has shape {tuple(value.shape)}, model has {tuple(tensor.shape)}")
+                break
+    return problems
+
+
+def check_matches(state: Mapping[str, Any], modules: Mapping[str, torch.nn.Module],
+                  optimizers: Mapping[str, OptimizerChoice], path: Any) -> None:
+    """Raise one CheckpointError line listing every difference between ``state`` and the setup; change nothing."""
+    problems = counter_problems(state) + module_problems(state["modules"], modules)
+    saved_optimizers = state["optimizers"]
+    if not isinstance(saved_optimizers, Mapping):
+        problems.append("its optimizers are not a dict")
+    else:
+        if sorted(saved_optimizers) != sorted(optimizers):
+            problems.append(f"optimizers {sorted(saved_optimizers)} vs built {sorted(optimizers)}")
+        for key, choice in optimizers.items():
+            if key in saved_optimizers:
+                problems += state_problems(choice, saved_optimizers[key], key)
+    if problems:
+        text = "; ".join(" ".join(p.split()) for p in problems)
+        raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this training setup: {text}")

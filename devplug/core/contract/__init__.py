@@ -1,0 +1,1 @@
+"""The hook contract: the hook specs, the records hooks speak in, the public marker, contract versions."""

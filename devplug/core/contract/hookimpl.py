@@ -1,0 +1,7 @@
+"""The public marker plugins use: ``@devplug.hookimpl`` (pluggy's HookimplMarker for "devplug")."""
+
+import pluggy
+
+from devplug.core.contract.hookspecs import PROJECT
+
+hookimpl = pluggy.HookimplMarker(PROJECT)

@@ -1,0 +1,263 @@
+"""The hook contract between devplug's core and its plugins.
+
+Two kinds of plugin implement these hooks:
+
+- a **device plugin** implements ``devplug_register_devices`` and returns one or more
+  :class:`~devplug.core.contract.records.DeviceSpec` from it; once a device is resolved, only the plugin that
+  registered it (plus device-neutral plugins) sees the operational hooks, so a device plugin never has
+  to ask "is this my device?";
+- a **device-neutral plugin** does not implement ``devplug_register_devices`` and may implement (or wrap, with
+  ``@devplug.hookimpl(wrapper=True)``) any operational hook for every device: profilers, loggers,
+  a different optimizer policy.
+
+The kind is a static fact about the plugin, the same on every machine: a plugin that implements
+``devplug_register_devices`` must return at least one device whatever the machine has (availability
+belongs in the probe); one that returns nothing is rejected at load.
+
+The core ships a fallback plugin (``devplug.core.fallback.plugin``) implementing every first-result hook
+with device-generic PyTorch (``torch.accelerator``, ``torch.get_device_module``, ``torch.amp``, the
+distributed backend map), registered so that it runs last. A device plugin therefore only needs
+``devplug_register_devices`` and the hooks where its device is faster.
+
+Every operational hook receives ``device``, the resolved :class:`~devplug.core.contract.records.Device`.
+Pluggy lets an implementation accept only the arguments it needs. Every answer is checked against
+the return annotation of its spec where the core receives it: a wrong type raises a
+``devplug.PluginError`` naming the plugin, its distribution, the hook and the expected record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pluggy
+import torch
+
+from devplug.core.contract.records import (
+    CollectiveSetup,
+    Device,
+    DeviceSpec,
+    DoctorReport,
+    LaunchInfo,
+    LoaderChoice,
+    LoaderOptions,
+    LogPoint,
+    MemoryStats,
+    OptimizerChoice,
+    Phase,
+    PrecisionPlan,
+)
+
+PROJECT = "devplug"
+hookspec = pluggy.HookspecMarker(PROJECT)
+
+
+@hookspec
+def devplug_register_devices() -> DeviceSpec | Iterable[DeviceSpec]:
+    """Announce the device types this plugin serves.
+
+    Called once on every plugin that implements it, when the plugin is loaded. Implementing it makes a
+    plugin a device plugin: return a :class:`DeviceSpec` or a list of them, the same on every machine
+    (a runtime that is missing makes the device *unavailable* through ``DeviceSpec.probe``, never
+    absent). A plugin that returns nothing, or something else, is reported and skipped. Must be cheap
+    and must not import a vendor stack: the probe runs only when availability matters. A
+    device-neutral plugin does not implement this hook. Not first-result: every plugin answers.
+    """
+
+
+@hookspec
+def devplug_device_setup(device: Device) -> None:
+    """Prepare the process for ``device`` once it has been chosen.
+
+    Called once per Trainer, after resolution and before anything is placed on the device: the place
+    to import a vendor runtime (``habana_frameworks.torch.core``), set ``torch.cuda.set_device``, enable
+    TF32 and so on. Returns nothing. Not first-result: every implementation runs.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_to_device(device: Device, obj: Any) -> Any:
+    """Move ``obj`` to ``device`` and return the moved object.
+
+    ``obj`` is a ``torch.nn.Module``, a tensor, or a nested batch (lists, tuples, dicts, namedtuples,
+    with tensors and other leaves that are returned unchanged). Modules are moved in place and
+    returned; tensors are copied (``non_blocking`` where the source is pinned). Called by
+    ``Trainer.setup``, ``Trainer.to_device`` and for every batch a loader yields off the device.
+    First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_optimizer(
+    device: Device, name: str, params: Any, options: dict[str, Any]
+) -> OptimizerChoice | None:
+    """Build the fastest optimizer for ``name`` (``"adam"``, ``"adamw"``, ``"sgd"``, …) on ``device``.
+
+    ``params`` is what ``torch.optim`` accepts (an iterable of parameters or of parameter groups);
+    ``options`` are the author's keyword arguments (``lr``, ``betas``, ``weight_decay``, …) to map
+    faithfully onto the implementation chosen. Return an :class:`OptimizerChoice` naming the
+    implementation, or ``None`` to let the next plugin (ultimately the core's fallback, plain
+    ``torch.optim``) decide. An implementation that is not a torch.optim class gives the choice its
+    ``to_canonical``/``from_canonical`` converters (contract 1.1), so its state is checkpointed in
+    torch.optim's layout and a run resumes on another device. First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
+    """Plan mixed precision for ``precision`` (one of ``PRECISIONS``) on ``device``.
+
+    Called once per Trainer. ``"auto"`` must be resolved to the best setting the device supports.
+    Return a :class:`PrecisionPlan` (autocast context factory, grad scaler or ``None``, optional module
+    conversion and optimizer-step context), or raise ``devplug.PrecisionError`` when the device
+    cannot run the setting. ``None`` defers to the next plugin. First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_region(device: Device, name: str) -> contextlib.AbstractContextManager[Any] | None:
+    """Return a context manager that marks a named region of the step for profilers.
+
+    Called around ``"forward"`` (``Trainer.autocast``), ``"backward"``, ``"optimizer_step"`` and
+    ``"data_wait"`` (the loop waiting for each training batch). Inside a profiler window the Trainer also
+    opens a ``torch.profiler.record_function`` range of the same name around it.
+    Return a context manager (e.g. an NVTX range) or ``None`` for no marking. First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_profiler_activities(device: Device) -> list[torch.profiler.ProfilerActivity] | None:
+    """Name the ``torch.profiler.ProfilerActivity`` values to record on ``device``.
+
+    Called when a profiler window opens (``Trainer(profile="steps 10-15")``), never in a step that is not
+    profiled. Return a list that includes ``ProfilerActivity.CPU`` (the host side: data wait, regions,
+    launches) and the device's own activity where this torch has one (``CUDA``, ``HPU``, ``XPU``, ...), or
+    ``None`` to defer (the core's fallback: CPU plus the activity named like the device type, when torch
+    has it). First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_peak_flops(device: Device, precision: str) -> float | None:
+    """Report the peak FLOP/s of one ``device`` for the precision plan named ``precision``.
+
+    Called once per Trainer, after the FLOPs of a training step were counted, to compute MFU (achieved
+    FLOP/s over this peak). Return the dense (no sparsity) peak of the matrix units for the precision the
+    plan computes in (``"bf16-mixed"``: BF16; ``"32-true"``: FP32, or TF32 where matmuls use it), as a float;
+    or a measured figure where no published one applies; or ``None`` when unknown (MFU is then not
+    reported). Must not train or allocate much: a short measurement at most. First-result.
+    """
+
+
+@hookspec
+def devplug_mark_step(device: Device, phase: Phase) -> None:
+    """Mark a step boundary for devices that execute lazily.
+
+    Called by the Trainer right after ``backward`` (``Phase.BACKWARD``) and right after each optimizer
+    step (``Phase.OPTIMIZER_STEP``). A lazy-mode device flushes its accumulated graph here (Gaudi:
+    ``htcore.mark_step()``); eager devices do nothing. Must not synchronize with the host. Returns nothing. Not
+    first-result: every implementation runs (so a neutral plugin can count steps).
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_clip_grad_norm(
+    device: Device, parameters: list[torch.Tensor], max_norm: float, norm_type: float
+) -> torch.Tensor | None:
+    """Clip the gradients of ``parameters`` in place to a total ``norm_type``-norm of ``max_norm``.
+
+    Called by ``Trainer.clip_grad_norm`` once per optimizer step, after the grad scaler (if any) has
+    unscaled the gradients; ``parameters`` are those of one optimizer that have a gradient. Returns the
+    total norm before clipping as a tensor on the device (never read back to the host here), or
+    ``None`` to defer (the core's fallback uses ``torch.nn.utils.clip_grad_norm_``). A device with a
+    fused clip kernel implements it here (Gaudi: ``hpex.normalization.FusedClipNorm``). First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup | None:
+    """Prepare ``device`` for a multi-process job and name its collective backend.
+
+    Called once, before ``torch.distributed.init_process_group``, only when ``launch.world_size > 1``.
+    May have side effects the device needs (select the local device, import a collective library).
+    Return a :class:`CollectiveSetup` with the backend, DDP defaults and extra init arguments.
+    First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice | None:
+    """Build a data loader over ``source`` that keeps ``device`` fed.
+
+    ``source`` is a ``torch.utils.data.Dataset`` or an :class:`~devplug.core.contract.records.ImageFolderSource`.
+    ``options`` carries batch size, shuffling, workers, pinning, and the rank and world size to shard
+    by; ``options.automatic`` names the options the author left to devplug, which the plugin may tune
+    (``devplug.toolkit.tune_loader``) — the others are the author's and are used as given. Return a
+    :class:`LoaderChoice` (its ``reason`` says what was chosen and why), or ``None`` to defer (the core's
+    fallback builds a ``torch.utils.data.DataLoader`` with tuned workers). First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_synchronize(device: Device) -> bool | None:
+    """Wait until all work queued on ``device`` has finished; return True when handled.
+
+    Called at log points and before timing measurements only, never in the steady-state step.
+    First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_memory_stats(device: Device) -> MemoryStats | None:
+    """Report memory use of ``device``.
+
+    Called for summaries and reports, never in the step. Returns :class:`MemoryStats`, or ``None`` when
+    the device reports nothing. First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> Any:
+    """Compile ``module`` for ``device`` (``torch.compile`` with the device's backend) and return it.
+
+    Called by ``Trainer.setup`` when compilation is enabled. ``options`` are passed on to the
+    compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. First-result.
+    """
+
+
+@hookspec
+def devplug_log(device: Device, point: LogPoint) -> None:
+    """Receive the values of a log point, images, or the end of the run (rank 0 only).
+
+    Called on the main process at every log point with ``point.values`` (host floats, averaged since the
+    previous point and reduced across ranks: reading them costs no device synchronisation), at every
+    ``Trainer.log_images`` with ``point.images``, and once with ``point.final=True`` when the Trainer closes.
+    The place for a device-neutral experiment tracker (W&B, a dashboard); the Trainer's own loggers
+    (``loggers=``) receive the same points. Returns nothing. Not first-result: every implementation runs.
+    """
+
+
+@hookspec
+def devplug_doctor() -> DoctorReport | None:
+    """Contribute to ``devplug doctor``, the report a bug report needs.
+
+    Called on every plugin (device or neutral) when the command runs, with no device resolved. Return a
+    :class:`DoctorReport`: the plugin's stack (distribution names, whose versions and declared
+    requirements doctor checks), other versions, the environment variables that change its behaviour,
+    incompatible pairs and warnings found on this machine; or ``None``. Must be quick (the whole command
+    runs in about a second) and must not initialise a device: read metadata and the environment. Not
+    first-result: every plugin answers.
+    """
+
+
+#: Every hook of the contract, in the order above (the hook reference and the conformance kit follow it).
+HOOKS: tuple[Callable[..., Any], ...] = tuple(
+    fn for name, fn in list(globals().items()) if name.startswith("devplug_") and inspect.isfunction(fn)
+)
+
+#: Hooks routed to the resolved device's plugin plus device-neutral plugins: those that take ``device``.
+OPERATIONAL_HOOKS: tuple[str, ...] = tuple(
+    fn.__name__ for fn in HOOKS if "device" in inspect.signature(fn).parameters
+)

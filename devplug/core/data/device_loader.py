@@ -1,0 +1,244 @@
+"""Loaders whose batches arrive on the device and advance the loop's position.
+
+Training loaders advance the position (:mod:`devplug.core.data.position`); evaluation loaders
+(``Trainer.dataloader(..., train=False)``) never do: they always yield their whole dataset and are never
+skipped on resume. The first training loader a Trainer builds is its *primary* loader: its batches
+define steps, epochs, progress and throughput; further training loaders are iterated alongside and
+only resume where they were. :class:`DeviceLoader` iterates a plugin's (or the author's) loader, moves
+batches to the device, and advances the position.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
+
+from devplug.core.contract.records import ImageFolderSource, LoaderChoice, LoaderOptions
+from devplug.core.data.position import LoopPosition, ResumePoint, batch_size
+from devplug.core.data.tuning import DEFAULT_PREFETCH, default_workers
+from devplug.core.errors import ConfigError, DataError
+
+log = logging.getLogger("devplug")
+_END = object()
+AUTHORS = "author's"  # how the implementation of a loader the author built starts
+
+
+def loader_options(*, num_workers: int | None, pin_memory: bool | None, prefetch_factor: int | None,
+                   **values: Any) -> LoaderOptions:
+    """The :class:`LoaderOptions` for ``Trainer.dataloader``, or a :class:`ConfigError` naming the bad option.
+
+    ``None`` leaves an option to devplug and names it in ``LoaderOptions.automatic``; the fields still
+    hold usable defaults for plugins that pass them on: ``num_workers`` the cores left after the main
+    process (at most 8), ``prefetch_factor`` 2, ``pin_memory`` ``None`` (the device plugin decides). The
+    device plugin's loader hook tunes what is automatic (:func:`devplug.core.data.tuning.tune_loader`).
+    """
+    automatic = {name for name, value in (("num_workers", num_workers), ("pin_memory", pin_memory),
+                                          ("prefetch_factor", prefetch_factor)) if value is None}
+    try:
+        return LoaderOptions(
+            num_workers=default_workers() if num_workers is None else num_workers, pin_memory=pin_memory,
+            prefetch_factor=DEFAULT_PREFETCH if prefetch_factor is None else prefetch_factor,
+            automatic=frozenset(automatic), **values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid data loader option: {exc}") from exc
+
+
+def is_dataset(source: Any) -> bool:
+    """True for what a device plugin's loader hook takes: a Dataset, an ImageFolderSource, or a sequence of samples."""
+    if isinstance(source, (Dataset, ImageFolderSource)):
+        return True
+    return isinstance(source, collections.abc.Sequence) and not isinstance(source, (str, bytes))
+
+
+def own_loader_choice(source: Any, batch_size: int | None) -> LoaderChoice:
+    """A LoaderChoice for a loader the author built: a ``DataLoader`` or any iterable of batches."""
+    if isinstance(source, (str, bytes, os.PathLike)):
+        raise DataError(f"got a path ({source!s}) as a data source; wrap it as devplug.ImageFolderSource(root, "
+                          "image_size) or pass a Dataset")
+    if not isinstance(source, collections.abc.Iterable):
+        raise ConfigError(f"cannot load data from a {type(source).__name__}: pass a Dataset, an ImageFolderSource, "
+                          "a torch DataLoader or an iterable of batches")
+    if isinstance(source, DataLoader):
+        if batch_size is not None and source.batch_size is not None and batch_size != source.batch_size:
+            raise ConfigError(f"batch_size={batch_size} differs from your DataLoader's batch_size="
+                              f"{source.batch_size}; leave batch_size out for a DataLoader you built")
+        return LoaderChoice(loader=source, implementation=f"{AUTHORS} DataLoader(workers={source.num_workers})",
+                            sampler=source.sampler)
+    return LoaderChoice(loader=source, implementation=f"{AUTHORS} iterable ({type(source).__name__})")
+
+
+def reproducible_order(choice: LoaderChoice) -> str:
+    """Why the loader's batch order can be replayed after a resume ('' when it can)."""
+    loader, sampler = choice.loader, choice.sampler
+    if isinstance(loader, DataLoader):
+        if isinstance(sampler, (DistributedSampler, SequentialSampler)) or hasattr(sampler, "set_epoch"):
+            return ""
+        if isinstance(sampler, RandomSampler):
+            return ""  # devplug seeds it per epoch (see DeviceLoader._prepare_epoch)
+        if loader.batch_sampler is not None and hasattr(loader.batch_sampler, "set_epoch"):
+            return ""
+        return f"its sampler {type(sampler).__name__} has no set_epoch, so devplug cannot replay its order"
+    if isinstance(loader, collections.abc.Sequence):
+        return ""
+    if choice.implementation.startswith(AUTHORS):
+        return f"a {type(loader).__name__} may yield other batches when iterated again"
+    return ""
+
+
+class DeviceLoader:
+    """Iterates a loader: batches arrive on the device; a training loader advances the loop position.
+
+    Each epoch reshuffles deterministically (sampler ``set_epoch``, or a generator seeded with
+    ``seed + epoch``). After a resume, a training loader skips the batches the interrupted epoch had
+    drawn, once, so a resumed run sees the same data in the same order as an uninterrupted one.
+    """
+
+    def __init__(self, choice: LoaderChoice, seed: int, position: LoopPosition, move: Callable[[Any], Any],
+                 on_batch: Callable[[int, float], None], *, train: bool = True, index: int = 0,
+                 world_size: int = 1, before_batch: Callable[[], None] | None = None,
+                 after_batches: Callable[[], None] | None = None,
+                 region: Callable[[str], contextlib.AbstractContextManager[Any]] | None = None) -> None:
+        self.choice = choice
+        self.world_size = world_size
+        self.seed = position.resume_seeds.pop(index, seed) if train else seed
+        self.position = position
+        self.train = train
+        self.index = index  # among the Trainer's training loaders; 0 is the primary
+        self.authors = choice.implementation.startswith(AUTHORS)  # the author built it: devplug does not reseed it
+        self.drawn = 0  # batches drawn in the current epoch
+        self._epoch: int | None = None
+        self._move = None if choice.on_device else move
+        self._on_batch = on_batch
+        self._before_batch = before_batch
+        self._after_batches = after_batches
+        self._region = region
+
+    @property
+    def implementation(self) -> str:
+        """Which loader was chosen, e.g. ``"torch DataLoader(workers=4, pin_memory=True)"``."""
+        return self.choice.implementation
+
+    @property
+    def primary(self) -> bool:
+        """True for the training loader whose batches define steps and epochs."""
+        return self.train and self.index == 0
+
+    def __len__(self) -> int:
+        return len(self.choice.loader)  # type: ignore[arg-type]
+
+    def length(self) -> float:
+        """Batches per epoch, or ``inf`` when the loader does not say."""
+        try:
+            return len(self)
+        except TypeError:
+            return math.inf
+
+    def _prepare_epoch(self, epoch: int) -> None:
+        loader, sampler = self.choice.loader, self.choice.sampler
+        if isinstance(sampler, DistributedSampler) and not self.authors:
+            sampler.seed = self.seed  # a resumed run continues the interrupted run's order, whatever its seed
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        elif isinstance(sampler, RandomSampler) and isinstance(loader, DataLoader):
+            sampler.generator = torch.Generator().manual_seed(self.seed + epoch)  # replayable on resume
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        if batch_sampler is not None and batch_sampler is not sampler and hasattr(batch_sampler, "set_epoch"):
+            batch_sampler.set_epoch(epoch)
+        generator = getattr(loader, "generator", None)
+        if isinstance(generator, torch.Generator):
+            generator.manual_seed(self.seed + epoch)
+
+    @property
+    def batch_size(self) -> int | None:
+        """Samples per batch on this rank, when the loader says."""
+        size = getattr(self.choice.loader, "batch_size", None)
+        return size if isinstance(size, int) else None
+
+    @property
+    def sharded(self) -> bool:
+        """True when the loader reads devplug's DistributedSampler order (resumable on another world size)."""
+        return isinstance(self.choice.sampler, DistributedSampler)
+
+    def resume_point(self, world_size: int) -> ResumePoint:
+        """Where this (training) loader is in its epoch, for a checkpoint."""
+        drawn = self.drawn if self._epoch == self.position.epoch else 0
+        if self.primary:
+            drawn = self.position.batches_in_epoch - (0 if self.position.window_closed() else self.position.in_window)
+        size = self.batch_size
+        return ResumePoint(drawn, None if size is None else drawn * size * world_size, world_size, self.sharded)
+
+    def resume_skip(self, world_size: int) -> int:
+        """Batches this loader will skip after a resume (validated; a CheckpointError when it cannot)."""
+        point = self.position.resume_points.get(self.index) if self.train else None
+        if point is None:
+            return 0
+        return point.skip(self.batch_size, world_size, self.sharded, f"training loader {self.index}")
+
+    def _skip(self) -> int:
+        skip = self.resume_skip(self.world_size) if self.train else 0
+        if self.index in self.position.resume_points and self.primary:
+            self.position.batches_in_epoch = skip  # in this run's batches (another world size: another count)
+        self.position.resume_points.pop(self.index, None)
+        if skip and (why := reproducible_order(self.choice)):
+            log.warning("resuming mid-epoch: skipping %d batches of %s, but %s; the rest of this epoch may differ "
+                        "from the interrupted run", skip, self.implementation, why)
+        return skip
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            yield from self._batches()
+        finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
+            if self.primary and self._after_batches is not None:
+                self._after_batches()
+
+    def _batches(self) -> Iterator[Any]:
+        position = self.position
+        if self.train and self._epoch != position.epoch:
+            self._epoch, self.drawn = position.epoch, 0
+        self._prepare_epoch(position.epoch)
+        if self.primary:
+            length = self.length()
+            position.epoch_batches = None if length is math.inf else int(length)
+        batches = iter(self.choice.loader)
+        for _ in range(self._skip()):
+            if next(batches, _END) is _END:
+                return
+            self.drawn += 1
+        if not self.train:
+            yield from self._moved(batches)
+            return
+        lookahead = self.primary and position.accumulation > 1 and position.epoch_batches is None
+        pending = next(batches, _END) if lookahead else _END
+        while not self.primary or position.steps_left():
+            if self.primary and self._before_batch is not None:
+                self._before_batch()  # a profiler window opens or closes here
+            asked = time.perf_counter()  # the loop waits for the loader from here to the yield (no device sync)
+            with self._region("data_wait") if self.primary and self._region else contextlib.nullcontext():
+                if self.primary and position.window_closed() and position.stop_check and position.stop_check():
+                    position.stopped = True  # a stop signal: end before the next step begins
+                    return
+                batch = pending if lookahead else next(batches, _END)
+                if batch is _END:
+                    return
+                if lookahead:
+                    pending = next(batches, _END)
+                self.drawn += 1
+                if self.primary:
+                    position.advance(closes_epoch=lookahead and pending is _END)
+                batch = self._move(batch) if self._move is not None else batch
+            if self.primary:
+                self._on_batch(batch_size(batch), time.perf_counter() - asked)
+            yield batch
+
+    def _moved(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            yield self._move(batch) if self._move is not None else batch

@@ -1,0 +1,57 @@
+"""Precision plans built from ``torch.autocast`` and ``torch.amp.GradScaler`` alone, for any device type.
+
+``"auto"`` is resolved from what torch reports for the device type (public through devplug.toolkit).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from devplug.core.contract.records import Device, PrecisionPlan
+from devplug.core.errors import PrecisionError
+from devplug.core.fallback import accelerator
+
+
+def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None) -> PrecisionPlan:
+    """A precision plan built only from ``torch.autocast`` and ``torch.amp.GradScaler``.
+
+    ``"16-mixed"`` gets a grad scaler unless ``scaler=False``; ``"bf16-mixed"`` none.
+    """
+    kind = device.torch_device.type
+    if precision == "32-true":
+        return PrecisionPlan(name="32-true", description="full fp32")
+    if precision not in ("16-mixed", "bf16-mixed"):
+        raise PrecisionError(f"precision {precision!r} is not one of 32-true, 16-mixed, bf16-mixed, auto")
+    dtype = torch.float16 if precision == "16-mixed" else torch.bfloat16
+    if not torch.amp.is_autocast_available(kind):
+        raise PrecisionError(f"torch has no autocast for device type {kind!r}; use precision='32-true'")
+    use_scaler = (precision == "16-mixed") if scaler is None else scaler
+    grad_scaler = torch.amp.GradScaler(kind) if use_scaler else None
+    return PrecisionPlan(
+        name=precision,
+        autocast=lambda: torch.autocast(device_type=kind, dtype=dtype),
+        scaler=grad_scaler,
+        description=f"torch.autocast({kind!r}, {str(dtype).replace('torch.', '')})"
+        + (" + GradScaler" if grad_scaler is not None else ""),
+    )
+
+
+
+def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:
+    """:func:`autocast_plan`, with ``"auto"`` resolved from what torch reports for the device type, and why.
+
+    ``"auto"`` is ``"bf16-mixed"`` where torch has autocast for the type
+    (``torch.amp.is_autocast_available``) and the type's module reports native bf16
+    (``is_bf16_supported``), else ``"32-true"``; the plan's description says which and why.
+    """
+    if precision != "auto":
+        return autocast_plan(device, precision)
+    kind = device.torch_device.type
+    if not torch.amp.is_autocast_available(kind):
+        chosen, why = "32-true", f"torch has no autocast for device type {kind!r}"
+    else:
+        bf16, why = accelerator.native_bf16(kind)
+        chosen = "bf16-mixed" if bf16 else "32-true"
+    plan = autocast_plan(device, chosen)
+    return attrs.evolve(plan, description=f"{plan.description} (auto: {why})")

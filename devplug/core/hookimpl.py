@@ -1,7 +1,0 @@
-"""The public marker plugins use: ``@devplug.hookimpl`` (pluggy's HookimplMarker for "devplug")."""
-
-import pluggy
-
-from devplug.core.hookspecs import PROJECT
-
-hookimpl = pluggy.HookimplMarker(PROJECT)

@@ -1,0 +1,135 @@
+"""The Trainer's configuration: one attrs class, every field validated, errors naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from devplug.core.contract.records import PRECISIONS
+from devplug.core.errors import ConfigError
+from devplug.core.loop.signals import DEFAULT_STOP_SIGNALS, signal_numbers
+from devplug.core.observe.loggers import check_logger
+from devplug.core.observe.profiling import parse_window
+from devplug.core.validators import non_negative_int, positive_int
+
+NONFINITE_POLICIES = ("raise", "warn", "ignore")
+
+
+def _optional(validator: Any) -> Any:
+    return attrs.validators.optional(validator)
+
+
+def _precision(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{attribute.name} must be one of {', '.join(PRECISIONS)} (or a plugin's own), got {value!r}")
+
+
+def _bool(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{attribute.name} must be True or False, got {value!r}")
+
+
+def _positive(attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+def _optional_bool(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None:
+        _bool(inst, attribute, value)
+
+
+@attrs.frozen(kw_only=True)
+class TrainerConfig:
+    """Everything a :class:`~devplug.Trainer` can be told.
+
+    - ``device``: ``"auto"``, a device name, or ``NAME:INDEX``; ``None`` reads ``$DEVPLUG_DEVICE``, then auto.
+    - ``precision``: ``"auto"``, ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, or a name a plugin knows.
+    - ``log_dir``: directory the loggers write into (nothing is written when ``None``).
+    - ``loggers``: where log points go (rank 0): names (``"tensorboard"``, ``"csv"``, ``"jsonl"``, ``"mlflow"``,
+      written under ``log_dir``) and logger objects (a ``devplug_log(point)`` method); default TensorBoard
+      when ``log_dir`` is set. Device-neutral plugins implementing ``devplug_log`` receive the points too.
+    - ``profile``: a profiler window, ``"steps 10-15"``: ``torch.profiler`` over those steps (data wait
+      included), a trace under ``log_dir/profiler`` for TensorBoard or Perfetto (:mod:`devplug.core.observe.profiling`).
+    - ``price_per_hour``: what the whole job costs per hour (any currency): samples per dollar in logs and summary.
+    - ``count_flops``: count one step's FLOPs (``FlopCounterMode``, step 2) for MFU; False skips it.
+    - ``log_every``: steps between log points, the only places values are read back from the device.
+    - ``accumulate_grad_batches``: micro-batches per optimizer step (gradient accumulation; one step each).
+    - ``progress``: show a tqdm progress bar (rank 0 only), refreshed at log points.
+    - ``seed``: seeds Python, torch and every rank identically, so replicas start equal.
+    - ``compile`` / ``compile_options``: ``torch.compile`` through the device plugin.
+    - ``channels_last``: the channels_last memory layout for modules and 4-D batches (``Device.channels_last``,
+      honoured by every device plugin).
+    - ``nonfinite``: what a NaN/inf logged value does: ``"raise"``, ``"warn"`` or ``"ignore"``.
+    - ``bucket_cap_mb``, ``broadcast_buffers``, ``gradient_as_bucket_view``, ``find_unused_parameters``,
+      ``static_graph``: DistributedDataParallel options over the plugin's defaults (``None`` keeps them).
+    - ``device_options``: free-form options for the device plugin (see each plugin's docs).
+    - ``stop_signals``: signals that end ``epochs()`` at the next step boundary (default SIGINT, SIGTERM,
+      SIGUSR1; ``()`` leaves every signal alone); see :mod:`devplug.core.loop.signals`.
+    """
+
+    device: str | None = attrs.field(default=None, validator=_optional(attrs.validators.instance_of(str)))
+    precision: str = attrs.field(default="auto", validator=_precision)
+    log_dir: str | None = attrs.field(default=None, converter=attrs.converters.optional(str))
+    loggers: tuple[Any, ...] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else (v,) if isinstance(v, str) or hasattr(v, "devplug_log")
+        else tuple(v),
+        validator=_optional(attrs.validators.deep_iterable(lambda _i, _a, v: check_logger(v))))
+    profile: str | None = attrs.field(default=None, validator=_optional(lambda _i, _a, v: parse_window(v)))
+    price_per_hour: float | None = attrs.field(default=None, validator=_optional(lambda _i, a, v: _positive(a, v)))
+    count_flops: bool = attrs.field(default=True, validator=_bool)
+    log_every: int = attrs.field(default=50, validator=positive_int)
+    accumulate_grad_batches: int = attrs.field(default=1, validator=positive_int)
+    progress: bool = attrs.field(default=True, validator=_bool)
+    seed: int | None = attrs.field(default=None, validator=_optional(non_negative_int))
+    compile: bool = attrs.field(default=False, validator=_bool)
+    compile_options: Mapping[str, Any] = attrs.field(factory=dict)
+    channels_last: bool = attrs.field(default=False, validator=_bool)
+    nonfinite: str = attrs.field(default="raise", validator=attrs.validators.in_(NONFINITE_POLICIES))
+    bucket_cap_mb: int | None = attrs.field(default=None, validator=_optional(positive_int))
+    broadcast_buffers: bool | None = attrs.field(default=None, validator=_optional_bool)
+    gradient_as_bucket_view: bool | None = attrs.field(default=None, validator=_optional_bool)
+    find_unused_parameters: bool | None = attrs.field(default=None, validator=_optional_bool)
+    static_graph: bool | None = attrs.field(default=None, validator=_optional_bool)
+    device_options: Mapping[str, Any] = attrs.field(factory=dict)
+    stop_signals: tuple[str, ...] = attrs.field(default=DEFAULT_STOP_SIGNALS, converter=tuple,
+                                                validator=lambda _i, _a, v: signal_numbers(v))
+
+    def __attrs_post_init__(self) -> None:
+        named = [item for item in self.loggers or () if isinstance(item, str)]
+        if named and self.log_dir is None:
+            raise ValueError(f"loggers {', '.join(named)} write into log_dir: set log_dir too")
+        if self.profile is not None and self.log_dir is None:
+            raise ValueError("profile writes its trace under log_dir/profiler: set log_dir too")
+
+    @property
+    def logger_items(self) -> tuple[Any, ...]:
+        """The loggers to build: ``loggers``, or TensorBoard when it is not set."""
+        return self.loggers if self.loggers is not None else ("tensorboard",)
+
+    @classmethod
+    def build(cls, **values: Any) -> TrainerConfig:
+        """Build a config, turning any invalid or unknown field into a :class:`ConfigError`."""
+        known = {a.name for a in attrs.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown Trainer option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(known))}"
+            )
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid Trainer configuration: {exc}") from exc
+
+    def ddp_overrides(self) -> dict[str, Any]:
+        """DDP options the author set explicitly (the plugin's defaults fill in the rest)."""
+        overrides: dict[str, Any] = {}
+        names = ("bucket_cap_mb", "broadcast_buffers", "gradient_as_bucket_view", "find_unused_parameters",
+                 "static_graph")
+        for name in names:
+            value = getattr(self, name)
+            if value is not None:
+                overrides[name] = value
+        return overrides

@@ -1,0 +1,108 @@
+"""Stopping a run at a step boundary on Ctrl-C, SIGTERM (SLURM, Kubernetes, ``docker stop``) or SIGUSR1.
+
+While ``Trainer.epochs()`` runs, the Trainer's stop signals (``TrainerConfig.stop_signals``) only set a
+flag: the primary training loader then ends the epoch before the next step begins, ``epochs()`` stops,
+and the author's code after the loop saves a checkpoint and writes its summary as after any run; the
+process should then exit with ``trainer.exit_code`` (``128 + signal number``: 130 for SIGINT, 143 for
+SIGTERM, 138 for SIGUSR1, so a scheduler sees a pre-empted run, not a finished one). A second signal of
+the same kind stops at once, as without devplug. Outside ``epochs()`` signals keep their usual meaning.
+
+Under several processes every rank must stop at the same step, though the signal reaches them at
+different moments: the flag is combined across ranks (a one-integer all-reduce over a CPU ``gloo``
+group, no device synchronisation) each time the primary loader is about to start a step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from devplug.core.errors import ConfigError
+
+log = logging.getLogger("devplug")
+
+#: Signals a Trainer turns into a stop request by default.
+DEFAULT_STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1")
+
+
+def signal_numbers(names: Sequence[str]) -> list[int]:
+    """``["SIGTERM"]`` → ``[15]``; an unknown name (or one this platform lacks) is a ConfigError."""
+    numbers = []
+    for name in names:
+        spelled = str(name).upper()
+        spelled = spelled if spelled.startswith("SIG") else f"SIG{spelled}"
+        number = getattr(signal, spelled, None)
+        if not isinstance(number, signal.Signals):
+            raise ConfigError(f"stop_signals names {name!r}, which is not a signal here; use names such as "
+                              "'SIGINT', 'SIGTERM', 'SIGUSR1'")
+        numbers.append(int(number))
+    return numbers
+
+
+class StopRequest:
+    """The stop flag of one Trainer: set by a stop signal, combined across ranks when asked."""
+
+    def __init__(self, signals: Sequence[str], combine: Callable[[bool], bool] | None = None) -> None:
+        self.numbers = signal_numbers(signals)
+        self.received: int | None = None
+        self.agreed = False
+        self._combine = combine
+
+    @property
+    def signal_name(self) -> str | None:
+        """The name of the signal that asked to stop (``"SIGTERM"``), or ``None``."""
+        return signal.Signals(self.received).name if self.received is not None else None
+
+    @property
+    def exit_code(self) -> int:
+        """``128 + signal number`` once a stop signal was received (130, 143, 138), else 0."""
+        return 128 + self.received if self.received is not None else 0
+
+    def request(self, signum: int = signal.SIGTERM) -> None:
+        """Ask to stop at the next step boundary, as the signal ``signum`` would."""
+        if self.received is None:
+            self.received = int(signum)
+
+    def should_stop(self) -> bool:
+        """True once any rank was asked to stop (a collective when several processes run: call it on all)."""
+        if not self.agreed:
+            local = self.received is not None
+            self.agreed = self._combine(local) if self._combine is not None else local
+            if self.agreed and self.received is None:
+                self.received = int(signal.SIGTERM)  # another rank got the signal
+        return self.agreed
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None:  # a second signal: stop at once, as without devplug
+            previous = self._previous.get(signum, signal.SIG_DFL)
+            signal.signal(signum, previous)
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                os.kill(os.getpid(), signum)
+            return
+        self.received = signum
+        name = signal.Signals(signum).name
+        print(f"\ndevplug: {name} received: stopping after this step and saving (send it again to stop at once)",
+              file=sys.stderr, flush=True)
+
+    @contextmanager
+    def handling(self) -> Iterator[None]:
+        """Turn this Trainer's stop signals into a stop request inside (main thread only)."""
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for number in self.numbers:
+                self._previous[number] = signal.signal(number, self._handle)
+        try:
+            yield
+        finally:
+            for number, previous in self._previous.items():
+                signal.signal(number, previous)
+            self._previous = {}

@@ -1,0 +1,343 @@
+"""The Trainer: the device-specific pieces of a training loop that stays the author's own.
+
+The Trainer never names a device: it resolves one device plugin and asks it, through the hooks, how to move
+things, which optimizer and precision to use, when to mark steps, how to load data and join a process group.
+Its loop position lives in :mod:`.loading`, its reporting in :mod:`.reporting`, its checkpoints in :mod:`.state`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from devplug.core.checkpoint import rng
+from devplug.core.contract import hookspecs as spec
+from devplug.core.contract.records import OptimizerChoice, PrecisionPlan
+from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
+from devplug.core.data.position import LoopPosition
+from devplug.core.distributed.launch import detect_launch
+from devplug.core.errors import ConfigError
+from devplug.core.loop.config import TrainerConfig
+from devplug.core.loop.measure import MeasureMethods
+from devplug.core.loop.signals import StopRequest
+from devplug.core.loop.step import StepMethods, StepRoute
+from devplug.core.loop.trainer_state import TrainerState
+from devplug.core.observe.flops import FlopMeter
+from devplug.core.observe.loggers import build_loggers
+from devplug.core.observe.profiling import StepProfiler
+from devplug.core.observe.reporter import Reporter
+from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
+from devplug.core.registry.devices import DeviceRegistry
+from devplug.core.registry.manager import FALLBACK_NAME, DevplugPluginManager, get_plugin_manager
+
+log = logging.getLogger("devplug")
+
+
+class Trainer(StepMethods, MeasureMethods):
+    """Device-specific pieces of a training loop, supplied by the resolved device plugin.
+
+    ``setup`` a model, build its ``optimizer`` and ``dataloader``, then loop over ``epochs`` with
+    ``autocast``, ``backward``, ``step`` and ``log`` (docs/trainer.md; the step's methods: :mod:`.step`, the
+    measurements: :mod:`.summary`). Options are
+    :class:`~devplug.core.loop.config.TrainerConfig` fields, given as keyword arguments or as ``config=``;
+    ``plugin_manager`` replaces the process-wide one (tests, embedding).
+    """
+
+    def __init__(self, config: TrainerConfig | None = None, *, plugin_manager: DevplugPluginManager | None = None,
+                 **options: Any) -> None:
+        if config is not None and options:
+            raise ConfigError("pass either config= or keyword options to Trainer, not both")
+        self.config = config if config is not None else TrainerConfig.build(**options)
+        self.registry = DeviceRegistry(plugin_manager or get_plugin_manager())
+        self.launch = detect_launch()
+        self.hooks = self.registry.open(self.config.device, options=self.config.device_options,
+                                        channels_last=self.config.channels_last)
+        self.device = self.hooks.device
+        self.collective, reduce, combine = None, None, None
+        if self.launch.distributed:
+            from devplug.core.distributed.combine import gloo_combine, mean_across_ranks
+            from devplug.core.distributed.process_group import init_process_group
+
+            setup = self.hooks(spec.devplug_collective_setup, launch=self.launch)
+            self.collective, reduce = init_process_group(self.launch, setup, self.device), mean_across_ranks
+            combine = gloo_combine() if self.config.stop_signals else None
+        self.stop = StopRequest(self.config.stop_signals, combine)
+        if self.config.seed is not None:
+            rng.seed_everything(self.config.seed)
+        plan = self.hooks(spec.devplug_precision, precision=self.config.precision)
+        assert plan is not None  # the core fallback always answers
+        self.precision: PrecisionPlan = plan
+        self.modules: dict[str, torch.nn.Module] = {}
+        self.optimizers: dict[str, OptimizerChoice] = {}
+        self.loaders: list[DeviceLoader] = []
+        self.position = LoopPosition(accumulation=self.config.accumulate_grad_batches,
+                                     stop_check=self.stop.should_stop)
+        self.state = TrainerState(device=self.device, precision=self.precision, modules=self.modules,
+                                  optimizers=self.optimizers, loaders=self.loaders, position=self.position,
+                                  world_size=self.world_size)
+        loggers = build_loggers(self.config.logger_items, self.config.log_dir) if self.is_main_process else []
+        self.reporter = Reporter(log_dir=self.config.log_dir, progress=self.config.progress,
+                                 nonfinite=self.config.nonfinite, is_main=self.is_main_process,
+                                 world_size=self.world_size, reduce=reduce, loggers=loggers,
+                                 publish=lambda point: self.hooks(spec.devplug_log, point=point))
+        self.throughput = self.reporter.throughput
+        self.flops = self.reporter.flops = FlopMeter(
+            steps_done=lambda: self.position.global_step, samples_done=lambda: self.throughput.samples_total,
+            peak=lambda: self.hooks(spec.devplug_peak_flops, precision=self.precision.name),
+            exclude=self.throughput.exclude, price_per_hour=self.config.price_per_hour, enabled=self.config.count_flops)
+        self.profiler = StepProfiler(self.config.profile, self.config.log_dir, lambda: self.hooks(
+            spec.devplug_profiler_activities), lambda: self.position.global_step, rank=self.rank)
+        self.route = StepRoute(self.hooks, self.profiler, FALLBACK_NAME)
+
+    # ---- where am I -------------------------------------------------------------------------------
+    @property
+    def torch_device(self) -> torch.device:
+        """The ``torch.device`` this trainer places tensors on."""
+        return self.device.torch_device
+
+    @property
+    def rank(self) -> int:
+        """Global rank of this process (0 when not distributed)."""
+        return self.launch.rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+        return self.launch.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on rank 0, the only rank that writes files and shows progress."""
+        return self.launch.rank == 0
+
+    @property
+    def global_step(self) -> int:
+        """Training iterations so far (restored by :meth:`load`)."""
+        return self.position.global_step
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        self.position.global_step = value
+
+    @property
+    def scaler(self) -> Any:
+        """The precision plan's grad scaler (``None`` without one); saved and restored with checkpoints."""
+        return self.state.scaler
+
+    @scaler.setter
+    def scaler(self, value: Any) -> None:
+        self.state.scaler = value
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (restored by :meth:`load`)."""
+        return self.position.epoch
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a stop signal reached any rank (a collective under several processes: ask on every rank)."""
+        return self.stop.should_stop()
+
+    @property
+    def exit_code(self) -> int:
+        """The exit status the run should end with: 0, or ``128 + signal`` after a stop signal (143 for SIGTERM)."""
+        return self.stop.exit_code
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        """The values reported at the last log point."""
+        return self.reporter.last_metrics
+
+    @property
+    def writer(self) -> Any:
+        """The TensorBoard SummaryWriter (rank 0 with a TensorBoard logger), created on first use; else None."""
+        return self.reporter.writer
+
+    # ---- model, optimizer, data --------------------------------------------------------------------
+    def to_device(self, obj: Any) -> Any:
+        """Move a module, tensor or nested batch to the device (through the device plugin)."""
+        return self.hooks(spec.devplug_to_device, obj=obj)
+
+    def setup(self, module: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
+        """Prepare ``module`` for training: precision conversion, device, compile, DDP when launched.
+
+        The module is registered under ``name`` (default: its class name, lower-cased) for checkpoints.
+        Returns the module to call in the loop (DDP-wrapped when the world size is above 1).
+        """
+        key = name or type(module).__name__.lower()
+        if key in self.modules:
+            raise ConfigError(f"a module named {key!r} is already set up; pass setup(module, name=...)")
+        if self.precision.convert_module is not None:
+            module = self.precision.convert_module(module) or module
+        module = self.to_device(module)
+        self.modules[key] = module
+        if self.config.compile:
+            compiled = self.hooks(spec.devplug_compile, module=module, options=dict(self.config.compile_options))
+            module = compiled if compiled is not None else module
+        if self.launch.distributed:
+            from devplug.core.distributed.ddp import wrap_ddp
+
+            module = wrap_ddp(module, self.collective, self.config.ddp_overrides())
+        return module
+
+    def optimizer(self, algorithm: str | type[torch.optim.Optimizer], params: Iterable[Any], *,
+                  name: str | None = None, **options: Any) -> torch.optim.Optimizer:
+        """Build the device's fastest implementation of ``algorithm`` (``"adamw"`` or ``torch.optim.AdamW``).
+
+        ``name`` keys its state in checkpoints (default: the set-up module whose parameters it holds);
+        another optimizer class is built as it is. ``optimizer_implementation(opt)`` names what was built.
+        """
+        params = list(params)
+        algo, own_class = algorithm_name(algorithm)
+        key = optimizer_key(params, self.modules, self.optimizers, algo, name)
+        choice = build_choice(algo, own_class, params, options, lambda: self.hooks(
+            spec.devplug_optimizer, name=algo, params=params, options=dict(options)), str(self.device))
+        self.optimizers[key] = choice
+        if choice.reason:
+            log.info("optimizer %s: %s (%s)", key, choice.implementation, choice.reason)
+        return choice.optimizer
+
+    def optimizer_implementation(self, optimizer: torch.optim.Optimizer) -> str:
+        """The implementation the plugin chose for ``optimizer``, e.g. ``"torch.optim.Adam(fused=True)"``."""
+        for choice in self.optimizers.values():
+            if choice.optimizer is optimizer:
+                return choice.implementation
+        raise ValueError("this optimizer was not built by Trainer.optimizer()")
+
+    def dataloader(
+        self, source: Any, batch_size: int | None = None, *, train: bool = True, shuffle: bool = False,
+        drop_last: bool = False, num_workers: int | None = None, pin_memory: bool | None = None,
+        persistent_workers: bool = True, prefetch_factor: int | None = None, collate_fn: Any = None,
+        sampler: Any = None, seed: int | None = None,
+    ) -> DeviceLoader:
+        """A loader whose batches arrive on the device: a training loader, or an evaluation one (``train=False``).
+
+        ``source`` is a Dataset or ImageFolderSource (the device plugin picks the loader: DALI,
+        HabanaDataLoader, a tuned torch DataLoader; under DDP each rank reads its own shard), or a
+        DataLoader or iterable of batches the author built (used as it is). Training loaders count steps;
+        an evaluation loader never does, always yields its whole dataset, and is never skipped on resume.
+        ``num_workers``, ``pin_memory`` and ``prefetch_factor`` left out (``None``) are chosen by the device
+        plugin from the device and a measurement of the source (``loader.choice.reason`` says what and
+        why); given, they are used exactly as given.
+        """
+        base_seed = self.config.seed if seed is None and self.config.seed is not None else (seed or 0)
+        if is_dataset(source):
+            if batch_size is None:
+                raise ConfigError("batch_size is required to load a Dataset: trainer.dataloader(dataset, 64)")
+            options = loader_options(
+                batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+                pin_memory=pin_memory, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
+                seed=base_seed, rank=self.rank, world_size=self.world_size, collate_fn=collate_fn, sampler=sampler)
+            choice = self.hooks(spec.devplug_dataloader, source=source, options=options)
+            assert choice is not None  # the core fallback always answers
+        else:
+            choice = own_loader_choice(source, batch_size)
+        if choice.reason:
+            log.info("data loader: %s (%s)", choice.implementation, choice.reason)
+        index = sum(1 for loader in self.loaders if loader.train)
+        loader = DeviceLoader(choice, base_seed, self.position, self.to_device, self.throughput.add, train=train,
+                              index=index, world_size=self.world_size, region=self.region,
+                              before_batch=lambda: (self.profiler.before_batch(), self.flops.before_batch()),
+                              after_batches=self.flops.stop)
+        self.loaders.append(loader)
+        return loader
+
+    # ---- epochs, logging, progress ---------------------------------------------------------------------
+    def epochs(self, n: int, *, max_steps: int | None = None) -> Iterator[int]:
+        """Yield epoch numbers from where a resumed run left off up to ``n``; stop after ``max_steps`` steps.
+
+        Sets loader sampler epochs and shows progress on rank 0. A stop signal (``stop_signals``) ends it at
+        the next step boundary (then save, and exit with ``exit_code``). Leaving it, however, reports the
+        values logged since the last log point.
+        """
+        if max_steps is not None and max_steps < 1:
+            raise ConfigError(f"max_steps must be a positive integer, got {max_steps!r}")
+        position = self.position
+        position.max_steps = max_steps
+        per_epoch = position.steps_per_epoch(self._epoch_batches())
+        total = max_steps if max_steps is not None or per_epoch is math.inf else int(per_epoch * n)
+        self.reporter.open_progress(None if total is math.inf else total, position.global_step)
+        with self.stop.handling():
+            try:
+                while position.epoch < n and position.steps_left() and not position.stopped:
+                    yield position.epoch
+                    ended = position.stopped or not position.steps_left()  # max_steps or a stop signal
+                    if ended and position.batches_in_epoch < self._epoch_batches():
+                        break  # inside the epoch: a resume continues it
+                    position.finish_epoch()
+                self.flush_logs()
+            finally:  # left early (break, exception): what is still pending, this rank's values only
+                self.reporter.flush_quietly(lambda: self.flush_logs(across_ranks=False))
+                self.reporter.close_progress()
+                self.profiler.stop()
+                self.flops.stop()
+
+    def _epoch_batches(self) -> float:
+        primary = next((loader for loader in self.loaders if loader.primary), None)
+        return primary.length() if primary is not None else math.inf
+
+    def log(self, **scalars: Any) -> dict[str, float] | None:
+        """Record scalars (tensors stay on the device); at every ``log_every``-th step, report them.
+
+        A log point averages the values since the previous one, reduces them across ranks, checks for
+        NaN/inf and writes them (rank 0): the only place values are read from the device. Returns them.
+        """
+        for name, value in scalars.items():
+            self.reporter.metrics.add(name, value)
+        position = self.position
+        if position.global_step and position.global_step % self.config.log_every == 0 and position.sync_now:
+            return self.flush_logs()
+        return None
+
+    def flush_logs(self, *, across_ranks: bool = True) -> dict[str, float] | None:
+        """Report pending values now; the last ones if none are pending (a collective unless ``across_ranks=False``)."""
+        rates = {key: c.optimizer.param_groups[0].get("lr") for key, c in self.optimizers.items()}
+        return self.reporter.flush(self.global_step, synchronize=self.synchronize, learning_rates=rates,
+                                   across_ranks=across_ranks)
+
+    def log_images(self, tag: str, images: torch.Tensor, *, nrow: int = 8, path: str | None = None) -> None:
+        """Write a grid of images (N×C×H×W in [-1, 1]) to TensorBoard and optionally a PNG file (rank 0)."""
+        self.reporter.log_images(tag, images, self.global_step, nrow=nrow, path=path)
+
+    # ---- checkpoints -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: modules, optimizers, scaler, counters, RNG states."""
+        return self.state.state_dict()
+
+    def save(self, path: str | os.PathLike[str], **extra: Any) -> str | None:
+        """Write a checkpoint atomically (rank 0 only); ``extra`` holds the author's own state.
+
+        Returns the path written, or ``None`` on other ranks. Raises ``devplug.NonFiniteLossError`` and
+        writes nothing when a weight or optimizer state holds NaN or infinity (docs/trainer.md, Checkpoints).
+        """
+        return self.state.save(path, extra) if self.is_main_process else None
+
+    def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore a checkpoint written by :meth:`save` into the set-up modules and optimizers.
+
+        Call after ``setup`` and ``optimizer``; the optimizers may be other implementations than the ones
+        that saved (another device's). Raises :class:`CheckpointError` if the file is unreadable, damaged or
+        does not match what this trainer holds; nothing is modified in that case. Returns ``extra``.
+        """
+        return self.state.load(path)
+
+    def close(self) -> None:
+        """Flush and close the loggers (their final point) and the progress bar.
+
+        The process group stays joined (other trainers in the process may use it); call
+        ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
+        """
+        self.profiler.stop()
+        self.reporter.close(self.global_step)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -1,0 +1,176 @@
+"""A Trainer's checkpoint state: what is saved, how it is checked against the training setup, how it is restored.
+
+A save refuses non-finite weights or optimizer state (:class:`NonFiniteLossError`, nothing written) and
+stores each optimizer's state in the canonical form (:mod:`.optstate`). A load checks everything before
+anything is restored (:mod:`.ckptcheck`): a checkpoint that does not fit the set-up modules and built
+optimizers raises one :class:`CheckpointError` listing every difference, and the restore itself is all
+or nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from devplug.core.checkpoint import file as ckpt
+from devplug.core.checkpoint import rng
+from devplug.core.checkpoint.finite import nonfinite
+from devplug.core.checkpoint.validate import check_matches
+from devplug.core.contract.records import Device, OptimizerChoice, PrecisionPlan
+from devplug.core.data.position import LoopPosition, ResumePoint
+from devplug.core.errors import CheckpointError, NonFiniteLossError
+from devplug.core.optim.build import parameters_outside
+from devplug.core.optim.canonical import export_state, import_state
+
+
+class TrainerState:
+    """The parts of a Trainer a checkpoint holds, and how they are saved and restored.
+
+    Holds the Trainer's own containers (modules, optimizers, loaders, loop position), so what the
+    Trainer sets up is what gets saved.
+    """
+
+    def __init__(self, *, device: Device, precision: PrecisionPlan, modules: dict[str, torch.nn.Module],
+                 optimizers: dict[str, OptimizerChoice], loaders: list[Any], position: LoopPosition,
+                 world_size: int = 1) -> None:
+        self.device, self.precision, self.scaler = device, precision, precision.scaler
+        self.modules, self.optimizers, self.loaders, self.position = modules, optimizers, loaders, position
+        self.world_size = world_size
+
+    def training_loaders(self) -> list[Any]:
+        """The training loaders, primary first (evaluation loaders hold no position)."""
+        return [loader for loader in self.loaders if loader.train]
+
+    def _device_rng(self) -> Any:
+        return rng.device_module(self.device.torch_device.type)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: modules, optimizers, scaler, counters, data positions, RNG states.
+
+        Saved inside an unfinished accumulation window, the position is that of the window's start: the
+        partial gradients are not saved, so a resume recomputes the whole step.
+        """
+        position, scaler = self.position, self.scaler
+        open_window = 0 if position.window_closed() else position.in_window
+        points = [(loader.seed, loader.resume_point(self.world_size)) for loader in self.training_loaders()]
+        return {
+            "format": ckpt.FORMAT_VERSION,
+            "device": str(self.device),
+            "precision": self.precision.name,
+            "global_step": position.global_step - (1 if open_window else 0),
+            "epoch": position.epoch,
+            "batches_in_epoch": position.batches_in_epoch - open_window,
+            "world_size": self.world_size,
+            "loaders": [{"seed": seed, **attrs.asdict(point)} for seed, point in points],
+            "modules": {k: m.state_dict() for k, m in self.modules.items()},
+            "optimizers": {k: export_state(c) for k, c in self.optimizers.items()},
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": rng.rng_state(self._device_rng()),
+        }
+
+    def save(self, path: str | os.PathLike[str], extra: Mapping[str, Any]) -> str:
+        """Write a checkpoint with the author's ``extra`` state atomically; the path written.
+
+        Warns, naming the optimizer, when a Trainer-built optimizer holds parameters of a module that was
+        not set up: their weights are not in the checkpoint. Raises :class:`NonFiniteLossError`, writing
+        nothing, when a weight or an optimizer state tensor holds NaN or infinity.
+        """
+        for key, count in parameters_outside(self.optimizers, self.modules).items():
+            warnings.warn(f"optimizer {key!r} holds {count} parameter(s) of a module that was not passed to "
+                          "trainer.setup(); the checkpoint has that optimizer's state but not those weights. "
+                          "Set the module up with trainer.setup(module, name=...)", RuntimeWarning, stacklevel=3)
+        self.refuse_nonfinite(path)
+        state = self.state_dict()
+        state["extra"] = dict(extra)
+        return str(ckpt.atomic_save(ckpt.with_digest(ckpt.to_cpu(state)), path))
+
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """Every module tensor and optimizer state tensor, named as an error message shows them."""
+        named = [(f"{key}.{name}", t) for key, m in self.modules.items() for name, t in m.state_dict().items()]
+        owners = {id(p): f"{key}.{name}" for key, m in self.modules.items() for name, p in m.named_parameters()}
+        for key, choice in self.optimizers.items():
+            for param, values in choice.optimizer.state.items():
+                owner = owners.get(id(param), f"a parameter of shape {tuple(param.shape)}")
+                named += [(f"optimizer {key!r} {entry} of {owner}", value)
+                          for entry, value in values.items() if isinstance(value, torch.Tensor)]
+        return named
+
+    def refuse_nonfinite(self, path: Any) -> None:
+        """Raise :class:`NonFiniteLossError` naming the weights and optimizer state holding NaN or infinity."""
+        bad = nonfinite(self.named_tensors())
+        if bad:
+            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            raise NonFiniteLossError(
+                f"not saving checkpoint {str(path)!r}: non-finite values (NaN or inf) in {shown}; the earlier "
+                "checkpoints are kept. Resume from the last one, with a lower learning rate or gradient clipping")
+
+    def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Check a checkpoint against the setup, then restore it (all or nothing); the author's ``extra`` state."""
+        state = ckpt.read_checkpoint(path)
+        check_matches(state, self.modules, self.optimizers, path)
+        natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in self.optimizers.items()}
+        points = {i: ResumePoint(**{k: v for k, v in entry.items() if k != "seed"})
+                  for i, entry in enumerate(state["loaders"])}
+        for loader in self.training_loaders():  # a loader that cannot continue at the same sample says so now
+            if loader.index in points:
+                points[loader.index].skip(loader.batch_size, self.world_size, loader.sharded,
+                                          f"training loader {loader.index}")
+        restore(state, natives, modules=self.modules, optimizers=self.optimizers, scaler=self.scaler,
+                device_module=self._device_rng(), path=path)
+        position = self.position
+        position.global_step = int(state["global_step"])
+        position.epoch = int(state["epoch"])
+        position.batches_in_epoch = int(state["batches_in_epoch"])
+        position.in_window = 0
+        position.resume_points = points
+        # the data order continues as it was, even if the resumed run was given another seed
+        position.resume_seeds = {i: int(entry["seed"]) for i, entry in enumerate(state["loaders"])}
+        for loader in self.training_loaders():
+            loader.seed = position.resume_seeds.pop(loader.index, loader.seed)
+        return dict(state["extra"])
+
+
+def restore(state: Mapping[str, Any], natives: Mapping[str, Mapping[str, Any]], *,
+            modules: Mapping[str, torch.nn.Module], optimizers: Mapping[str, OptimizerChoice], scaler: Any,
+            device_module: Any, path: Any) -> None:
+    """Load a checked ``state`` into optimizers (``natives``: their converted states), scaler, modules and RNGs.
+
+    All or nothing: if any part fails, the parts already restored are put back as they were and one
+    :class:`CheckpointError` says what failed.
+    """
+    undo: list[Callable[[], None]] = []
+    try:
+        for key, choice in optimizers.items():
+            optimizer = choice.optimizer
+            before = {"state": optimizer.state, "param_groups": optimizer.param_groups}  # load_state_dict replaces both
+            undo.append(lambda optimizer=optimizer, before=before: optimizer.__setstate__(before))
+            optimizer.load_state_dict(natives[key])
+        if scaler is not None and state["scaler"]:
+            scaler_before = scaler.state_dict()
+            undo.append(lambda: scaler.load_state_dict(scaler_before))
+            scaler.load_state_dict(state["scaler"])
+        for key, module in modules.items():
+            module_before = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+            undo.append(lambda module=module, module_before=module_before: _copy_back(module, module_before))
+            module.load_state_dict(state["modules"][key])
+        rng_before = rng.rng_state(device_module)
+        undo.append(lambda: rng.restore_rng_state(rng_before, device_module))
+        rng.restore_rng_state(state["rng"], device_module)
+    except Exception as exc:
+        for action in reversed(undo):
+            action()  # plain assignments and in-place copies: they do not fail where the restore did
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise CheckpointError(f"checkpoint {str(path)!r} could not be restored, and nothing was changed: {reason}") \
+            from exc
+
+
+def _copy_back(module: torch.nn.Module, saved: Mapping[str, torch.Tensor]) -> None:
+    """Put ``saved`` values back into the module's own tensors (in place, bypassing its load hooks)."""
+    with torch.no_grad():
+        for key, tensor in module.state_dict().items():
+            tensor.copy_(saved[key])

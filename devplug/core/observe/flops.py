@@ -1,0 +1,137 @@
+"""Model FLOPs utilisation (MFU) and cost: FLOPs per sample counted once, the device's peak from its plugin.
+
+One training step (the second: the first carries one-time work) runs under
+``torch.utils.flop_counter.FlopCounterMode``, which counts the FLOPs of every matmul and convolution,
+forward and backward, from shapes alone (no host-device synchronisation). With the samples of that step
+it gives FLOPs per sample; the achieved FLOP/s is that times the samples/s measured at log points, and
+MFU is the achieved FLOP/s of one device over its peak for the precision in use, which the device plugin
+reports through ``devplug_peak_flops`` (asked once, when first needed). ``price_per_hour`` (of the whole
+job) turns samples/s into samples per dollar.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from devplug.core.fallback import accelerator
+from devplug.core.log_once import log_once
+
+log = logging.getLogger("devplug")
+
+#: The training step whose FLOPs are counted.
+COUNTED_STEP = 2
+
+
+class FlopMeter:
+    """Counts the FLOPs of step :data:`COUNTED_STEP` and turns rates into MFU and samples per dollar.
+
+    ``steps_done`` and ``samples_done`` read the loop's counters; ``peak`` asks the device plugin for its
+    peak FLOP/s (``None``: unknown); ``exclude`` takes the seconds spent asking it out of the throughput
+    clock; ``enabled=False`` counts nothing (MFU stays unknown).
+    """
+
+    def __init__(self, *, steps_done: Callable[[], int], samples_done: Callable[[], int],
+                 peak: Callable[[], float | None], exclude: Callable[[float], None] = lambda _s: None,
+                 price_per_hour: float | None = None, enabled: bool = True) -> None:
+        self._steps_done, self._samples_done, self._peak_hook = steps_done, samples_done, peak
+        self._exclude = exclude
+        self.price_per_hour = price_per_hour
+        self.enabled = enabled
+        self.flops_per_sample: float | None = None
+        self._mode: Any = None
+        self._samples_at_start = 0
+        self._peak: float | None = None
+        self._peak_asked = False
+
+    def before_batch(self) -> None:
+        """Called when the loop asks for the next training batch: start or finish the counted step here."""
+        if not self.enabled:
+            return
+        upcoming = self._steps_done() + 1
+        if self._mode is None and upcoming == COUNTED_STEP and self.flops_per_sample is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            self._mode = FlopCounterMode(display=False)
+            self._mode.__enter__()
+            self._samples_at_start = self._samples_done()
+        elif self._mode is not None and upcoming > COUNTED_STEP:
+            self.stop()
+
+    def stop(self) -> None:
+        """Finish counting (the loop ended or the counted step is done)."""
+        if self._mode is None:
+            return
+        mode, self._mode = self._mode, None
+        mode.__exit__(None, None, None)
+        samples = self._samples_done() - self._samples_at_start
+        flops = mode.get_total_flops()
+        if samples > 0 and flops > 0:
+            self.flops_per_sample = flops / samples
+        started = time.perf_counter()
+        self.peak  # noqa: B018  (ask the plugin now; a measured peak's time is taken out of the throughput clock)
+        self._exclude(time.perf_counter() - started)
+
+    @property
+    def peak(self) -> float | None:
+        """The device's peak FLOP/s for the precision in use (asked once), or ``None``."""
+        if not self._peak_asked:
+            self._peak_asked = True
+            self._peak = self._peak_hook()
+        return self._peak
+
+    def figures(self, samples_per_sec_per_device: float, samples_per_sec: float) -> dict[str, float]:
+        """``flops_per_sample``, ``mfu`` and ``samples_per_dollar`` where known, for the given rates."""
+        out: dict[str, float] = {}
+        if self.flops_per_sample is not None:
+            out["flops_per_sample"] = self.flops_per_sample
+            if self._peak_asked and self.peak:
+                mfu = self.flops_per_sample * samples_per_sec_per_device / self.peak
+                if mfu <= 1.0:
+                    out["mfu"] = mfu
+                else:  # a peak measured while other work had the cores: no honest MFU from it
+                    log_once(f"MFU not reported: the device's peak ({self.peak / 1e9:.3g} GFLOP/s) is below what "
+                             f"training achieved ({mfu * self.peak / 1e9:.3g} GFLOP/s); a measured peak is too low "
+                             "on a busy host", logging.WARNING)
+        if self.price_per_hour:
+            out["samples_per_dollar"] = samples_per_sec * 3600 / self.price_per_hour
+        return out
+
+
+@functools.cache
+def measured_matmul_flops(device_type: str, dtype: torch.dtype, seconds: float = 0.25) -> float:
+    """FLOP/s of a square matmul on ``device_type`` in ``dtype``: the best run over ``seconds`` (once per process).
+
+    The size doubles from 256 until one matmul takes 20 ms (at most 2048), so a slow format (bf16 on a CPU
+    without native bf16) stays quick to measure; then it runs for ``seconds`` (5 times at least) and keeps
+    the fastest, so a moment when another process had the cores does not lower the figure. A measured peak
+    for devices without a published figure (the host CPU): what the device achieves on the operation
+    training spends most of its time in, so MFU against it lies in (0, 1] for real models. Nothing is read
+    back to the host.
+    """
+    device = torch.device(device_type)
+
+    def timed(a: torch.Tensor, b: torch.Tensor) -> float:
+        started = time.perf_counter()
+        a @ b
+        accelerator.synchronize(device)  # waits for the device, reads nothing back
+        return time.perf_counter() - started
+
+    size = 256
+    while True:
+        # constant operands: matmul time does not depend on the values, and the training's RNG is not drawn from
+        a = torch.full((size, size), 0.5, device=device, dtype=dtype)
+        b = torch.full((size, size), 0.25, device=device, dtype=dtype)
+        timed(a, b)  # warm-up
+        if min(timed(a, b) for _ in range(2)) >= 0.02 or size >= 2048:
+            break
+        size *= 2
+    best, runs, deadline = float("inf"), 0, time.perf_counter() + seconds
+    while runs < 5 or time.perf_counter() < deadline:
+        best, runs = min(best, timed(a, b)), runs + 1
+    return 2.0 * size**3 / best

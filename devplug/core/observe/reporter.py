@@ -1,0 +1,184 @@
+"""What a Trainer reports: logged values at log points, the loggers, the progress bar, throughput.
+
+Values stay on the device between log points (:class:`~devplug.core.observe.metrics.MetricBuffer`); at a log
+point they are averaged, reduced across ranks, checked for NaN/inf, handed to the loggers and the
+``devplug_log`` hook as a :class:`~devplug.core.contract.records.LogPoint` (rank 0), and shown on the progress bar.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from devplug.core.contract.records import LogPoint
+from devplug.core.errors import NonFiniteLossError
+from devplug.core.observe.flops import FlopMeter
+from devplug.core.observe.loggers import Logger, TensorBoardLogger
+from devplug.core.observe.metrics import MetricBuffer, Throughput, nonfinite
+
+log = logging.getLogger("devplug")
+
+
+#: Share of wall time waiting for the loader above which a run counts as input-bound.
+INPUT_BOUND_SHARE = 0.1
+
+
+def input_bound_hint(rate: float, wait_share: float, threshold: float = INPUT_BOUND_SHARE) -> str | None:
+    """One line when the loop waited for its loader more than ``threshold`` of the time, else ``None``.
+
+    The loader delivers what the run achieved (``rate``); the step alone would consume ``rate / (1 - wait)``.
+    """
+    if rate <= 0 or wait_share <= threshold:
+        return None
+    consumes = rate / max(1.0 - wait_share, 1e-9)
+    return (f"input-bound: loader delivers {rate:,.1f} samples/s, step consumes {consumes:,.1f} samples/s "
+            f"({wait_share:.0%} of the time waiting for data); try the cache / more workers / DALI")
+
+
+class Reporter:
+    """Logged values, throughput, loggers and progress bar of one Trainer.
+
+    ``log_dir``, ``loggers`` and ``progress`` apply on the main process only; ``publish`` hands each
+    :class:`LogPoint` to the plugins (the ``devplug_log`` hook); ``nonfinite`` is the policy for a NaN/inf
+    value (``"raise"``, ``"warn"``, ``"ignore"``); ``reduce`` averages values across ranks at log points
+    (``None`` in a single process).
+    """
+
+    def __init__(self, *, log_dir: str | None, progress: bool, nonfinite: str, is_main: bool, world_size: int,
+                 reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, loggers: Sequence[Logger] = (),
+                 publish: Callable[[LogPoint], Any] | None = None) -> None:
+        self.log_dir = log_dir if is_main else None
+        self.loggers: list[Logger] = list(loggers) if is_main else []
+        self.publish = publish if is_main else None
+        self.show_progress = progress and is_main
+        self.nonfinite_policy = nonfinite
+        self.is_main = is_main
+        self.world_size = world_size
+        self.reduce = reduce
+        self.metrics = MetricBuffer()
+        self.throughput = Throughput()
+        self.flops = FlopMeter(steps_done=lambda: 0, samples_done=lambda: 0, peak=lambda: None, enabled=False)
+        self.last_metrics: dict[str, float] = {}
+        self.progress_bar: Any = None
+        self._closed = False
+
+    # ---- loggers ------------------------------------------------------------------------------------
+    @property
+    def writer(self) -> Any:
+        """The TensorBoard SummaryWriter (rank 0, with a TensorBoard logger), created on first use; else None."""
+        board = next((lg for lg in self.loggers if isinstance(lg, TensorBoardLogger)), None)
+        return board.writer if board is not None else None
+
+    def emit(self, point: LogPoint) -> None:
+        """Hand ``point`` to every logger, then to the plugins' ``devplug_log`` (main process only)."""
+        self._closed = point.final
+        for logger in self.loggers:
+            logger.devplug_log(point)
+        if self.publish is not None:
+            self.publish(point)
+
+    def log_images(self, tag: str, images: torch.Tensor, step: int, *, nrow: int = 8,
+                   path: str | None = None) -> None:
+        """Write a grid of images (N×C×H×W in [-1, 1]) to TensorBoard and optionally a PNG file (rank 0)."""
+        if not self.is_main:
+            return
+        from torchvision.utils import make_grid, save_image
+
+        grid = make_grid(images.detach().float().cpu(), nrow=nrow, normalize=True, value_range=(-1, 1))
+        self.emit(LogPoint(step=step, images={tag: grid}, log_dir=self.log_dir))
+        if path is not None:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            save_image(grid, path)
+
+    # ---- progress -----------------------------------------------------------------------------------
+    def open_progress(self, total: int | None, initial: int) -> None:
+        """Show a progress bar of ``total`` steps (``None``: unknown) starting at ``initial``."""
+        if not self.show_progress:
+            return
+        from tqdm.auto import tqdm
+
+        self.progress_bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                                 mininterval=5.0, smoothing=0.1)
+
+    def close_progress(self) -> None:
+        """Close the progress bar, if one is shown."""
+        if self.progress_bar is not None:
+            self.progress_bar.close()
+            self.progress_bar = None
+
+    # ---- log points ---------------------------------------------------------------------------------
+    def flush(
+        self,
+        step: int,
+        *,
+        synchronize: Callable[[], None],
+        learning_rates: Mapping[str, Any],
+        across_ranks: bool = True,
+    ) -> dict[str, float] | None:
+        """Report pending values at ``step``: the only place they are read from the device."""
+        if not self.metrics:
+            return dict(self.last_metrics) if self.last_metrics else None
+        synchronize()
+        rate = self.throughput.lap() if self.throughput.samples_since else 0.0
+        values = self.metrics.flush(self.reduce if across_ranks else None)
+        bad = nonfinite(values)
+        if bad:
+            self._on_nonfinite(bad, values, step)
+        values["samples_per_sec"] = rate * self.world_size
+        values["data_wait"] = self.throughput.wait_share
+        values.update(self.flops.figures(rate, rate * self.world_size))
+        for key, lr in learning_rates.items():
+            if isinstance(lr, (int, float)):
+                values[f"lr/{key}"] = float(lr)
+        self.last_metrics = values
+        if self.is_main:
+            self.emit(LogPoint(step=step, values=dict(values), log_dir=self.log_dir))
+            if self.progress_bar is not None:
+                self.progress_bar.n = step
+                shown = {k: f"{v:.4g}" for k, v in values.items() if not k.startswith("lr/")}
+                self.progress_bar.set_postfix(shown, refresh=False)
+                self.progress_bar.refresh()
+        return values
+
+    def _on_nonfinite(self, bad: list[str], values: dict[str, float], step: int) -> None:
+        message = (
+            f"{', '.join(f'{k}={values[k]}' for k in bad)} at step {step}: training diverged. "
+            "Lower the learning rate, check the input data, or try precision='32-true'; "
+            "checkpoints already saved are untouched"
+        )
+        if self.nonfinite_policy == "raise":
+            raise NonFiniteLossError(message)
+        if self.nonfinite_policy == "warn":
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+    def flush_quietly(self, flush: Callable[[], Any]) -> None:
+        """Report pending values on the way out of a loop; a failure there is logged, not raised."""
+        if not self.metrics:
+            return
+        try:
+            flush()
+        except Exception as exc:  # the loop may be unwinding (break, exception): do not mask it
+            log.warning("values logged before leaving the loop were not reported: %s", exc)
+
+    def rates(self) -> dict[str, Any]:
+        """Mean throughput of the whole job so far: ``samples_per_sec``, ``samples_per_hour``, ``data_wait``
+        (this rank's share of wall time spent waiting for the loader), ``input_bound`` (a hint, or None), and
+        where known ``flops_per_sample``, ``mfu`` (one device's achieved FLOP/s over its peak) and
+        ``samples_per_dollar`` (with ``price_per_hour``)."""
+        rate = self.throughput.mean_rate * self.world_size
+        wait = self.throughput.mean_wait_share
+        return {"samples_per_sec": rate, "samples_per_hour": rate * 3600, "data_wait": wait,
+                "input_bound": input_bound_hint(rate, wait), **self.flops.figures(self.throughput.mean_rate, rate)}
+
+    def close(self, step: int) -> None:
+        """Send the final point to the loggers and plugins (once), and close the progress bar."""
+        if self.is_main and not self._closed:
+            self._closed = True
+            self.emit(LogPoint(step=step, log_dir=self.log_dir, final=True))
+        self.close_progress()
+

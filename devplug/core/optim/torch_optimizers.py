@@ -1,0 +1,116 @@
+"""torch.optim's table: standard optimizer names, their torch classes and defaults, torch's fastest kernel.
+
+What the core fallback and device plugins share (public through devplug.toolkit): the standard names and
+their ``torch.optim`` classes, a class's constructor defaults, and torch's fastest kernel for an optimizer on
+a device type (``fused``, ``foreach``), probed once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any
+
+import torch
+
+from devplug.core.contract.records import Device, OptimizerChoice
+from devplug.core.errors import OptimizerError
+
+log = logging.getLogger("devplug")
+
+#: Standard optimizer names and their torch classes.
+TORCH_OPTIMIZERS: dict[str, str] = {
+    "adam": "Adam",
+    "adamw": "AdamW",
+    "sgd": "SGD",
+    "rmsprop": "RMSprop",
+    "adagrad": "Adagrad",
+    "adamax": "Adamax",
+    "nadam": "NAdam",
+    "radam": "RAdam",
+    "lamb": "",  # no torch implementation; plugins with apex provide it
+}
+
+
+def torch_optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """The ``torch.optim`` class for a standard optimizer name, or an :class:`OptimizerError`."""
+    cls_name = TORCH_OPTIMIZERS.get(name.lower())
+    if not cls_name:
+        known = ", ".join(n for n, c in TORCH_OPTIMIZERS.items() if c)
+        raise OptimizerError(f"unknown optimizer {name!r}; torch provides: {known}")
+    return getattr(torch.optim, cls_name)
+
+
+@functools.cache
+def torch_optimizer_defaults(cls: type[torch.optim.Optimizer]) -> dict[str, Any]:
+    """The keyword defaults of a torch optimizer's constructor, e.g. ``{"lr": 0.001, "betas": ...}``.
+
+    Plugins mapping an author's options onto a vendor optimizer start from these, so an option the author
+    left out behaves as it would in ``torch.optim``.
+    """
+    return {
+        name: p.default
+        for name, p in inspect.signature(cls).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
+#: torch.optim implementations faster than the default loop, fastest first (constructor options).
+KERNELS: tuple[str, ...] = ("fused", "foreach")
+
+
+@functools.cache
+def torch_kernel(name: str, device_type: str) -> tuple[str, str]:
+    """torch's fastest kernel for optimizer ``name`` on ``device_type``: ``("fused" | "foreach" | "", reason)``.
+
+    Probed once per (name, device type) by building the optimizer over a one-element parameter on the
+    device type and taking a step; ``reason`` says why a faster kernel was not chosen (empty when
+    ``fused`` was).
+    """
+    cls = torch_optimizer_class(name)
+    accepted = inspect.signature(cls).parameters
+    try:
+        param = torch.nn.Parameter(torch.zeros(1, device=device_type))
+    except Exception as exc:  # the device type cannot hold a tensor in this process
+        return "", f"no tensor could be placed on {device_type!r} to probe torch's kernels ({_first_line(exc)})"
+    reasons: list[str] = []
+    for kernel in KERNELS:
+        if kernel not in accepted:
+            reasons.append(f"torch.optim.{cls.__name__} has no {kernel} option")
+            continue
+        try:
+            param.grad = torch.zeros_like(param)
+            cls([param], **{kernel: True}).step()
+        except Exception as exc:  # whatever torch raises for a kernel it lacks on this device type
+            reasons.append(f"no {kernel} {cls.__name__} for {device_type!r} in this torch ({_first_line(exc)})")
+            continue
+        return kernel, "; ".join(reasons)
+    return "", "; ".join(reasons)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def fastest_torch_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice:
+    """torch's fastest implementation of optimizer ``name`` on ``device``: ``fused=True``, ``foreach=True``, default.
+
+    The choice names the implementation (``"torch.optim.Adam(fused=True)"``) and, when a faster kernel
+    was not used, why. ``fused`` or ``foreach`` in ``options`` is the author's choice and is kept.
+    """
+    cls = torch_optimizer_class(name)
+    base = f"torch.optim.{cls.__name__}"
+    chosen = {k: options[k] for k in KERNELS if k in options}
+    if chosen:
+        described = ", ".join(f"{k}={v!r}" for k, v in chosen.items())
+        return OptimizerChoice(cls(params, **options), f"{base}({described})", "the author chose the implementation")
+    params = list(params)
+    kernel, reason = torch_kernel(name.lower(), device.torch_device.type)
+    if kernel:
+        try:
+            return OptimizerChoice(cls(params, **{kernel: True}, **options), f"{base}({kernel}=True)", reason)
+        except (RuntimeError, ValueError, TypeError) as exc:  # e.g. fused with differentiable=True
+            reason = f"{kernel}=True does not take these options ({exc})"
+    return OptimizerChoice(cls(params, **options), base, reason)

@@ -1,0 +1,235 @@
+"""Device registry and resolution: from ``"auto"``, ``"cpu"`` or ``"cuda:1"`` to one device plugin.
+
+The core never names a device here: it asks every plugin which devices it serves, probes them only
+when needed, and picks by the priority each plugin declared.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import attrs
+
+from devplug.core.contract import hookspecs
+from devplug.core.contract.records import Availability, Device, DeviceSpec
+from devplug.core.errors import DeviceUnavailableError, PluginError, UnknownDeviceError
+from devplug.core.registry.manager import DevplugPluginManager, get_plugin_manager
+
+log = logging.getLogger("devplug")
+
+ENV_DEVICE = "DEVPLUG_DEVICE"
+P = ParamSpec("P")
+R = TypeVar("R")
+_REQUEST_RE = re.compile(r"^(?P<name>[a-z][a-z0-9_]*)(?::(?P<index>\d+))?$")
+
+
+@attrs.define
+class RegisteredDevice:
+    """A device spec together with the plugin that registered it."""
+
+    spec: DeviceSpec
+    plugin_name: str
+    plugin: Any
+    distribution: str
+    _availability: Availability | None = attrs.field(default=None, alias="_availability")
+
+    def availability(self) -> Availability:
+        """Run the probe once (a probe that raises reports the exception as the reason)."""
+        if self._availability is None:
+            try:
+                result = self.spec.probe()
+                if not isinstance(result, Availability):
+                    raise TypeError(f"probe returned {result!r}, not an Availability")
+            except Exception as exc:
+                result = Availability.no(
+                    f"its availability probe raised {type(exc).__name__}: {exc}",
+                    f"report this to the maintainers of {self.distribution}",
+                )
+            self._availability = result
+        return self._availability
+
+    def count(self) -> int:
+        """How many devices of this type are visible (0 when unavailable or when counting fails)."""
+        if not self.availability().available:
+            return 0
+        try:
+            return int(self.spec.count())
+        except Exception:
+            return 0
+
+
+class DeviceRegistry:
+    """All devices the loaded plugins declare, keyed by name, with the name conflicts that were resolved."""
+
+    def __init__(self, pm: DevplugPluginManager | None = None) -> None:
+        self.pm = pm or get_plugin_manager()
+        table, self.conflicts = self.pm.device_table()
+        self.devices: dict[str, RegisteredDevice] = {
+            d.spec.name: RegisteredDevice(d.spec, d.plugin_name, self.pm.get_plugin(d.plugin_name), d.distribution)
+            for d in table
+        }
+
+    def names(self) -> list[str]:
+        """Device names, highest priority first."""
+        return [d.spec.name for d in sorted(self.devices.values(), key=lambda d: -d.spec.priority)]
+
+    def device_plugin_names(self) -> set[str]:
+        """Names of the device plugins (those that declare devices, whether or not they keep every name)."""
+        return set(self.pm.declared_devices())
+
+    def available_names(self) -> list[str]:
+        """Names of devices usable on this machine, highest priority first."""
+        return [n for n in self.names() if self.devices[n].availability().available]
+
+    def open(self, request: str | None = None, *, options: Mapping[str, Any] | None = None,
+             channels_last: bool = False) -> DeviceHooks:
+        """Resolve ``request``, route its hooks and run ``devplug_device_setup``: the hooks of a ready device.
+
+        With ``"auto"``, a device whose plugin fails to set it up (raises, or calls ``sys.exit``) is reported
+        with its plugin and distribution, and the next available device is tried; a device asked for by
+        name fails with that report.
+        """
+        request = self._request(request)
+        skipped: list[str] = []
+        while True:
+            device = self.resolve(request, options=options, channels_last=channels_last, skip=skipped)
+            hooks = DeviceHooks(self, device)
+            try:
+                hooks(hookspecs.devplug_device_setup)
+                return hooks
+            except PluginError as exc:
+                if request != "auto":
+                    raise
+                log.warning("device %s could not be set up, trying the next available one: %s", device, exc)
+                skipped.append(device.name)
+
+    @staticmethod
+    def _request(request: str | None) -> str:
+        if request is None:
+            request = os.environ.get(ENV_DEVICE, "").strip() or "auto"
+        return request.strip().lower()
+
+    def resolve(
+        self, request: str | None = None, *, options: Mapping[str, Any] | None = None, channels_last: bool = False,
+        skip: Sequence[str] = (),
+    ) -> Device:
+        """Turn a request (``None`` → ``$DEVPLUG_DEVICE`` or ``"auto"``) into a usable :class:`Device`.
+
+        ``options`` (free-form device options) and ``channels_last`` are the Trainer options the device
+        carries to every hook; ``"auto"`` passes over the device names in ``skip``.
+        """
+        request = self._request(request)
+        if request == "auto":
+            available = [name for name in self.available_names() if name not in skip]
+            if not available:
+                raise DeviceUnavailableError(
+                    "no device is available; known devices: " + self._describe_known()
+                    + (f" (could not be set up: {', '.join(skip)})" if skip else "")
+                )
+            entry, index = self.devices[available[0]], None
+        else:
+            match = _REQUEST_RE.match(request)
+            if match is None or match["name"] not in self.devices:
+                raise UnknownDeviceError(
+                    f"unknown device {request!r}; known devices: {self._describe_known()}. "
+                    "Use 'auto', one of those names, or NAME:INDEX; install a plugin for other devices"
+                    + self._load_problems(match["name"] if match else request)
+                )
+            entry = self.devices[match["name"]]
+            index = int(match["index"]) if match["index"] is not None else None
+            availability = entry.availability()
+            if not availability.available:
+                fix = f" To fix: {availability.fix}." if availability.fix else ""
+                raise DeviceUnavailableError(
+                    f"device {entry.spec.name!r} is not available: {availability.reason}.{fix} "
+                    f"Available devices: {', '.join(self.available_names()) or 'none'}"
+                )
+            count = entry.count()
+            if index is not None and index >= count:
+                raise DeviceUnavailableError(
+                    f"device {request!r} does not exist: {count} {entry.spec.name} device(s) visible "
+                    f"(indices 0..{count - 1})"
+                )
+        return Device(spec=entry.spec, index=index, plugin_name=entry.plugin_name, options=dict(options or {}),
+                      channels_last=channels_last)
+
+    def _load_problems(self, name: str) -> str:
+        """Plugin load failures (and skipped clashing devices) that may explain a missing device."""
+        related = [str(f) for f in self.pm.failures if f.name.lower() == name]
+        related += [str(c) for c in self.conflicts if c.skipped.spec.name == name]
+        if not related and self.pm.failures:
+            related = [f"{len(self.pm.failures)} plugin(s) failed to load: "
+                       + "; ".join(str(f) for f in self.pm.failures)]
+        return "".join(f". Note: {text}" for text in related)
+
+    def _describe_known(self) -> str:
+        parts = []
+        for name in self.names():
+            availability = self.devices[name].availability()
+            parts.append(name if availability.available else f"{name} (unavailable: {availability.reason})")
+        return ", ".join(parts) or "none (no device plugin loaded)"
+
+
+class DeviceHooks:
+    """Operational hooks routed to one device plugin plus the device-neutral plugins.
+
+    ``hooks(hookspecs.devplug_optimizer, name=..., params=..., options=...)`` calls the hook on the
+    resolved device's plugin, on every plugin that declares no device, and on the core fallback, never
+    on other device plugins; ``device`` is filled in. The call is typed by the spec function itself:
+    its keyword arguments and its return type are the spec's.
+
+    The plugins are fixed once a Trainer exists, so each hook's route is resolved here, once: a hook
+    nobody implements for this device (``devplug_mark_step`` on an eager device) costs nothing per call,
+    and a hook with a single implementation and no wrapper (``devplug_region`` answered by the fallback
+    alone) calls it directly, with pluggy's semantics, instead of through pluggy's dispatch.
+    """
+
+    def __init__(self, registry: DeviceRegistry, device: Device) -> None:
+        self.device = device
+        pm = registry.pm
+        others = [pm.get_plugin(name) for name in registry.device_plugin_names() - {device.plugin_name}]
+        self._callers: dict[str, Callable[..., Any]] = {}
+        self._answered_by: dict[str, tuple[str, ...]] = {}
+        for name in hookspecs.OPERATIONAL_HOOKS:
+            caller = pm.subset_hook_caller(name, remove_plugins=[p for p in others if p is not None])
+            self._callers[name] = _direct_call(caller, device) or functools.partial(caller, device=device)
+            self._answered_by[name] = tuple(impl.plugin_name for impl in caller.get_hookimpls())
+
+    def answered_by(self, spec: Callable[..., Any], /) -> tuple[str, ...]:
+        """The names of the plugins implementing hook ``spec`` for this device (empty: nobody does).
+
+        The step asks once whether only the core fallback answers a per-step hook (no region marking, no
+        step marking), and then leaves the call out of every step.
+        """
+        return self._answered_by[spec.__name__]
+
+    def __call__(self, spec: Callable[Concatenate[Device, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call the hook ``spec`` (a function of :mod:`devplug.core.contract.hookspecs`) with keyword arguments."""
+        if args:
+            raise TypeError("hook arguments are passed by keyword")
+        return self._callers[spec.__name__](**kwargs)  # type: ignore[no-any-return]
+
+
+def _direct_call(caller: Any, device: Device) -> Callable[..., Any] | None:
+    """A call with pluggy's result semantics that skips its dispatch, where the route allows; else ``None``."""
+    impls = caller.get_hookimpls()
+    firstresult = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
+    if not impls:
+        return (lambda **_kwargs: None) if firstresult else (lambda **_kwargs: [])
+    if len(impls) > 1 or impls[0].wrapper or impls[0].hookwrapper:
+        return None
+    function, argnames = impls[0].function, impls[0].argnames
+
+    def call(**kwargs: Any) -> Any:
+        kwargs["device"] = device
+        result = function(*[kwargs[name] for name in argnames])
+        if firstresult:
+            return result
+        return [] if result is None else [result]
+
+    return call
