@@ -270,6 +270,7 @@ class DevplugAdapter(Adapter):
         self.trainer.close()
 
     def describe(self) -> str:
-        opt = ", ".join(sorted({choice.implementation for choice in self.trainer.optimizers.values()}))
-        loaders = "; ".join(loader.implementation for loader in self.trainer.loaders)
+        summary = self.trainer.summary()
+        opt = ", ".join(sorted(set(summary["optimizers"].values())))
+        loaders = "; ".join(summary["loaders"])
         return f"precision {self.trainer.precision.name}, {opt}, {loaders}"

@@ -59,7 +59,7 @@ def run_rank(rank: int, world_size: int, port: int | None, args: argparse.Namesp
     if not trainer.launch.distributed:
         raise SystemExit("ddp_overhead needs at least 2 ranks (--world-size 2, or launch it with torchrun)")
     model = trainer.setup(build_model(args.width, args.layers), name="mlp")
-    local = trainer.modules["mlp"]
+    local = model.module  # the module DistributedDataParallel wraps
     opt = trainer.optimizer("sgd", model.parameters(), lr=1e-3, momentum=0.9)
     x = trainer.to_device(torch.randn(args.batch_size, args.width))
     y = trainer.to_device(torch.randint(0, 10, (args.batch_size,)))
@@ -95,18 +95,19 @@ def run_rank(rank: int, world_size: int, port: int | None, args: argparse.Namesp
     dist.all_gather_object(gathered, times)
     if trainer.is_main_process:
         slowest = {m: [max(rank_times[m][i] for rank_times in gathered) for i in range(args.rounds)] for m in MODES}
-        print(report(trainer, args, {m: statistics.median(v) for m, v in slowest.items()}))
+        print(report(trainer, local, args, {m: statistics.median(v) for m, v in slowest.items()}))
     trainer.close()
     dist.destroy_process_group()
 
 
-def report(trainer: devplug.Trainer, args: argparse.Namespace, median: dict[str, float]) -> str:
+def report(trainer: devplug.Trainer, local: torch.nn.Module, args: argparse.Namespace,
+           median: dict[str, float]) -> str:
     """The side-by-side table and the overhead ratios."""
-    params = sum(p.numel() for p in trainer.modules["mlp"].parameters())
+    params = sum(p.numel() for p in local.parameters())
     bucket = f"{args.bucket_cap_mb} MiB" if args.bucket_cap_mb else "DDP default (25 MiB)"
     lines = [
         f"DDP communication overhead: {trainer.world_size} ranks on {trainer.device} "
-        f"({trainer.collective.backend if trainer.collective else '?'}), MLP {args.layers}x{args.width} "
+        f"({dist.get_backend()}), MLP {args.layers}x{args.width} "
         f"({params / 1e6:.1f} M parameters, {params * 4 / 2**20:.0f} MiB of fp32 gradients), "
         f"batch {args.batch_size}/rank, bucket {bucket}, {args.steps} steps x {args.rounds} interleaved rounds",
         f"{'mode':<10} {'median ms/step':>15} {'samples/s (all ranks)':>22} {'time vs no_sync':>16}",

@@ -289,7 +289,7 @@ def train(settings: cli.Settings) -> int:
         interrupted = True
         say("\ndcgan: interrupted", file=sys.stderr)
     except RuntimeError:
-        if trainer.stop.received is None:
+        if trainer.stop_signal is None:
             raise
         # The same Ctrl-C also stopped a loader worker while the next batch was being fetched.
     interrupted = interrupted or trainer.exit_code != 0

@@ -172,7 +172,7 @@ def test_slurm_style_launch_joins_over_tcp_from_the_node_list():
 def test_single_process_trainer_leaves_torch_distributed_alone():
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
     model = trainer.setup(make_model(0))
-    assert trainer.collective is None and not trainer.launch.distributed
+    assert trainer._collective is None and not trainer.launch.distributed
     assert not isinstance(model, torch.nn.parallel.DistributedDataParallel)
     assert not dist.is_initialized()
     assert trainer.is_main_process and trainer.world_size == 1

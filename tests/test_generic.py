@@ -200,7 +200,7 @@ def test_the_trainer_on_the_fake_accelerator_goes_through_torchs_generic_api(mon
     # collective backend and the local device, as the Trainer asks before joining a process group
     fake.calls.clear()
     launch = LaunchInfo(rank=3, world_size=4, local_rank=3, local_world_size=4, launcher="torchrun")
-    setup = trainer.hooks(spec.devplug_collective_setup, launch=launch)
+    setup = trainer._hooks(spec.devplug_collective_setup, launch=launch)
     assert setup.backend == FAKE_BACKEND
     assert ("Backend.default_device_backend_map.get", ("mtia",)) in fake.calls
     assert ("torch.accelerator.set_device_index", (1,)) in fake.calls  # local rank 3 on 2 devices

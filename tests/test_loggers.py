@@ -74,7 +74,7 @@ def test_csv_jsonl_and_mlflow_get_what_tensorboard_gets_at_the_same_steps(tmp_pa
     log_dir = tmp_path / "run"
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_every=2, log_dir=str(log_dir),
                               loggers=["tensorboard", "csv", "jsonl", "mlflow"])
-    mlflow_logger = trainer.reporter.loggers[3]
+    mlflow_logger = trainer._reporter.loggers[3]
     run_id = mlflow_logger.run_id
     _train(trainer)
     board = _tensorboard(log_dir)
@@ -171,13 +171,13 @@ def test_bad_loggers_are_one_clear_line(options, message):
 def test_one_logger_needs_no_list():
     mine = ListLogger()
     trainer = devplug.Trainer(device="cpu", progress=False, loggers=mine)
-    assert trainer.reporter.loggers == [mine]
+    assert trainer._reporter.loggers == [mine]
 
 
 def test_without_log_dir_the_default_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     trainer = devplug.Trainer(device="cpu", progress=False, log_every=1)
-    assert trainer.reporter.loggers == [] and trainer.writer is None
+    assert trainer._reporter.loggers == [] and trainer.writer is None
     _train(trainer, steps=2)
     assert list(tmp_path.iterdir()) == []
 

@@ -107,7 +107,7 @@ def test_the_progress_total_comes_from_the_training_loader():
     run = Run(progress=True)
     seen = []
     for _epoch in run.trainer.epochs(2):
-        seen.append(run.trainer.reporter.progress_bar.total)
+        seen.append(run.trainer._reporter.progress_bar.total)
         for _ in run.eval_loader:
             pass
         break
@@ -177,7 +177,7 @@ def test_a_checkpoint_inside_an_accumulation_window_resumes_at_the_windows_start
         break
     resumed = Run(seed=3)
     resumed.sched.load_state_dict(resumed.trainer.load(path)["scheduler"])
-    assert (resumed.trainer.global_step, resumed.trainer.position.batches_in_epoch) == (1, 2)
+    assert (resumed.trainer.global_step, resumed.trainer._position.batches_in_epoch) == (1, 2)
     resumed.train(1)
     assert resumed.trainer.global_step == full.trainer.global_step == 4
     # The step is recomputed from its first micro-batch; the RNG state is the one at the save, so dropout
@@ -337,7 +337,7 @@ def test_optimizers_are_keyed_by_module_so_creation_order_does_not_matter(tmp_pa
         return trainer, nets, opts
 
     trainer, nets, opts = build(["generator", "discriminator"])
-    assert sorted(trainer.optimizers) == ["discriminator", "generator"]
+    assert sorted(trainer._optimizers) == ["discriminator", "generator"]
     for key, net in nets.items():
         net(torch.ones(2, 3)).sum().backward()
         trainer.step(opts[key])
@@ -356,7 +356,7 @@ def test_a_second_optimizer_over_the_same_module_needs_a_name():
     with pytest.raises(devplug.ConfigError, match="optimizer named 'linear' already exists"):
         trainer.optimizer("sgd", model.parameters(), lr=0.1)
     trainer.optimizer("sgd", model.parameters(), lr=0.1, name="linear_sgd")
-    assert sorted(trainer.optimizers) == ["linear", "linear_sgd"]
+    assert sorted(trainer._optimizers) == ["linear", "linear_sgd"]
 
 
 def test_an_optimizer_class_works_or_fails_with_one_clear_line():

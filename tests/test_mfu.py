@@ -60,7 +60,7 @@ def _dcgan_run(steps: int, **options):
 
 def test_the_dcgan_step_count_matches_the_analytic_count():
     trainer, spec = _dcgan_run(3, log_every=100)
-    counted = trainer.flops.flops_per_sample * BATCH
+    counted = trainer._flops.flops_per_sample * BATCH
     g, d = Generator(spec), Discriminator(spec)
     g_layers = _conv_flops(g, torch.randn(BATCH, spec.nz, 1, 1))
     d_layers = _conv_flops(d, torch.randn(BATCH, 3, spec.image_size, spec.image_size))
@@ -76,13 +76,13 @@ def test_mfu_on_cpu_with_the_measured_peak_lies_in_0_1_and_cost_is_reported():
     measured_matmul_flops.cache_clear()  # measured in this test's conditions (the figure is cached per process)
     trainer, _ = _dcgan_run(8, log_every=4, price_per_hour=2.5)
     logged = trainer.last_metrics
-    assert 0 < logged["mfu"] <= 1, (logged, trainer.flops.peak, trainer.flops.flops_per_sample)
+    assert 0 < logged["mfu"] <= 1, (logged, trainer._flops.peak, trainer._flops.flops_per_sample)
     assert logged["samples_per_dollar"] == pytest.approx(logged["samples_per_sec"] * 3600 / 2.5)
     summary = trainer.summary()
     assert 0 < summary["mfu"] <= 1
     assert summary["samples_per_dollar"] == pytest.approx(summary["samples_per_hour"] / 2.5)
-    assert summary["flops_per_sample"] == trainer.flops.flops_per_sample
-    assert trainer.flops.peak == measured_matmul_flops("cpu", torch.float32)
+    assert summary["flops_per_sample"] == trainer._flops.flops_per_sample
+    assert trainer._flops.peak == measured_matmul_flops("cpu", torch.float32)
 
 
 def test_counting_adds_no_host_sync_between_log_points(monkeypatch):
@@ -105,7 +105,7 @@ def test_counting_adds_no_host_sync_between_log_points(monkeypatch):
     assert [s for s, n in reads if n] == [4, 8]
     forward = 2 * (6 * 16 + 16 * 1)  # Linear(6, 16), Linear(16, 1)
     backward = forward + 2 * 16 * 1  # weight gradients of both; the input gradient of the second only
-    assert trainer.flops.flops_per_sample == pytest.approx(forward + backward)
+    assert trainer._flops.flops_per_sample == pytest.approx(forward + backward)
 
 
 def test_a_loop_that_leaves_the_counted_step_early_leaves_no_counter_behind():
@@ -120,7 +120,7 @@ def test_a_loop_that_leaves_the_counted_step_early_leaves_no_counter_behind():
             assert _get_current_dispatch_mode_stack()
             break
     assert not _get_current_dispatch_mode_stack()
-    assert trainer.flops.flops_per_sample == pytest.approx(2 * (6 * 16 + 16 * 1))  # the forward pass only
+    assert trainer._flops.flops_per_sample == pytest.approx(2 * (6 * 16 + 16 * 1))  # the forward pass only
 
 
 def test_without_counting_or_a_price_nothing_is_claimed():

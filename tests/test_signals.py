@@ -47,7 +47,7 @@ def test_a_stop_signal_ends_the_run_after_the_current_step(signum, code):
     trainer, model, opt, loader = build()
     assert train(trainer, model, opt, loader, signal_at=8, signum=signum) == list(range(1, 9))
     assert (trainer.should_stop, trainer.exit_code) == (True, code)
-    assert trainer.stop.signal_name == signal.Signals(signum).name
+    assert trainer.stop_signal == signal.Signals(signum).name
     assert signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler)  # restored after epochs()
 
 
@@ -66,7 +66,7 @@ def test_a_run_stopped_by_sigterm_resumes_to_the_uninterrupted_result(tmp_path):
 
 def test_signals_outside_epochs_keep_their_meaning_and_can_be_switched_off():
     trainer, *_ = build(stop_signals=())
-    assert trainer.stop.numbers == []
+    assert trainer._stop.numbers == []
     before = signal.getsignal(signal.SIGTERM)
     for _epoch in trainer.epochs(1):
         assert signal.getsignal(signal.SIGTERM) is before

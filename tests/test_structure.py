@@ -7,6 +7,7 @@ import ast
 import collections
 import contextlib
 import inspect
+import re
 import shutil
 import subprocess
 import sys
@@ -178,11 +179,11 @@ def test_the_cli_does_not_swallow_an_internal_assertion(monkeypatch):
 
 def test_typed_hook_calls_return_the_specs_record():
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
-    choice = trainer.hooks(hookspecs.devplug_optimizer, name="sgd", params=[torch.nn.Parameter(torch.zeros(1))],
+    choice = trainer._hooks(hookspecs.devplug_optimizer, name="sgd", params=[torch.nn.Parameter(torch.zeros(1))],
                            options={"lr": 0.1})
     assert isinstance(choice, devplug.OptimizerChoice)
     with pytest.raises(TypeError, match="by keyword"):
-        trainer.hooks(hookspecs.devplug_synchronize, trainer.device)  # type: ignore[call-arg]
+        trainer._hooks(hookspecs.devplug_synchronize, trainer.device)  # type: ignore[call-arg]
 
 
 def test_the_step_goes_through_pluggy_only_for_hooks_with_several_implementations():
@@ -216,7 +217,7 @@ def test_the_step_goes_through_pluggy_only_for_hooks_with_several_implementation
 
 def _count_hook_calls(trainer: devplug.Trainer) -> collections.Counter:
     calls: collections.Counter = collections.Counter()
-    callers = trainer.hooks._callers
+    callers = trainer._hooks._callers
     for name, caller in list(callers.items()):
         callers[name] = lambda _name=name, _caller=caller, **kwargs: (calls.update([_name]), _caller(**kwargs))[1]
     return calls
@@ -259,3 +260,23 @@ def test_a_plugin_that_marks_regions_is_called_for_each_region():
     trainer.backward(loss)
     trainer.step(opt)
     assert Marking.names == ["forward", "backward", "optimizer_step"]
+
+
+def _documented_trainer_names() -> set[str]:
+    """Names docs/trainer.md's Methods section documents: every call it shows, and its list of properties."""
+    text = (REPO / "docs" / "trainer.md").read_text()
+    start = text.index("## Methods")
+    section = text[start:text.index("\n## ", start + 1)]
+    methods, properties = section.split("- Properties:")
+    properties = properties.split("\n\n")[0]
+    while "(" in properties:  # what a property's parentheses say about it is not a name
+        properties = re.sub(r"\([^()]*\)", "", properties)
+    return set(re.findall(r"`(\w+)\(", methods)) | set(re.findall(r"`(\w+)`", properties))
+
+
+def test_the_trainers_public_attributes_are_exactly_the_documented_ones():
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, stop_signals=())
+    public = {name for name in dir(trainer) if not name.startswith("_")}
+    documented = _documented_trainer_names()
+    assert public - documented == set(), "public but not documented in docs/trainer.md"
+    assert documented - public == set(), "documented in docs/trainer.md but not a Trainer attribute"

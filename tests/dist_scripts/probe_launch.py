@@ -18,7 +18,7 @@ def main() -> None:
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=0)
     model = trainer.setup(torch.nn.Linear(2, 1, bias=False), name="probe")
     model(torch.full((1, 2), float(trainer.rank + 1))).sum().backward()
-    grad = trainer.modules["probe"].weight.grad
+    grad = trainer._modules["probe"].weight.grad
     print(json.dumps({"launch": {k: getattr(trainer.launch, k) for k in ("rank", "world_size", "local_rank",
                                                                          "local_world_size", "master_addr",
                                                                          "launcher")},

@@ -48,7 +48,7 @@ def main() -> None:
             steps += stepped
             if stepped and steps == 1:
                 trainer.save(args.out / "after_step1.pt")
-    final = {k: v.detach().clone() for k, v in trainer.modules["mlp"].state_dict().items()}
+    final = {k: v.detach().clone() for k, v in trainer._modules["mlp"].state_dict().items()}
     torch.save({"allreduces": allreduces, "seen": seen, "final": final, "global_step": trainer.global_step},
                args.out / f"rank{rank}.pt")
     dist.destroy_process_group()

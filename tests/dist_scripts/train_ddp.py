@@ -157,11 +157,11 @@ def main() -> None:
             steps.append({"step": trainer.global_step, "calls": list(counter.calls), "log_point": reported is not None})
             if reported is not None:
                 reports.append(reported)
-            progress_shown.append(trainer.reporter.progress_bar is not None)
+            progress_shown.append(trainer._reporter.progress_bar is not None)
         trainer.save(args.run / "ckpt" / f"epoch{epoch}.pt")
     trainer.log_images("samples", torch.rand(4, 3, 8, 8) * 2 - 1, path=str(args.run / "samples" / "grid.png"))
     trainer.close()
-    final = {k: v.detach().clone() for k, v in trainer.modules["mlp"].state_dict().items()}
+    final = {k: v.detach().clone() for k, v in trainer._modules["mlp"].state_dict().items()}
 
     # ---- part 2: plugin DDP defaults under the author's options ----------------------------------------
     pm = create_plugin_manager(extra_plugins=[("ddp-defaults", DDPDefaults())])

@@ -70,7 +70,7 @@ def main() -> None:
         resumed_from = trainer.global_step
     event(args.events, kind="start", rank=rank, restart=restart, launcher=trainer.launch.launcher,
           world_size=trainer.world_size, resumed_from=resumed_from, checkpoint=latest.name if latest else None,
-          epoch=trainer.epoch, batches_in_epoch=trainer.position.batches_in_epoch)
+          epoch=trainer.epoch, batches_in_epoch=trainer._position.batches_in_epoch)
 
     steps_run = 0
     for _epoch in trainer.epochs(1000, max_steps=args.steps):
@@ -96,7 +96,7 @@ def main() -> None:
     event(args.events, kind="end", rank=rank, restart=restart, global_step=trainer.global_step, steps_run=steps_run,
           loss=trainer.last_metrics.get("loss"))
     if trainer.is_main_process:
-        torch.save({k: v.detach().clone() for k, v in trainer.modules["mlp"].state_dict().items()}, args.final)
+        torch.save({k: v.detach().clone() for k, v in trainer._modules["mlp"].state_dict().items()}, args.final)
     trainer.close()
     torch.distributed.destroy_process_group()
 

@@ -2,11 +2,14 @@
 
 The Trainer never names a device: it resolves one device plugin and asks it, through the hooks, how to move
 things, which optimizer and precision to use, when to mark steps, how to load data and join a process group.
-Its loop position lives in :mod:`.loading`, its reporting in :mod:`.reporting`, its checkpoints in :mod:`.state`.
+Its loop position lives in :mod:`devplug.core.data.position`, its reporting in :mod:`devplug.core.observe.reporter`,
+its checkpoints in :mod:`devplug.core.loop.trainer_state`; everything it holds besides the documented
+properties is private.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -17,15 +20,14 @@ import torch
 
 from devplug.core.checkpoint import rng
 from devplug.core.contract import hookspecs as spec
-from devplug.core.contract.records import OptimizerChoice, PrecisionPlan
+from devplug.core.contract.records import LaunchInfo, MemoryStats, OptimizerChoice, Phase, PrecisionPlan
 from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed.launch import detect_launch
 from devplug.core.errors import ConfigError
 from devplug.core.loop.config import TrainerConfig
-from devplug.core.loop.measure import MeasureMethods
 from devplug.core.loop.signals import StopRequest
-from devplug.core.loop.step import StepMethods, StepRoute
+from devplug.core.loop.step import NO_REGION, Regioned, StepRoute, parameters_with_grad
 from devplug.core.loop.trainer_state import TrainerState
 from devplug.core.observe.flops import FlopMeter
 from devplug.core.observe.loggers import build_loggers
@@ -38,12 +40,11 @@ from devplug.core.registry.manager import FALLBACK_NAME, DevplugPluginManager, g
 log = logging.getLogger("devplug")
 
 
-class Trainer(StepMethods, MeasureMethods):
+class Trainer:
     """Device-specific pieces of a training loop, supplied by the resolved device plugin.
 
     ``setup`` a model, build its ``optimizer`` and ``dataloader``, then loop over ``epochs`` with
-    ``autocast``, ``backward``, ``step`` and ``log`` (docs/trainer.md; the step's methods: :mod:`.step`, the
-    measurements: :mod:`.summary`). Options are
+    ``autocast``, ``backward``, ``step`` and ``log`` (docs/trainer.md). Options are
     :class:`~devplug.core.loop.config.TrainerConfig` fields, given as keyword arguments or as ``config=``;
     ``plugin_manager`` replaces the process-wide one (tests, embedding).
     """
@@ -52,49 +53,60 @@ class Trainer(StepMethods, MeasureMethods):
                  **options: Any) -> None:
         if config is not None and options:
             raise ConfigError("pass either config= or keyword options to Trainer, not both")
-        self.config = config if config is not None else TrainerConfig.build(**options)
-        self.registry = DeviceRegistry(plugin_manager or get_plugin_manager())
-        self.launch = detect_launch()
-        self.hooks = self.registry.open(self.config.device, options=self.config.device_options,
-                                        channels_last=self.config.channels_last)
-        self.device = self.hooks.device
-        self.collective, reduce, combine = None, None, None
-        if self.launch.distributed:
+        self._config = config if config is not None else TrainerConfig.build(**options)
+        self._registry = DeviceRegistry(plugin_manager or get_plugin_manager())
+        self._launch = detect_launch()
+        self._hooks = self._registry.open(self._config.device, options=self._config.device_options,
+                                        channels_last=self._config.channels_last)
+        self.device = self._hooks.device
+        self._collective, reduce, combine = None, None, None
+        if self._launch.distributed:
             from devplug.core.distributed.combine import gloo_combine, mean_across_ranks
             from devplug.core.distributed.process_group import init_process_group
 
-            setup = self.hooks(spec.devplug_collective_setup, launch=self.launch)
-            self.collective, reduce = init_process_group(self.launch, setup, self.device), mean_across_ranks
-            combine = gloo_combine() if self.config.stop_signals else None
-        self.stop = StopRequest(self.config.stop_signals, combine)
-        if self.config.seed is not None:
-            rng.seed_everything(self.config.seed)
-        plan = self.hooks(spec.devplug_precision, precision=self.config.precision)
+            setup = self._hooks(spec.devplug_collective_setup, launch=self._launch)
+            self._collective, reduce = init_process_group(self._launch, setup, self.device), mean_across_ranks
+            combine = gloo_combine() if self._config.stop_signals else None
+        self._stop = StopRequest(self._config.stop_signals, combine)
+        if self._config.seed is not None:
+            rng.seed_everything(self._config.seed)
+        plan = self._hooks(spec.devplug_precision, precision=self._config.precision)
         assert plan is not None  # the core fallback always answers
         self.precision: PrecisionPlan = plan
-        self.modules: dict[str, torch.nn.Module] = {}
-        self.optimizers: dict[str, OptimizerChoice] = {}
-        self.loaders: list[DeviceLoader] = []
-        self.position = LoopPosition(accumulation=self.config.accumulate_grad_batches,
-                                     stop_check=self.stop.should_stop)
-        self.state = TrainerState(device=self.device, precision=self.precision, modules=self.modules,
-                                  optimizers=self.optimizers, loaders=self.loaders, position=self.position,
+        self._modules: dict[str, torch.nn.Module] = {}
+        self._optimizers: dict[str, OptimizerChoice] = {}
+        self._loaders: list[DeviceLoader] = []
+        self._position = LoopPosition(accumulation=self._config.accumulate_grad_batches,
+                                     stop_check=self._stop.should_stop)
+        self._state = TrainerState(device=self.device, precision=self.precision, modules=self._modules,
+                                  optimizers=self._optimizers, loaders=self._loaders, position=self._position,
                                   world_size=self.world_size)
-        loggers = build_loggers(self.config.logger_items, self.config.log_dir) if self.is_main_process else []
-        self.reporter = Reporter(log_dir=self.config.log_dir, progress=self.config.progress,
-                                 nonfinite=self.config.nonfinite, is_main=self.is_main_process,
+        loggers = build_loggers(self._config.logger_items, self._config.log_dir) if self.is_main_process else []
+        self._reporter = Reporter(log_dir=self._config.log_dir, progress=self._config.progress,
+                                 nonfinite=self._config.nonfinite, is_main=self.is_main_process,
                                  world_size=self.world_size, reduce=reduce, loggers=loggers,
-                                 publish=lambda point: self.hooks(spec.devplug_log, point=point))
-        self.throughput = self.reporter.throughput
-        self.flops = self.reporter.flops = FlopMeter(
-            steps_done=lambda: self.position.global_step, samples_done=lambda: self.throughput.samples_total,
-            peak=lambda: self.hooks(spec.devplug_peak_flops, precision=self.precision.name),
-            exclude=self.throughput.exclude, price_per_hour=self.config.price_per_hour, enabled=self.config.count_flops)
-        self.profiler = StepProfiler(self.config.profile, self.config.log_dir, lambda: self.hooks(
-            spec.devplug_profiler_activities), lambda: self.position.global_step, rank=self.rank)
-        self.route = StepRoute(self.hooks, self.profiler, FALLBACK_NAME)
+                                 publish=lambda point: self._hooks(spec.devplug_log, point=point))
+        self.throughput = self._reporter.throughput
+        self._flops = self._reporter.flops = FlopMeter(
+            steps_done=lambda: self._position.global_step, samples_done=lambda: self.throughput.samples_total,
+            peak=lambda: self._hooks(spec.devplug_peak_flops, precision=self.precision.name),
+            exclude=self.throughput.exclude, price_per_hour=self._config.price_per_hour,
+            enabled=self._config.count_flops)
+        self.profiler = StepProfiler(self._config.profile, self._config.log_dir, lambda: self._hooks(
+            spec.devplug_profiler_activities), lambda: self._position.global_step, rank=self.rank)
+        self._route = StepRoute(self._hooks, self.profiler, FALLBACK_NAME)
 
     # ---- where am I -------------------------------------------------------------------------------
+    @property
+    def config(self) -> TrainerConfig:
+        """The validated configuration this trainer was built with."""
+        return self._config
+
+    @property
+    def launch(self) -> LaunchInfo:
+        """Where this process sits in the job, as its launcher reported it (rank, world size, local rank, ...)."""
+        return self._launch
+
     @property
     def torch_device(self) -> torch.device:
         """The ``torch.device`` this trainer places tensors on."""
@@ -103,65 +115,70 @@ class Trainer(StepMethods, MeasureMethods):
     @property
     def rank(self) -> int:
         """Global rank of this process (0 when not distributed)."""
-        return self.launch.rank
+        return self._launch.rank
 
     @property
     def world_size(self) -> int:
         """Number of processes in the job."""
-        return self.launch.world_size
+        return self._launch.world_size
 
     @property
     def is_main_process(self) -> bool:
         """True on rank 0, the only rank that writes files and shows progress."""
-        return self.launch.rank == 0
+        return self._launch.rank == 0
 
     @property
     def global_step(self) -> int:
         """Training iterations so far (restored by :meth:`load`)."""
-        return self.position.global_step
+        return self._position.global_step
 
     @global_step.setter
     def global_step(self, value: int) -> None:
-        self.position.global_step = value
+        self._position.global_step = value
 
     @property
     def scaler(self) -> Any:
         """The precision plan's grad scaler (``None`` without one); saved and restored with checkpoints."""
-        return self.state.scaler
+        return self._state.scaler
 
     @scaler.setter
     def scaler(self, value: Any) -> None:
-        self.state.scaler = value
+        self._state.scaler = value
 
     @property
     def epoch(self) -> int:
         """The current epoch (restored by :meth:`load`)."""
-        return self.position.epoch
+        return self._position.epoch
 
     @property
     def should_stop(self) -> bool:
         """True once a stop signal reached any rank (a collective under several processes: ask on every rank)."""
-        return self.stop.should_stop()
+        return self._stop.should_stop()
+
+    @property
+    def stop_signal(self) -> str | None:
+        """The name of the stop signal that ended ``epochs()`` (``"SIGTERM"``), or ``None`` when none arrived."""
+        return self._stop.signal_name
 
     @property
     def exit_code(self) -> int:
         """The exit status the run should end with: 0, or ``128 + signal`` after a stop signal (143 for SIGTERM)."""
-        return self.stop.exit_code
+        return self._stop.exit_code
 
     @property
     def last_metrics(self) -> dict[str, float]:
         """The values reported at the last log point."""
-        return self.reporter.last_metrics
+        return self._reporter.last_metrics
 
     @property
     def writer(self) -> Any:
         """The TensorBoard SummaryWriter (rank 0 with a TensorBoard logger), created on first use; else None."""
-        return self.reporter.writer
+        return self._reporter.writer
 
     # ---- model, optimizer, data --------------------------------------------------------------------
     def to_device(self, obj: Any) -> Any:
         """Move a module, tensor or nested batch to the device (through the device plugin)."""
-        return self.hooks(spec.devplug_to_device, obj=obj)
+        return self._hooks(spec.devplug_to_device, obj=obj)
 
     def setup(self, module: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
         """Prepare ``module`` for training: precision conversion, device, compile, DDP when launched.
@@ -170,19 +187,19 @@ class Trainer(StepMethods, MeasureMethods):
         Returns the module to call in the loop (DDP-wrapped when the world size is above 1).
         """
         key = name or type(module).__name__.lower()
-        if key in self.modules:
+        if key in self._modules:
             raise ConfigError(f"a module named {key!r} is already set up; pass setup(module, name=...)")
         if self.precision.convert_module is not None:
             module = self.precision.convert_module(module) or module
         module = self.to_device(module)
-        self.modules[key] = module
-        if self.config.compile:
-            compiled = self.hooks(spec.devplug_compile, module=module, options=dict(self.config.compile_options))
+        self._modules[key] = module
+        if self._config.compile:
+            compiled = self._hooks(spec.devplug_compile, module=module, options=dict(self._config.compile_options))
             module = compiled if compiled is not None else module
-        if self.launch.distributed:
+        if self._launch.distributed:
             from devplug.core.distributed.ddp import wrap_ddp
 
-            module = wrap_ddp(module, self.collective, self.config.ddp_overrides())
+            module = wrap_ddp(module, self._collective, self._config.ddp_overrides())
         return module
 
     def optimizer(self, algorithm: str | type[torch.optim.Optimizer], params: Iterable[Any], *,
@@ -194,17 +211,17 @@ class Trainer(StepMethods, MeasureMethods):
         """
         params = list(params)
         algo, own_class = algorithm_name(algorithm)
-        key = optimizer_key(params, self.modules, self.optimizers, algo, name)
-        choice = build_choice(algo, own_class, params, options, lambda: self.hooks(
+        key = optimizer_key(params, self._modules, self._optimizers, algo, name)
+        choice = build_choice(algo, own_class, params, options, lambda: self._hooks(
             spec.devplug_optimizer, name=algo, params=params, options=dict(options)), str(self.device))
-        self.optimizers[key] = choice
+        self._optimizers[key] = choice
         if choice.reason:
             log.info("optimizer %s: %s (%s)", key, choice.implementation, choice.reason)
         return choice.optimizer
 
     def optimizer_implementation(self, optimizer: torch.optim.Optimizer) -> str:
         """The implementation the plugin chose for ``optimizer``, e.g. ``"torch.optim.Adam(fused=True)"``."""
-        for choice in self.optimizers.values():
+        for choice in self._optimizers.values():
             if choice.optimizer is optimizer:
                 return choice.implementation
         raise ValueError("this optimizer was not built by Trainer.optimizer()")
@@ -225,7 +242,7 @@ class Trainer(StepMethods, MeasureMethods):
         plugin from the device and a measurement of the source (``loader.choice.reason`` says what and
         why); given, they are used exactly as given.
         """
-        base_seed = self.config.seed if seed is None and self.config.seed is not None else (seed or 0)
+        base_seed = self._config.seed if seed is None and self._config.seed is not None else (seed or 0)
         if is_dataset(source):
             if batch_size is None:
                 raise ConfigError("batch_size is required to load a Dataset: trainer.dataloader(dataset, 64)")
@@ -233,19 +250,136 @@ class Trainer(StepMethods, MeasureMethods):
                 batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
                 pin_memory=pin_memory, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
                 seed=base_seed, rank=self.rank, world_size=self.world_size, collate_fn=collate_fn, sampler=sampler)
-            choice = self.hooks(spec.devplug_dataloader, source=source, options=options)
+            choice = self._hooks(spec.devplug_dataloader, source=source, options=options)
             assert choice is not None  # the core fallback always answers
         else:
             choice = own_loader_choice(source, batch_size)
         if choice.reason:
             log.info("data loader: %s (%s)", choice.implementation, choice.reason)
-        index = sum(1 for loader in self.loaders if loader.train)
-        loader = DeviceLoader(choice, base_seed, self.position, self.to_device, self.throughput.add, train=train,
+        index = sum(1 for loader in self._loaders if loader.train)
+        loader = DeviceLoader(choice, base_seed, self._position, self.to_device, self.throughput.add, train=train,
                               index=index, world_size=self.world_size, region=self.region,
-                              before_batch=lambda: (self.profiler.before_batch(), self.flops.before_batch()),
-                              after_batches=self.flops.stop)
-        self.loaders.append(loader)
+                              before_batch=self._before_batch,
+                              after_batches=self._flops.stop)
+        self._loaders.append(loader)
         return loader
+
+    # ---- the step ---------------------------------------------------------------------------------------
+    def region(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        """A profiler region named ``name`` as the device plugin marks it (NVTX on CUDA when profiling), inside a
+        ``record_function`` range in a profiler window (``profile=``)."""
+        return self._route.region(name)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Context for forward and loss: the precision plan's autocast inside a ``"forward"`` region."""
+        if self._route.plain():
+            return self.precision.autocast()
+        return Regioned(self._route.region("forward"), self.precision.autocast())
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on the micro-batch that completes a step (always, without gradient accumulation)."""
+        return self._position.sync_now
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward (loss scaled by 1/N when accumulating, through the grad scaler), then step marking.
+
+        On a micro-batch that does not complete a step, the lazy-mode step boundary is not marked, so
+        a lazy device keeps accumulating one graph until the step's last micro-batch.
+        """
+        accumulation = self._position.accumulation
+        if accumulation > 1:
+            loss = loss / accumulation
+        scaler = self.scaler
+        with self._route.region("backward"):
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        if self._position.sync_now:
+            self._route.mark_step(Phase.BACKWARD)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Optimizer step (through the scaler), step marking, ``zero_grad(set_to_none=True)``; True if it stepped.
+
+        On a micro-batch that does not complete a step it does nothing and returns False: the gradients
+        keep accumulating.
+        """
+        if not self._position.sync_now:
+            return False
+        step_context, scaler = self.precision.optimizer_step_context, self.scaler
+        with self._route.region("optimizer_step"), (step_context() if step_context else NO_REGION):
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+        self._route.mark_step(Phase.OPTIMIZER_STEP)
+        optimizer.zero_grad(set_to_none=True)
+        return True
+
+    def _unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        # torch's GradScaler remembers that this optimizer's gradients are unscaled; its step() then skips
+        # unscaling, and a second unscale_ before update() is refused: exactly once per step.
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def clip_grad_norm(self, optimizer: torch.optim.Optimizer, max_norm: float,
+                       norm_type: float = 2.0) -> torch.Tensor | None:
+        """Clip ``optimizer``'s gradients to a total norm of ``max_norm``; the norm before clipping, on the device.
+
+        Call between ``backward`` and ``step``. With a grad scaler the gradients are unscaled first (once;
+        ``step`` does not unscale again), so ``max_norm`` is in the units of the true gradients, and a
+        step the scaler skips for inf/NaN gradients is still skipped. The device plugin supplies the
+        kernel (Gaudi's fused clip norm). On a micro-batch that does not complete a step (gradient
+        accumulation) nothing is clipped and ``None`` is returned. Nothing is read back to the host.
+        """
+        if not self._position.sync_now:
+            return None
+        self._unscale(optimizer)
+        parameters = parameters_with_grad(optimizer)
+        return self._hooks(spec.devplug_clip_grad_norm, parameters=parameters, max_norm=float(max_norm),
+                          norm_type=float(norm_type))
+
+    def clip_grad_value(self, optimizer: torch.optim.Optimizer, clip_value: float) -> bool:
+        """Clamp ``optimizer``'s gradients to ``[-clip_value, clip_value]`` (after unscaling); True if it clipped.
+
+        Like :meth:`clip_grad_norm`, it acts only on the micro-batch that completes a step.
+        """
+        if not self._position.sync_now:
+            return False
+        self._unscale(optimizer)
+        torch.nn.utils.clip_grad_value_(parameters_with_grad(optimizer), float(clip_value))
+        return True
+
+    @contextlib.contextmanager
+    def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
+        """Skip DDP's gradient all-reduce inside; a no-op without DDP (prefer :meth:`accumulate`)."""
+        sync_off = getattr(module, "no_sync", None)
+        with sync_off() if callable(sync_off) else contextlib.nullcontext():
+            yield
+
+    @contextlib.contextmanager
+    def accumulate(self, *modules: torch.nn.Module) -> Iterator[None]:
+        """Gradient accumulation over ``accumulate_grad_batches`` micro-batches, around one micro-batch's work.
+
+        ::
+
+            for x, y in loader:
+                with trainer.accumulate(model):
+                    with trainer.autocast():
+                        loss = criterion(model(x), y)
+                    trainer.backward(loss)          # loss / N; marks the step only on the last micro-batch
+                    trainer.clip_grad_norm(opt, 1.0)
+                    trainer.step(opt)               # steps only on the last micro-batch
+
+        Skips DDP's gradient all-reduce for ``modules`` on the micro-batches that do not complete a step.
+        """
+        with contextlib.ExitStack() as stack:
+            if not self._position.sync_now:
+                for module in modules:
+                    stack.enter_context(self.no_sync(module))
+            yield
 
     # ---- epochs, logging, progress ---------------------------------------------------------------------
     def epochs(self, n: int, *, max_steps: int | None = None) -> Iterator[int]:
@@ -257,12 +391,12 @@ class Trainer(StepMethods, MeasureMethods):
         """
         if max_steps is not None and max_steps < 1:
             raise ConfigError(f"max_steps must be a positive integer, got {max_steps!r}")
-        position = self.position
+        position = self._position
         position.max_steps = max_steps
         per_epoch = position.steps_per_epoch(self._epoch_batches())
         total = max_steps if max_steps is not None or per_epoch is math.inf else int(per_epoch * n)
-        self.reporter.open_progress(None if total is math.inf else total, position.global_step)
-        with self.stop.handling():
+        self._reporter.open_progress(None if total is math.inf else total, position.global_step)
+        with self._stop.handling():
             try:
                 while position.epoch < n and position.steps_left() and not position.stopped:
                     yield position.epoch
@@ -272,13 +406,18 @@ class Trainer(StepMethods, MeasureMethods):
                     position.finish_epoch()
                 self.flush_logs()
             finally:  # left early (break, exception): what is still pending, this rank's values only
-                self.reporter.flush_quietly(lambda: self.flush_logs(across_ranks=False))
-                self.reporter.close_progress()
+                self._reporter.flush_quietly(lambda: self.flush_logs(across_ranks=False))
+                self._reporter.close_progress()
                 self.profiler.stop()
-                self.flops.stop()
+                self._flops.stop()
+
+    def _before_batch(self) -> None:
+        # a training loader is about to ask for a batch: the profiler window and the FLOP count start here
+        self.profiler.before_batch()
+        self._flops.before_batch()
 
     def _epoch_batches(self) -> float:
-        primary = next((loader for loader in self.loaders if loader.primary), None)
+        primary = next((loader for loader in self._loaders if loader.primary), None)
         return primary.length() if primary is not None else math.inf
 
     def log(self, **scalars: Any) -> dict[str, float] | None:
@@ -288,26 +427,55 @@ class Trainer(StepMethods, MeasureMethods):
         NaN/inf and writes them (rank 0): the only place values are read from the device. Returns them.
         """
         for name, value in scalars.items():
-            self.reporter.metrics.add(name, value)
-        position = self.position
-        if position.global_step and position.global_step % self.config.log_every == 0 and position.sync_now:
+            self._reporter.metrics.add(name, value)
+        position = self._position
+        if position.global_step and position.global_step % self._config.log_every == 0 and position.sync_now:
             return self.flush_logs()
         return None
 
     def flush_logs(self, *, across_ranks: bool = True) -> dict[str, float] | None:
         """Report pending values now; the last ones if none are pending (a collective unless ``across_ranks=False``)."""
-        rates = {key: c.optimizer.param_groups[0].get("lr") for key, c in self.optimizers.items()}
-        return self.reporter.flush(self.global_step, synchronize=self.synchronize, learning_rates=rates,
+        rates = {key: c.optimizer.param_groups[0].get("lr") for key, c in self._optimizers.items()}
+        return self._reporter.flush(self.global_step, synchronize=self.synchronize, learning_rates=rates,
                                    across_ranks=across_ranks)
 
     def log_images(self, tag: str, images: torch.Tensor, *, nrow: int = 8, path: str | None = None) -> None:
         """Write a grid of images (N×C×H×W in [-1, 1]) to TensorBoard and optionally a PNG file (rank 0)."""
-        self.reporter.log_images(tag, images, self.global_step, nrow=nrow, path=path)
+        self._reporter.log_images(tag, images, self.global_step, nrow=nrow, path=path)
+
+    # ---- measurements ------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait for queued device work (log points and timing only)."""
+        self._hooks(spec.devplug_synchronize)
+
+    def memory_stats(self) -> MemoryStats | None:
+        """The device plugin's memory statistics record, or ``None``."""
+        return self._hooks(spec.devplug_memory_stats)
+
+    def summary(self) -> dict[str, Any]:
+        """Device, precision, optimizers, loaders, steps, throughput, efficiency and memory of this run.
+
+        Throughput and efficiency come from the reporter: ``samples_per_sec``, ``samples_per_hour``,
+        ``data_wait``, ``input_bound``, and where known ``flops_per_sample``, ``mfu`` and ``samples_per_dollar``.
+        """
+        return {
+            "device": str(self.device),
+            "device_plugin": self.device.plugin_name,
+            "world_size": self.world_size,
+            "precision": self.precision.name,
+            "precision_detail": self.precision.description,
+            "optimizers": {k: c.implementation for k, c in self._optimizers.items()},
+            "loaders": [loader.implementation for loader in self._loaders],
+            "steps": self.global_step,
+            "epoch": self.epoch,
+            **self._reporter.rates(),
+            "memory": self.memory_stats(),
+        }
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: modules, optimizers, scaler, counters, RNG states."""
-        return self.state.state_dict()
+        return self._state.state_dict()
 
     def save(self, path: str | os.PathLike[str], **extra: Any) -> str | None:
         """Write a checkpoint atomically (rank 0 only); ``extra`` holds the author's own state.
@@ -315,7 +483,7 @@ class Trainer(StepMethods, MeasureMethods):
         Returns the path written, or ``None`` on other ranks. Raises ``devplug.NonFiniteLossError`` and
         writes nothing when a weight or optimizer state holds NaN or infinity (docs/trainer.md, Checkpoints).
         """
-        return self.state.save(path, extra) if self.is_main_process else None
+        return self._state.save(path, extra) if self.is_main_process else None
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save` into the set-up modules and optimizers.
@@ -324,7 +492,7 @@ class Trainer(StepMethods, MeasureMethods):
         that saved (another device's). Raises :class:`CheckpointError` if the file is unreadable, damaged or
         does not match what this trainer holds; nothing is modified in that case. Returns ``extra``.
         """
-        return self.state.load(path)
+        return self._state.load(path)
 
     def close(self) -> None:
         """Flush and close the loggers (their final point) and the progress bar.
@@ -333,7 +501,7 @@ class Trainer(StepMethods, MeasureMethods):
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
         """
         self.profiler.stop()
-        self.reporter.close(self.global_step)
+        self._reporter.close(self.global_step)
 
     def __enter__(self) -> Trainer:
         return self
