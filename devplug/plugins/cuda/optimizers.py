@@ -12,7 +12,7 @@ Author options are mapped faithfully: apex gets torch's defaults for the options
 ``"adamw"`` keeps torch's ``weight_decay=0.01``), FusedAdam's ``adam_w_mode`` says Adam or AdamW, and an
 option apex cannot honour (``amsgrad=True``, ``maximize=True``, explicit ``fused``/``foreach``) sends
 the request to torch with the reason recorded. apex's state is converted to and from torch.optim's
-layout for checkpoints (:mod:`devplug.plugins.cuda.state`).
+layout for checkpoints (:mod:`devplug.plugins.cuda.optimizer_state`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import attrs
 import torch
 
 from devplug import OptimizerChoice, OptimizerError
-from devplug.plugins.cuda.state import CONVERTERS
+from devplug.plugins.cuda.optimizer_state import CONVERTERS
 from devplug.toolkit import torch_optimizer_class, torch_optimizer_defaults
 
 #: apex class for each optimizer name.

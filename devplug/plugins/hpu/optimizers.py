@@ -14,7 +14,7 @@ when it asks for ``decoupled_weight_decay=True`` (torch's own spelling of AdamW)
 decay stays ``torch.optim.Adam``, with the reason. So does any option the fused kernels lack
 (``amsgrad``, ``maximize``, ...). Options that only steer torch's own kernels (``foreach``, ``fused``,
 ``capturable``) do not apply to Habana's and are dropped. Their state is converted to and from
-torch.optim's layout for checkpoints (:mod:`devplug.plugins.hpu.state`).
+torch.optim's layout for checkpoints (:mod:`devplug.plugins.hpu.optimizer_state`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import attrs
 import torch
 
 from devplug import Device, OptimizerChoice
-from devplug.plugins.hpu import runtime, state
+from devplug.plugins.hpu import optimizer_state, runtime
 from devplug.toolkit import torch_optimizer_class, torch_optimizer_defaults
 
 HPEX_OPTIMIZERS = "habana_frameworks.torch.hpex.optimizers"
@@ -124,4 +124,5 @@ def build_optimizer(device: Device, name: str, params: Any, options: dict[str, A
     implementation = f"{HPEX_OPTIMIZERS}.{hpex_class}"
     if key == "adam":
         implementation += f"(weight_decay={kwargs['weight_decay']}) as Adam"
-    return OptimizerChoice(fused(params, **kwargs), implementation, **state.converters(hpex_class, key, options))
+    converters = optimizer_state.converters(hpex_class, key, options)
+    return OptimizerChoice(fused(params, **kwargs), implementation, **converters)
