@@ -7,6 +7,7 @@ vendor stack and not TensorBoard.
 """
 
 from devplug._version import __version__
+from devplug.core.checkpoint.policy import CheckpointPolicy
 from devplug.core.contract.hookimpl import hookimpl
 from devplug.core.contract.records import (
     CONTRACT_VERSION,
@@ -40,6 +41,7 @@ from devplug.core.errors import (
     UnknownDeviceError,
 )
 from devplug.core.loop.config import TrainerConfig
+from devplug.core.loop.early_stopping import EarlyStopping
 from devplug.core.loop.trainer import Trainer
 from devplug.core.observe.loggers import CSVLogger, JSONLinesLogger, Logger, TensorBoardLogger
 from devplug.core.observe.mlflow import MLflowLogger
@@ -54,6 +56,7 @@ __all__ = [
     "CSVLogger",
     "CheckpointError",
     "CheckpointMismatchError",
+    "CheckpointPolicy",
     "CollectiveSetup",
     "ConfigError",
     "DataError",
@@ -62,6 +65,7 @@ __all__ = [
     "DeviceUnavailableError",
     "DevplugError",
     "DoctorReport",
+    "EarlyStopping",
     "ImageFolderSource",
     "JSONLinesLogger",
     "LRSchedule",

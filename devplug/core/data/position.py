@@ -104,8 +104,9 @@ class LoopPosition:
             self.epoch_batches = self.batches_in_epoch
 
     def finish_epoch(self) -> None:
-        """Move to the next epoch."""
+        """Move to the next epoch (a resume point left unused belonged to the epoch that ended)."""
         self.epoch += 1
+        self.resume_points.clear()
         self.batches_in_epoch = 0
         self.in_window = 0
 

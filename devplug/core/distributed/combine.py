@@ -6,8 +6,10 @@ thread has let go of its tensor (:func:`wait_for_release`).
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,14 +41,39 @@ def wait_for_release(tensor: torch.Tensor, timeout: float = 2.0) -> bool:
     return True
 
 
-def gloo_combine() -> Callable[[bool], bool]:
-    """A function that ORs a flag across all ranks over a CPU ``gloo`` group (created now, collectively)."""
-    group = dist.new_group(backend="gloo")
+#: How long a rank waits at an explicit collective (``flush_logs``) for the others before it fails, in seconds.
+COLLECTIVE_WAIT_VARIABLE = "DEVPLUG_COLLECTIVE_WAIT"
+DEFAULT_COLLECTIVE_WAIT = 120.0
 
-    def combine(flag: bool) -> bool:
-        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-        wait_for_release(value)  # gloo lets go of the tensor a moment later (see register_exit_grace)
-        return bool(value.item())
 
-    return combine
+def collective_wait_seconds() -> float:
+    """``$DEVPLUG_COLLECTIVE_WAIT`` seconds, else 120: how long a rank waits for the others at ``flush_logs``."""
+    try:
+        value = float(os.environ.get(COLLECTIVE_WAIT_VARIABLE, DEFAULT_COLLECTIVE_WAIT))
+    except ValueError:
+        return DEFAULT_COLLECTIVE_WAIT
+    return value if value > 0 else DEFAULT_COLLECTIVE_WAIT
+
+
+class RankCombiner:
+    """Small values combined across all ranks over a CPU ``gloo`` group of their own (created now, collectively).
+
+    Used at step boundaries and log points only. The group has its own timeout, so a rank that waits for
+    others that never come fails after ``timeout`` rather than the process group's ten minutes.
+    """
+
+    def __init__(self, timeout: timedelta | None = None) -> None:
+        self.group = dist.new_group(backend="gloo", timeout=timeout) if timeout else dist.new_group(backend="gloo")
+
+    def max(self, value: int) -> int:
+        """The largest of every rank's ``value``."""
+        tensor = torch.tensor([int(value)], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        wait_for_release(tensor)  # gloo lets go of the tensor a moment later (see register_exit_grace)
+        return int(tensor.item())
+
+    def broadcast(self, value: Any, source: int) -> Any:
+        """Rank ``source``'s ``value`` (any picklable object), on every rank."""
+        box = [value]
+        dist.broadcast_object_list(box, src=source, group=self.group)
+        return box[0]

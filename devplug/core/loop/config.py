@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from devplug.core.checkpoint.policy import CheckpointPolicy
 from devplug.core.contract.records import PRECISIONS
 from devplug.core.errors import ConfigError
 from devplug.core.loop.signals import DEFAULT_STOP_SIGNALS, signal_numbers
@@ -68,6 +69,8 @@ class TrainerConfig:
     - ``device_options``: free-form options for the device plugin (see each plugin's docs).
     - ``stop_signals``: signals that end ``epochs()`` at the next step boundary (default SIGINT, SIGTERM,
       SIGUSR1; ``()`` leaves every signal alone); see :mod:`devplug.core.loop.signals`.
+    - ``checkpoints``: a :class:`~devplug.CheckpointPolicy`: periodic, best-k and end-of-run checkpoints
+      into one folder, and auto-resume from its newest intact one.
     """
 
     device: str | None = attrs.field(default=None, validator=_optional(attrs.validators.instance_of(str)))
@@ -96,6 +99,8 @@ class TrainerConfig:
     device_options: Mapping[str, Any] = attrs.field(factory=dict)
     stop_signals: tuple[str, ...] = attrs.field(default=DEFAULT_STOP_SIGNALS, converter=tuple,
                                                 validator=lambda _i, _a, v: signal_numbers(v))
+    checkpoints: CheckpointPolicy | None = attrs.field(
+        default=None, validator=_optional(attrs.validators.instance_of(CheckpointPolicy)))
 
     def __attrs_post_init__(self) -> None:
         named = [item for item in self.loggers or () if isinstance(item, str)]

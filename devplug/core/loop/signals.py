@@ -19,17 +19,22 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devplug.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from devplug.core.distributed.combine import RankCombiner
 
 log = logging.getLogger("devplug")
 
 #: Signals a Trainer turns into a stop request by default.
 DEFAULT_STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1")
+#: Across ranks a signal is sent as this plus its number, above any request (``1 + rank``).
+SIGNAL_CODE = 1000
 
 
 def signal_numbers(names: Sequence[str]) -> list[int]:
@@ -47,13 +52,19 @@ def signal_numbers(names: Sequence[str]) -> list[int]:
 
 
 class StopRequest:
-    """The stop flag of one Trainer: set by a stop signal, combined across ranks when asked."""
+    """The stop flag of one Trainer: set by a stop signal or a request, combined across ranks when asked.
 
-    def __init__(self, signals: Sequence[str], combine: Callable[[bool], bool] | None = None) -> None:
+    Across ranks the flag travels as one integer, the largest wins: 0 (go on), ``1 + rank`` (a request from
+    that rank, by :meth:`request_stop`) or ``1000 + signal number`` (a signal outranks a request).
+    """
+
+    def __init__(self, signals: Sequence[str], combiner: RankCombiner | None = None) -> None:
         self.numbers = signal_numbers(signals)
         self.received: int | None = None
+        self.reason: str | None = None
         self.agreed = False
-        self._combine = combine
+        self._requested = False
+        self._combiner = combiner
 
     @property
     def signal_name(self) -> str | None:
@@ -69,14 +80,31 @@ class StopRequest:
         """Ask to stop at the next step boundary, as the signal ``signum`` would."""
         if self.received is None:
             self.received = int(signum)
+            self.reason = f"{signal.Signals(signum).name} received"
 
-    def should_stop(self) -> bool:
+    def request_stop(self, reason: str) -> None:
+        """Ask to stop at the next step boundary for ``reason`` (no signal: the exit code stays 0)."""
+        if not self._requested and self.received is None:
+            self._requested, self.reason = True, reason
+
+    def _code(self, rank: int) -> int:
+        if self.received is not None:
+            return SIGNAL_CODE + self.received
+        return 1 + rank if self._requested else 0
+
+    def should_stop(self, rank: int = 0) -> bool:
         """True once any rank was asked to stop (a collective when several processes run: call it on all)."""
-        if not self.agreed:
-            local = self.received is not None
-            self.agreed = self._combine(local) if self._combine is not None else local
-            if self.agreed and self.received is None:
-                self.received = int(signal.SIGTERM)  # another rank got the signal
+        if self.agreed:
+            return True
+        code = self._code(rank)
+        if self._combiner is not None:
+            code = self._combiner.max(code)
+            if code and code < SIGNAL_CODE:  # a request: every rank learns its reason from the rank that made it
+                self.reason = self._combiner.broadcast(self.reason, source=code - 1)
+            elif code and self.received is None:
+                self.received = code - SIGNAL_CODE  # another rank got the signal
+                self.reason = f"{signal.Signals(self.received).name} received on another rank"
+        self.agreed = code != 0
         return self.agreed
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -90,6 +118,7 @@ class StopRequest:
             return
         self.received = signum
         name = signal.Signals(signum).name
+        self.reason = f"{name} received"
         print(f"\ndevplug: {name} received: stopping after this step and saving (send it again to stop at once)",
               file=sys.stderr, flush=True)
 

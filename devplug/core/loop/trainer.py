@@ -10,15 +10,19 @@ properties is private.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import math
 import os
+import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from devplug.core.checkpoint import rng
+from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.contract import hookspecs as spec
 from devplug.core.contract.records import LaunchInfo, MemoryStats, OptimizerChoice, Phase, PrecisionPlan
 from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
@@ -36,6 +40,9 @@ from devplug.core.observe.reporter import Reporter
 from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
 from devplug.core.registry.devices import DeviceRegistry
 from devplug.core.registry.manager import FALLBACK_NAME, DevplugPluginManager, get_plugin_manager
+
+if TYPE_CHECKING:
+    from devplug.core.distributed.combine import RankCombiner
 
 log = logging.getLogger("devplug")
 
@@ -59,15 +66,22 @@ class Trainer:
         self._hooks = self._registry.open(self._config.device, options=self._config.device_options,
                                         channels_last=self._config.channels_last)
         self.device = self._hooks.device
-        self._collective, reduce, combine = None, None, None
+        self._collective, reduce, combiner = None, None, None
+        self._combiner: RankCombiner | None = None
+        self._handshake: RankCombiner | None = None
         if self._launch.distributed:
-            from devplug.core.distributed.combine import gloo_combine, mean_across_ranks
+            from devplug.core.distributed.combine import RankCombiner, collective_wait_seconds, mean_across_ranks
             from devplug.core.distributed.process_group import init_process_group
 
             setup = self._hooks(spec.devplug_collective_setup, launch=self._launch)
             self._collective, reduce = init_process_group(self._launch, setup, self.device), mean_across_ranks
-            combine = gloo_combine() if self._config.stop_signals else None
-        self._stop = StopRequest(self._config.stop_signals, combine)
+            combiner = self._combiner = RankCombiner()
+            self._handshake = RankCombiner(timeout=datetime.timedelta(seconds=collective_wait_seconds()))
+        self._stop = StopRequest(self._config.stop_signals, combiner)
+        policy = self._config.checkpoints
+        self._checkpoints = RunCheckpoints(policy) if policy is not None else None
+        self._resumed = False
+        self._registered: dict[str, Any] = {}
         if self._config.seed is not None:
             rng.seed_everything(self._config.seed)
         plan = self._hooks(spec.devplug_precision, precision=self._config.precision)
@@ -77,7 +91,7 @@ class Trainer:
         self._optimizers: dict[str, OptimizerChoice] = {}
         self._loaders: list[DeviceLoader] = []
         self._position = LoopPosition(accumulation=self._config.accumulate_grad_batches,
-                                     stop_check=self._stop.should_stop)
+                                     stop_check=lambda: self._stop.should_stop(self.rank))
         self._state = TrainerState(device=self.device, precision=self.precision, modules=self._modules,
                                   optimizers=self._optimizers, loaders=self._loaders, position=self._position,
                                   world_size=self.world_size)
@@ -153,7 +167,7 @@ class Trainer:
     @property
     def should_stop(self) -> bool:
         """True once a stop signal reached any rank (a collective under several processes: ask on every rank)."""
-        return self._stop.should_stop()
+        return self._stop.should_stop(self.rank)
 
     @property
     def stop_signal(self) -> str | None:
@@ -391,7 +405,11 @@ class Trainer:
         """
         if max_steps is not None and max_steps < 1:
             raise ConfigError(f"max_steps must be a positive integer, got {max_steps!r}")
+        if self._checkpoints is not None and self._checkpoints.policy.auto_resume and not self._resumed:
+            self.resume()
         position = self._position
+        if position.batches_in_epoch and position.batches_in_epoch >= self._epoch_batches():
+            position.finish_epoch()  # resumed from the end of an epoch: its evaluation and save already ran
         position.max_steps = max_steps
         per_epoch = position.steps_per_epoch(self._epoch_batches())
         total = max_steps if max_steps is not None or per_epoch is math.inf else int(per_epoch * n)
@@ -404,17 +422,24 @@ class Trainer:
                     if ended and position.batches_in_epoch < self._epoch_batches():
                         break  # inside the epoch: a resume continues it
                     position.finish_epoch()
-                self.flush_logs()
+                self._flush_logs()
+                if self._checkpoints is not None and self._checkpoints.policy.at_end:
+                    self._save_by_policy()
             finally:  # left early (break, exception): what is still pending, this rank's values only
-                self._reporter.flush_quietly(lambda: self.flush_logs(across_ranks=False))
+                self._reporter.flush_quietly(lambda: self._flush_logs(across_ranks=False))
                 self._reporter.close_progress()
                 self.profiler.stop()
                 self._flops.stop()
 
     def _before_batch(self) -> None:
-        # a training loader is about to ask for a batch: the profiler window and the FLOP count start here
+        # a training loader is about to ask for a batch: the profiler window and the FLOP count start here,
+        # and between steps the checkpoint policy may save
         self.profiler.before_batch()
         self._flops.before_batch()
+        runs = self._checkpoints
+        if runs is not None and self._position.window_closed() and runs.policy.due(
+                self._position.global_step, runs.last_saved_step, runs.last_saved_time, time.monotonic()):
+            self._save_by_policy()
 
     def _epoch_batches(self) -> float:
         primary = next((loader for loader in self._loaders if loader.primary), None)
@@ -430,11 +455,26 @@ class Trainer:
             self._reporter.metrics.add(name, value)
         position = self._position
         if position.global_step and position.global_step % self._config.log_every == 0 and position.sync_now:
-            return self.flush_logs()
+            return self._flush_logs()
         return None
 
     def flush_logs(self, *, across_ranks: bool = True) -> dict[str, float] | None:
-        """Report pending values now; the last ones if none are pending (a collective unless ``across_ranks=False``)."""
+        """Report pending values now; the last ones if none are pending.
+
+        Under several processes this is a collective (values are averaged across ranks): call it on every
+        rank, or pass ``across_ranks=False`` for this rank's values alone. Called on some ranks only, it
+        fails after ``$DEVPLUG_COLLECTIVE_WAIT`` seconds (default 120) with an error saying so.
+        """
+        if across_ranks and self._handshake is not None:
+            try:
+                self._handshake.max(1)
+            except RuntimeError as exc:
+                raise ConfigError(f"flush_logs() is a collective under {self.world_size} processes and rank "
+                                  f"{self.rank} waited for the others in vain: call it on every rank, or "
+                                  "flush_logs(across_ranks=False) for this rank's values") from exc
+        return self._flush_logs(across_ranks=across_ranks)
+
+    def _flush_logs(self, *, across_ranks: bool = True) -> dict[str, float] | None:
         rates = {key: c.optimizer.param_groups[0].get("lr") for key, c in self._optimizers.items()}
         return self._reporter.flush(self.global_step, synchronize=self.synchronize, learning_rates=rates,
                                    across_ranks=across_ranks)
@@ -470,6 +510,9 @@ class Trainer:
             "epoch": self.epoch,
             **self._reporter.rates(),
             "memory": self.memory_stats(),
+            "stop_reason": self._stop.reason,
+            "last_checkpoint": str(self._checkpoints.last_path) if self._checkpoints and self._checkpoints.last_path
+            else None,
         }
 
     # ---- checkpoints -----------------------------------------------------------------------------------
@@ -483,6 +526,8 @@ class Trainer:
         Returns the path written, or ``None`` on other ranks. Raises ``devplug.NonFiniteLossError`` and
         writes nothing when a weight or optimizer state holds NaN or infinity (docs/trainer.md, Checkpoints).
         """
+        if self._registered:
+            extra = {**self._registered_state(), **extra}
         return self._state.save(path, extra) if self.is_main_process else None
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -492,7 +537,94 @@ class Trainer:
         that saved (another device's). Raises :class:`CheckpointError` if the file is unreadable, damaged or
         does not match what this trainer holds; nothing is modified in that case. Returns ``extra``.
         """
-        return self._state.load(path)
+        extra = self._state.load(path)
+        self._restore_registered(extra)
+        return extra
+
+    def register_for_checkpointing(self, **objects: Any) -> None:
+        """Save ``objects`` in every checkpoint and restore them on load (a scheduler, an EMA, fixed noise).
+
+        Each is an object with ``state_dict()`` and ``load_state_dict()`` (restored through it) or a tensor
+        (restored in place). Their state is kept under their names in the checkpoint's ``extra``.
+        """
+        for name, obj in objects.items():
+            stateful = callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+            if not (stateful or isinstance(obj, torch.Tensor)):
+                raise ConfigError(f"cannot checkpoint {name}={type(obj).__name__}: register an object with "
+                                  "state_dict() and load_state_dict(), or a tensor")
+            self._registered[name] = obj
+
+    def _registered_state(self) -> dict[str, Any]:
+        return {name: obj if isinstance(obj, torch.Tensor) else obj.state_dict()
+                for name, obj in self._registered.items()}
+
+    def _restore_registered(self, extra: dict[str, Any]) -> None:
+        for name, obj in self._registered.items():
+            if name not in extra:
+                continue
+            if isinstance(obj, torch.Tensor):
+                with torch.no_grad():
+                    obj.copy_(extra[name])
+            else:
+                obj.load_state_dict(extra[name])
+
+    def resume(self) -> dict[str, Any] | None:
+        """Continue from the newest intact checkpoint of the checkpoint policy's directory; its ``extra``.
+
+        Damaged or non-finite checkpoints are skipped with a warning (the one before is tried); resuming from
+        an older one moves the newer ones aside into ``abandoned-<time>/``. Returns ``None`` when the folder
+        holds no checkpoint (a new run). ``epochs()`` calls it itself with ``auto_resume=True``. Every rank
+        resumes from the checkpoint rank 0 chose (a collective under several processes).
+        """
+        runs = self._checkpoints
+        if runs is None:
+            raise ConfigError("resume() needs a checkpoint policy: Trainer(checkpoints=devplug.CheckpointPolicy("
+                              "directory=...))")
+        self._resumed = True
+        chosen: Path | None = None
+        found = None
+        if self.is_main_process:
+            found = runs.newest_loadable(self.load)
+            chosen = found[0] if found is not None else None
+        if self._combiner is not None:  # the other ranks load what rank 0 chose
+            chosen = self._stop_combiner_broadcast(str(chosen) if chosen else None)
+            chosen = Path(chosen) if chosen else None
+            if not self.is_main_process and chosen is not None:
+                found = (chosen, self.load(chosen))
+        if found is None or chosen is None:
+            return None
+        if self.is_main_process:
+            runs.set_aside_newer(chosen)
+        runs.resumed_from(chosen)
+        log.info("resumed from %s (step %d)", chosen, self.global_step)
+        return found[1]
+
+    def _stop_combiner_broadcast(self, value: Any) -> Any:
+        return self._combiner.broadcast(value, source=0) if self._combiner is not None else value
+
+    def _save_by_policy(self) -> None:
+        runs = self._checkpoints
+        assert runs is not None
+        step = self.global_step
+        if step <= runs.last_saved_step or step == 0:
+            return
+        if not self.is_main_process:
+            runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
+            return
+        monitor = runs.policy.monitor
+        score = None
+        if monitor is not None:
+            score = self._reporter.metrics.latest(monitor)
+            score = score if score is not None else self._reporter.last_metrics.get(monitor)
+        runs.save(step, lambda path: self.save(path), score)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop every rank after the same step, from any rank (e.g. early stopping seen on rank 0).
+
+        ``epochs()`` ends at the next step boundary as after a stop signal, with the exit code left at 0;
+        ``summary()["stop_reason"]`` says why.
+        """
+        self._stop.request_stop(reason)
 
     def close(self) -> None:
         """Flush and close the loggers (their final point) and the progress bar.

@@ -1,0 +1,218 @@
+"""A run's checkpoint policy: when to save, which files to keep, where to resume from.
+
+A :class:`CheckpointPolicy` given to the Trainer (``Trainer(checkpoints=...)``) saves ``step_NNNNNNN.pt``
+files into one folder every N steps and/or every T minutes (at step boundaries only, so every checkpoint
+resumes bitwise), and at the end of ``epochs()``. It keeps the newest ``keep_last`` files and the best
+``keep_best`` by a logged metric, and never removes the newest intact checkpoint. With ``auto_resume`` the
+run continues from the newest checkpoint that loads: damaged or non-finite files are skipped with a
+warning and the one before is tried; resuming from an older one moves the newer ones aside into
+``abandoned-<time>/`` (never deleted), so they are neither pruned nor resumed by mistake later.
+
+:class:`RunCheckpoints` does the file work for one policy; the Trainer decides when.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
+from devplug.core.errors import CheckpointError, CheckpointMismatchError, NonFiniteLossError
+
+log = logging.getLogger("devplug")
+
+#: The checkpoint files a policy writes and recognises.
+CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
+#: Beside them: the metric each checkpoint was saved with (for keep_best), rewritten atomically.
+INDEX_NAME = "checkpoints.json"
+
+
+def checkpoint_name(step: int) -> str:
+    """The file name of the checkpoint taken after ``step`` steps."""
+    return f"step_{step:07d}.pt"
+
+
+def _optional_positive_int(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{attribute.name} must be a positive integer or None, got {value!r}")
+
+
+def _non_negative_int(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be a non-negative integer, got {value!r}")
+
+
+def _optional_positive_number(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 < value < math.inf):
+        raise ValueError(f"{attribute.name} must be a positive number of minutes or None, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointPolicy:
+    """When a Trainer saves checkpoints on its own, which it keeps, and whether it resumes.
+
+    - ``directory``: the folder of ``step_NNNNNNN.pt`` files (created on the first save).
+    - ``every_n_steps`` / ``every_minutes``: save at the first step boundary after every N steps and/or T
+      minutes (``None``: not on that clock). Both ``None`` with ``at_end`` saves only at the end.
+    - ``at_end``: save when ``epochs()`` ends normally or on a stop signal or request (not on an exception).
+    - ``keep_last``: the newest files kept (``None`` keeps every file).
+    - ``keep_best`` with ``monitor`` and ``mode``: also keep the best K by a value passed to ``trainer.log``
+      (``"min"``: lower is better). A checkpoint is scored with the monitored value's latest logged value.
+    - ``auto_resume``: continue from the newest intact checkpoint of ``directory`` when the loop starts.
+    """
+
+    directory: str | os.PathLike[str] = attrs.field(converter=str)
+    every_n_steps: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    every_minutes: float | None = attrs.field(default=None, validator=_optional_positive_number)
+    at_end: bool = True
+    keep_last: int | None = attrs.field(default=3, validator=_optional_positive_int)
+    keep_best: int = attrs.field(default=0, validator=_non_negative_int)
+    monitor: str | None = None
+    mode: str = attrs.field(default="min", validator=attrs.validators.in_(("min", "max")))
+    auto_resume: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.keep_best and not self.monitor:
+            raise ValueError("keep_best needs monitor=, the name of a value you pass to trainer.log()")
+
+    def due(self, step: int, last_saved_step: int, last_saved_time: float, now: float) -> bool:
+        """True when a checkpoint should be taken at this step boundary."""
+        if step <= last_saved_step:
+            return False
+        if self.every_n_steps is not None and step % self.every_n_steps == 0:
+            return True
+        return self.every_minutes is not None and now - last_saved_time >= self.every_minutes * 60
+
+
+def steps_newest_first(folder: Path) -> list[tuple[int, Path]]:
+    """The policy's checkpoint files in ``folder`` with their steps, newest first (none if it does not exist)."""
+    if not folder.is_dir():
+        return []
+    found = [(int(match[1]), path) for path in folder.iterdir()
+             if (match := CHECKPOINT_NAME.match(path.name)) and path.is_file()]
+    return sorted(found, reverse=True)
+
+
+def damaged(exc: BaseException) -> bool:
+    """True when a load failed because the file is damaged or holds NaN, not because it fits another setup."""
+    return isinstance(exc, (CheckpointError, NonFiniteLossError)) and not isinstance(exc, CheckpointMismatchError)
+
+
+class RunCheckpoints:
+    """The files of one :class:`CheckpointPolicy`: saving, pruning, resuming (the main process writes)."""
+
+    def __init__(self, policy: CheckpointPolicy) -> None:
+        self.policy = policy
+        self.folder = Path(policy.directory)
+        self.last_saved_step = 0
+        self.last_saved_time = time.monotonic()
+        self.last_path: Path | None = None
+
+    # ---- the metric each checkpoint was saved with -----------------------------------------------------------
+    def _read_index(self) -> dict[str, float]:
+        try:
+            scores = json.loads((self.folder / INDEX_NAME).read_text())
+        except (OSError, ValueError):
+            return {}  # missing or damaged: every checkpoint counts as unscored
+        return {str(k): float(v) for k, v in scores.items() if isinstance(v, (int, float))} \
+            if isinstance(scores, dict) else {}
+
+    def _write_index(self, scores: dict[str, float]) -> None:
+        temp = self.folder / f".{INDEX_NAME}.{os.getpid()}.tmp"
+        temp.write_text(json.dumps(scores, indent=1, sort_keys=True))
+        os.replace(temp, self.folder / INDEX_NAME)
+
+    # ---- saving ----------------------------------------------------------------------------------------------
+    def save(self, step: int, write: Callable[[Path], Any], score: float | None) -> Path:
+        """Write the checkpoint of ``step`` through ``write`` (atomic), record its score, then prune."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / checkpoint_name(step)
+        write(path)
+        self.last_saved_step, self.last_saved_time, self.last_path = step, time.monotonic(), path
+        scores = self._read_index()
+        scores.pop(path.name, None)
+        if score is not None and math.isfinite(score):
+            scores[path.name] = score
+        self.prune(scores)
+        return path
+
+    def keep(self, scores: dict[str, float]) -> set[Path]:
+        """The files the policy keeps: the newest (always), the last ``keep_last``, the best ``keep_best``."""
+        found = steps_newest_first(self.folder)
+        if not found:
+            return set()
+        policy = self.policy
+        kept = {path for _step, path in (found if policy.keep_last is None else found[:policy.keep_last])}
+        kept.add(found[0][1])
+        if policy.keep_best:
+            scored = [(scores[path.name], -step, path) for step, path in found if path.name in scores]
+            scored.sort(key=lambda item: (item[0] if policy.mode == "min" else -item[0], item[1]))
+            kept.update(path for _score, _step, path in scored[:policy.keep_best])
+        return kept
+
+    def prune(self, scores: dict[str, float] | None = None) -> list[Path]:
+        """Remove the checkpoints the policy does not keep; the paths removed."""
+        scores = self._read_index() if scores is None else scores
+        kept = self.keep(scores)
+        removed = [path for _step, path in steps_newest_first(self.folder) if path not in kept]
+        for path in removed:
+            path.unlink(missing_ok=True)
+        self._write_index({name: value for name, value in scores.items() if self.folder / name in kept})
+        remove_stale_temp_files(self.folder)
+        return removed
+
+    # ---- resuming --------------------------------------------------------------------------------------------
+    def newest_loadable(self, load: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict[str, Any]] | None:
+        """Load the newest checkpoint that loads; damaged ones are skipped with a warning. None if there are none.
+
+        A checkpoint that belongs to another setup (other modules or shapes) is an error, not a reason to go
+        back further: an older one would not fit either.
+        """
+        found = steps_newest_first(self.folder)
+        skipped = []
+        for _step, path in found:
+            try:
+                return path, load(path)
+            except (CheckpointError, NonFiniteLossError) as exc:
+                if not damaged(exc):
+                    raise
+                log.warning("skipping damaged checkpoint %s: %s; trying the one before it", path, exc)
+                skipped.append(path.name)
+        if skipped:
+            raise CheckpointError(f"no usable checkpoint to resume from in {self.folder}: {', '.join(skipped)} "
+                                  "are damaged; move them away to start afresh, or restore one from a backup")
+        return None
+
+    def set_aside_newer(self, resumed: Path, *, now: datetime.datetime | None = None) -> Path | None:
+        """Move checkpoints newer than ``resumed`` into ``abandoned-<time>/`` beside them; that folder, if any."""
+        match = CHECKPOINT_NAME.match(resumed.name)
+        if match is None:
+            return None
+        newer = [path for step, path in steps_newest_first(resumed.parent) if step > int(match[1])]
+        if not newer:
+            return None
+        aside = resumed.parent / f"abandoned-{(now or datetime.datetime.now()).strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir(exist_ok=True)
+        for path in newer:
+            path.rename(aside / path.name)
+        log.warning("resumed from an older checkpoint (%s): moved %d newer one(s) to %s", resumed.name,
+                    len(newer), aside)
+        return aside
+
+    def resumed_from(self, path: Path) -> None:
+        """Count ``path`` as the last save: the next one is due from its step and time on."""
+        match = CHECKPOINT_NAME.match(path.name)
+        self.last_saved_step = int(match[1]) if match else 0
+        self.last_saved_time = time.monotonic()
+        self.last_path = path

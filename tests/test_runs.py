@@ -1,0 +1,197 @@
+"""Runs the library manages: the checkpoint policy (periodic, keep-last, keep-best, at the end), auto-resume
+from the newest intact checkpoint, stop requests and early stopping."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from dist_scripts.common import HERE, clean_env, run_ranks
+
+import devplug
+
+SCRIPTS = HERE.parent / "run_scripts"
+
+
+def _loop(tmp_path: Path, policy: devplug.CheckpointPolicy, *, epochs: int = 1, metric=None, batches: int = 12,
+          stop_at: int | None = None) -> devplug.Trainer:
+    trainer = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False, checkpoints=policy,
+                              stop_signals=(), count_flops=False, log_every=1000)
+    model = trainer.setup(torch.nn.Linear(3, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(batches * 2, 3), torch.randn(batches * 2, 1))
+    loader = trainer.dataloader(data, 2, num_workers=0)
+    for _ in trainer.epochs(epochs):
+        for x, y in loader:
+            trainer.backward(torch.nn.functional.mse_loss(model(x), y))
+            trainer.step(opt)
+            if metric is not None:
+                trainer.log(score=metric(trainer.global_step))
+            if stop_at is not None and trainer.global_step == stop_at:
+                trainer.request_stop("enough")
+    trainer.close()
+    return trainer
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("step_*.pt"))
+
+
+def test_saves_every_n_steps_and_at_the_end_and_keeps_the_last_k(tmp_path):
+    policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=5, keep_last=2)
+    trainer = _loop(tmp_path, policy)
+    assert _names(tmp_path / "ckpt") == ["step_0000010.pt", "step_0000012.pt"]  # 5 pruned; 12 at the end
+    assert trainer.summary()["last_checkpoint"] == str(tmp_path / "ckpt" / "step_0000012.pt")
+    assert torch.load(tmp_path / "ckpt" / "step_0000010.pt", weights_only=True)["global_step"] == 10
+    assert not list((tmp_path / "ckpt").glob(".*.tmp"))
+
+
+def test_keeps_the_best_k_by_a_logged_metric_besides_the_last(tmp_path):
+    scores = {2: 5.0, 4: 1.0, 6: 3.0, 8: 0.5, 10: 9.0, 12: 7.0}
+    policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=2, keep_last=1, keep_best=2,
+                                      monitor="score", mode="min", at_end=False)
+    _loop(tmp_path, policy, metric=lambda step: torch.tensor(scores.get(step, 100.0)))
+    assert _names(tmp_path / "ckpt") == ["step_0000004.pt", "step_0000008.pt", "step_0000012.pt"]
+    policy = devplug.CheckpointPolicy(directory=tmp_path / "max", every_n_steps=2, keep_last=1, keep_best=1,
+                                      monitor="score", mode="max", at_end=False)
+    _loop(tmp_path, policy, metric=lambda step: scores.get(step, -1.0))
+    assert _names(tmp_path / "max") == ["step_0000010.pt", "step_0000012.pt"]
+
+
+def test_never_prunes_the_only_intact_checkpoint(tmp_path):
+    policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=3, keep_last=1, keep_best=1,
+                                      monitor="score", mode="min")
+    _loop(tmp_path, policy, metric=lambda step: float(step))  # the best is the oldest; the newest stays too
+    assert _names(tmp_path / "ckpt") == ["step_0000003.pt", "step_0000012.pt"]
+
+
+def test_a_policy_is_validated_with_one_clear_line():
+    with pytest.raises(ValueError, match="keep_best needs monitor"):
+        devplug.CheckpointPolicy(directory="x", keep_best=2)
+    with pytest.raises(ValueError, match="every_n_steps must be a positive integer"):
+        devplug.CheckpointPolicy(directory="x", every_n_steps=0)
+    with pytest.raises(devplug.ConfigError, match="checkpoints"):
+        devplug.Trainer(device="cpu", checkpoints="runs/x", progress=False)
+
+
+def test_auto_resume_skips_a_damaged_newest_checkpoint_with_a_warning(tmp_path, caplog):
+    folder = tmp_path / "ckpt"
+    _loop(tmp_path, devplug.CheckpointPolicy(directory=folder, every_n_steps=4, keep_last=None), stop_at=8)
+    assert _names(folder) == ["step_0000004.pt", "step_0000008.pt"]
+    (folder / "step_0000008.pt").write_bytes(b"not a checkpoint")
+    policy = devplug.CheckpointPolicy(directory=folder, every_n_steps=4, keep_last=None, auto_resume=True)
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, checkpoints=policy,
+                              stop_signals=(), count_flops=False)
+    model = trainer.setup(torch.nn.Linear(3, 1))
+    trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="devplug"):
+        extra = trainer.resume()
+    assert extra is not None and trainer.global_step == 4
+    assert "skipping damaged checkpoint" in caplog.text and "step_0000008.pt" in caplog.text
+    aside = list(tmp_path.glob("ckpt/abandoned-*/step_0000008.pt"))  # the newer (damaged) one is set aside
+    assert len(aside) == 1 and _names(folder) == ["step_0000004.pt"]
+
+
+def test_resume_in_a_new_folder_is_a_new_run_and_a_mismatch_is_an_error(tmp_path):
+    policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt", auto_resume=True)
+    trainer = devplug.Trainer(device="cpu", progress=False, checkpoints=policy, stop_signals=())
+    trainer.setup(torch.nn.Linear(3, 1))
+    assert trainer.resume() is None and trainer.global_step == 0
+    _loop(tmp_path, devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=6))
+    other = devplug.Trainer(device="cpu", progress=False, checkpoints=policy, stop_signals=())
+    model = other.setup(torch.nn.Linear(5, 1))
+    other.optimizer("sgd", model.parameters(), lr=0.1)
+    with pytest.raises(devplug.CheckpointMismatchError):
+        other.resume()  # another model: not a reason to go back further
+
+
+def test_request_stop_ends_the_loop_after_that_step_with_the_reason(tmp_path):
+    policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt")
+    trainer = _loop(tmp_path, policy, epochs=3, stop_at=5)
+    assert trainer.global_step == 5 and trainer.exit_code == 0
+    assert trainer.summary()["stop_reason"] == "enough"
+    assert _names(tmp_path / "ckpt") == ["step_0000005.pt"]  # saved at the end, as after a signal
+
+
+def test_early_stopping_stops_at_the_expected_step_on_a_scripted_metric():
+    values = [5.0, 4.0, 4.5, 3.9, 3.95, 3.91, 3.92, 1.0]
+    stopper = devplug.EarlyStopping(patience=3, min_delta=0.01, mode="min")
+    stopped_at = next(i for i, v in enumerate(values) if stopper.update(v))
+    assert stopped_at == 6 and stopper.best == 3.9 and "patience 3" in stopper.reason
+    nan = devplug.EarlyStopping(patience=1, mode="max")
+    assert not nan.update(1.0) and nan.update(float("nan"))
+    restored = devplug.EarlyStopping(patience=3)
+    restored.load_state_dict(stopper.state_dict())
+    assert restored.best == 3.9 and restored.bad_updates == 3
+
+
+def test_an_end_of_epoch_checkpoint_resumes_at_the_next_epoch(tmp_path):
+    evaluated = []
+
+    def run(resume: bool) -> devplug.Trainer:
+        trainer = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False, stop_signals=())
+        model = trainer.setup(torch.nn.Linear(3, 1))
+        opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+        loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(8, 3), torch.randn(8, 1)), 2,
+                                    num_workers=0)
+        if resume:
+            trainer.load(tmp_path / "epoch0.pt")
+        for epoch in trainer.epochs(2):
+            for x, y in loader:
+                trainer.backward(torch.nn.functional.mse_loss(model(x), y))
+                trainer.step(opt)
+            evaluated.append(epoch)
+            if epoch == 0 and not resume:
+                trainer.save(tmp_path / "epoch0.pt")
+                break
+        return trainer
+
+    run(resume=False)
+    resumed = run(resume=True)
+    assert evaluated == [0, 1] and resumed.global_step == 8  # epoch 0's evaluation is not run again
+
+
+@pytest.mark.slow
+def test_auto_resume_after_sigkill_at_ten_points_ends_equal_to_the_uninterrupted_run(tmp_path):
+    def run(folder: Path, *args: str) -> int:
+        return subprocess.run([sys.executable, str(SCRIPTS / "kill_resume.py"), "--dir", str(folder), *args],
+                              env=clean_env(), capture_output=True, text=True, timeout=120).returncode
+
+    assert run(tmp_path / "whole") == 0
+    kills = [("2", "step"), ("3", "save"), ("5", "step"), ("7", "step"), ("9", "save"), ("11", "step"),
+             ("13", "step"), ("17", "step"), ("20", "step"), ("23", "step")]
+    for step, phase in kills:
+        assert run(tmp_path / "killed", "--kill-at", step, "--phase", phase) == -9
+        checkpoints = tmp_path / "killed" / "checkpoints"
+        assert len(_names(checkpoints)) <= 2  # keep_last=2 holds after every kill
+    assert run(tmp_path / "killed") == 0
+    whole = torch.load(tmp_path / "whole" / "final.pt", weights_only=True)
+    killed = torch.load(tmp_path / "killed" / "final.pt", weights_only=True)
+    assert all(torch.equal(whole[k], killed[k]) for k in whole)
+    assert _names(tmp_path / "killed" / "checkpoints") == ["step_0000021.pt", "step_0000024.pt"]
+    assert not list((tmp_path / "killed" / "checkpoints").glob(".*.tmp"))  # the half-written ones are gone
+
+
+@pytest.mark.slow
+def test_request_stop_on_rank_1_stops_both_ranks_after_the_same_step_and_resume_agrees(tmp_path):
+    run_ranks(HERE / "train_request_stop.py", ["--out", str(tmp_path)], world_size=2, timeout=180)
+    first = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert [r["global_step"] for r in first] == [3, 3] and [r["exit_code"] for r in first] == [0, 0]
+    assert [r["stop_reason"] for r in first] == ["rank 1 had enough", "rank 1 had enough"]
+    assert _names(tmp_path / "ckpt") == ["step_0000002.pt", "step_0000003.pt"]
+    run_ranks(HERE / "train_request_stop.py", ["--out", str(tmp_path), "--resume"], world_size=2, timeout=180)
+    second = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert [r["resumed_at"] for r in second] == [3, 3]
+    assert [r["global_step"] for r in second] == [40, 40]
+
+
+@pytest.mark.slow
+def test_flush_logs_on_one_rank_fails_with_one_line_instead_of_hanging(tmp_path):
+    results = run_ranks(HERE / "flush_alone.py", [], world_size=2, timeout=120,
+                        extra_env={"DEVPLUG_COLLECTIVE_WAIT": "3"})
+    assert "flush_logs() is a collective under 2 processes" in results[0].stdout
+    assert "call it on every rank" in results[0].stdout
