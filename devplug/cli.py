@@ -23,7 +23,7 @@ from devplug.core.registry.manager import (
     DevplugPluginManager,
     get_plugin_manager,
 )
-from devplug.testing.checks import ConformanceError, run_checks
+from devplug.testing import ConformanceError, run_checks
 
 #: How ``devplug devices --verbose`` marks a hook implementation's pluggy options.
 _HOOK_OPTIONS = ("wrapper", "hookwrapper", "tryfirst", "trylast")

@@ -24,7 +24,8 @@ from devplug.core.contract import hookspecs
 from devplug.core.contract.records import PRECISIONS, Phase
 from devplug.core.fallback import plugin as fallback
 from devplug.core.registry.guard import describe_types, expected_types
-from devplug.testing import checks
+from devplug.testing import STANDARD_OPTIMIZERS
+from devplug.testing.checks import registered_checks
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -36,7 +37,7 @@ def _first_line(obj: object) -> str:
     return text.replace("``", "`")
 
 
-_CASES = {"optimizer_names": "/".join(checks.STANDARD_OPTIMIZERS), "precisions": "/".join(PRECISIONS),
+_CASES = {"optimizer_names": "/".join(STANDARD_OPTIMIZERS), "precisions": "/".join(PRECISIONS),
           "phases": "/".join(p.value for p in Phase)}
 
 
@@ -90,7 +91,7 @@ def render_hook_table() -> str:
 def render_check_table() -> str:
     """The table of conformance tests in docs/plugins.md, from the kit's registered checks."""
     rows = ["| test | hooks | what it checks |", "|---|---|---|"]
-    for spec in sorted(checks.CHECKS, key=lambda c: c.position):
+    for spec in registered_checks():
         name = f"test_{spec.name}" + (f"[{_CASES[spec.over]}]" if spec.over else "")
         hooks = ", ".join(f"`{h}`" for h in spec.hooks) or "end to end"
         rows.append(f"| `{name}` | {hooks} | {_first_line(spec.function)} |")

@@ -17,8 +17,17 @@ from standins import hpu_fixtures
 import devplug
 from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
 from devplug.core.tree import move_to
-from devplug.testing import DeviceConformance, checks
-from devplug.testing.checks import ConformanceError
+from devplug.testing import ConformanceError, DeviceConformance, DeviceUnderTest, open_device, run_checks
+from devplug.testing.checks.collectives import check_collective_setup
+from devplug.testing.checks.data import check_dataloader
+from devplug.testing.checks.movement import check_to_device
+from devplug.testing.checks.observing import check_region, check_synchronize_and_memory
+from devplug.testing.checks.optimizers import check_optimizer
+from devplug.testing.checks.precision import check_precision
+from devplug.testing.checks.registration import check_plugin_loaded, check_probe
+from devplug.testing.checks.state import check_optimizer_state
+from devplug.testing.checks.steps import check_compile, check_mark_step
+from devplug.testing.checks.training import check_training
 from devplug.toolkit import autocast_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,8 +48,8 @@ class TestCpuConformance(DeviceConformance):
 @pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true:UserWarning")  # no accelerator here
 def test_hpu_conformance_training_drives_the_plugins_step_marking_on_the_standin(monkeypatch):
     for standin in hpu_fixtures.standin(monkeypatch, lazy=True):
-        dut = checks.open_device("hpu", create_plugin_manager(autoload=False))
-        checks.check_training(dut)
+        dut = open_device("hpu", create_plugin_manager(autoload=False))
+        check_training(dut)
         assert standin.count("mark_step") > 0  # the kit ran the plugin's real lazy-mode path
 
 
@@ -51,7 +60,7 @@ def test_import_devplug_imports_neither_the_kit_nor_pytest():
 
 
 def test_run_checks_works_without_pytest_and_reports_each_check():
-    results = checks.run_checks("cpu", create_plugin_manager(autoload=False), optimizer_names=("sgd",),
+    results = run_checks("cpu", create_plugin_manager(autoload=False), optimizer_names=("sgd",),
                                 precisions=("32-true",))
     assert {r.outcome for r in results} == {"passed"}
     assert [r.name for r in results][:4] == ["plugin_loaded", "probe", "device_setup", "to_device"]
@@ -73,12 +82,12 @@ class ToyDevice:
                                   torch_type="cpu")
 
 
-def toy(plugin: Any) -> checks.DeviceUnderTest:
-    return checks.open_device("toy", create_plugin_manager(autoload=False, extra_plugins=[("toy", plugin)]))
+def toy(plugin: Any) -> DeviceUnderTest:
+    return open_device("toy", create_plugin_manager(autoload=False, extra_plugins=[("toy", plugin)]))
 
 
 def test_a_conformant_toy_device_passes_every_check():
-    results = checks.run_checks("toy", create_plugin_manager(autoload=False, extra_plugins=[("toy", ToyDevice())]))
+    results = run_checks("toy", create_plugin_manager(autoload=False, extra_plugins=[("toy", ToyDevice())]))
     assert [str(r) for r in results if r.outcome != "passed"] == []
 
 
@@ -228,32 +237,32 @@ class NotCallableCompile(ToyDevice):
 
 
 BROKEN = [
-    (RaisingProbe, checks.check_probe, "probe raised OSError: cannot open /dev/toy0"),
-    (ReasonlessProbe, checks.check_probe, "without a reason"),
-    (NoContract, checks.check_plugin_loaded, f'add DEVPLUG_CONTRACT = "{devplug.CONTRACT_VERSION}"'),
-    (UnmarkedHook, checks.check_plugin_loaded, "devplug_to_device without @devplug.hookimpl"),
-    (FlattensBatches, checks.check_to_device, "did not keep dicts, tuples, lists and namedtuples"),
-    (DropsLeaves, checks.check_to_device, "changed non-tensor leaves"),
-    (BareOptimizer, lambda d: checks.check_optimizer(d, "sgd"), "not a devplug.OptimizerChoice"),
-    (IgnoresOptions, lambda d: checks.check_optimizer(d, "adam"), "ignored option lr=0.05"),
-    (AscendingOptimizer, lambda d: checks.check_optimizer(d, "adamw"), "did not lower a convex toy loss"),
-    (AscendingOptimizer, checks.check_training, "did not lower a toy loss"),
-    (VendorWithoutConverters, lambda d: checks.check_optimizer_state(d, "sgd"),
+    (RaisingProbe, check_probe, "probe raised OSError: cannot open /dev/toy0"),
+    (ReasonlessProbe, check_probe, "without a reason"),
+    (NoContract, check_plugin_loaded, f'add DEVPLUG_CONTRACT = "{devplug.CONTRACT_VERSION}"'),
+    (UnmarkedHook, check_plugin_loaded, "devplug_to_device without @devplug.hookimpl"),
+    (FlattensBatches, check_to_device, "did not keep dicts, tuples, lists and namedtuples"),
+    (DropsLeaves, check_to_device, "changed non-tensor leaves"),
+    (BareOptimizer, lambda d: check_optimizer(d, "sgd"), "not a devplug.OptimizerChoice"),
+    (IgnoresOptions, lambda d: check_optimizer(d, "adam"), "ignored option lr=0.05"),
+    (AscendingOptimizer, lambda d: check_optimizer(d, "adamw"), "did not lower a convex toy loss"),
+    (AscendingOptimizer, check_training, "did not lower a toy loss"),
+    (VendorWithoutConverters, lambda d: check_optimizer_state(d, "sgd"),
      "vendor.SGD (sgd) saves its state in its own layout (vendor.SGD gives no converter to torch.optim's layout)"),
-    (LossyConverters, lambda d: checks.check_optimizer_state(d, "adam"), "its canonical state is not torch.optim's "
+    (LossyConverters, lambda d: check_optimizer_state(d, "adam"), "its canonical state is not torch.optim's "
      "layout: parameter 0 has ['exp_avg', 'step'], torch.optim has ['exp_avg', 'exp_avg_sq', 'step']"),
-    (LossyConverters, lambda d: checks.check_optimizer_state(d, "sgd"), "after a round trip through the canonical "
+    (LossyConverters, lambda d: check_optimizer_state(d, "sgd"), "after a round trip through the canonical "
      "state, weight differs from the original optimizer's after the same steps"),
-    (ScalerWithBf16, lambda d: checks.check_precision(d, "bf16-mixed"), "a scaler belongs only to 16-mixed"),
-    (WrongErrorForFp16, lambda d: checks.check_precision(d, "16-mixed"), "raise devplug.PrecisionError"),
-    (SilentlyDowngrades, lambda d: checks.check_precision(d, "bf16-mixed"), "the plan says '32-true'"),
-    (BadRegion, checks.check_region, "not a context manager"),
-    (RejectsOptimizerPhase, lambda d: checks.check_mark_step(d, devplug.Phase.OPTIMIZER_STEP), "raised KeyError"),
-    (UnknownBackend, checks.check_collective_setup, "'warpdrive' is unknown to torch.distributed"),
-    (MisspeltDdpOption, checks.check_collective_setup, "['bucket_cap'] are not DistributedDataParallel"),
-    (LosesSamples, checks.check_dataloader, "yielded 4 samples of a dataset of 10"),
-    (BadMemoryStats, checks.check_synchronize_and_memory, "MemoryStats.allocated must be a number of bytes"),
-    (NotCallableCompile, checks.check_compile, "cannot be called"),
+    (ScalerWithBf16, lambda d: check_precision(d, "bf16-mixed"), "a scaler belongs only to 16-mixed"),
+    (WrongErrorForFp16, lambda d: check_precision(d, "16-mixed"), "raise devplug.PrecisionError"),
+    (SilentlyDowngrades, lambda d: check_precision(d, "bf16-mixed"), "the plan says '32-true'"),
+    (BadRegion, check_region, "not a context manager"),
+    (RejectsOptimizerPhase, lambda d: check_mark_step(d, devplug.Phase.OPTIMIZER_STEP), "raised KeyError"),
+    (UnknownBackend, check_collective_setup, "'warpdrive' is unknown to torch.distributed"),
+    (MisspeltDdpOption, check_collective_setup, "['bucket_cap'] are not DistributedDataParallel"),
+    (LosesSamples, check_dataloader, "yielded 4 samples of a dataset of 10"),
+    (BadMemoryStats, check_synchronize_and_memory, "MemoryStats.allocated must be a number of bytes"),
+    (NotCallableCompile, check_compile, "cannot be called"),
 ]
 
 
@@ -277,8 +286,8 @@ def test_a_backend_registered_by_the_plugin_counts_as_known():
                 dist.Backend.register_backend(name, lambda *args: None, devices=["cpu"])
             return devplug.CollectiveSetup(backend=name)
 
-    assert "backend devplugkittest" in checks.check_collective_setup(toy(RegistersBackend()))
-    assert "backend" in checks.check_collective_setup(toy(type("Mapped", (UnknownBackend,), {
+    assert "backend devplugkittest" in check_collective_setup(toy(RegistersBackend()))
+    assert "backend" in check_collective_setup(toy(type("Mapped", (UnknownBackend,), {
         "devplug_collective_setup": devplug.hookimpl(lambda self, device, launch: devplug.CollectiveSetup(
             backend="cpu:gloo,cuda:nccl"))})()))
 
@@ -289,7 +298,7 @@ def test_a_device_nobody_registers_names_the_load_failures():
 
     pm = create_plugin_manager(autoload=False, extra_plugins=[("toy", Broken())])
     with pytest.raises(ConformanceError, match=r"no loaded plugin registers device 'toy'.*contract '3.0'"):
-        checks.open_device("toy", pm)
+        open_device("toy", pm)
 
 
 def test_unavailable_device_skips_with_the_reason_or_fails_when_required(tmp_path):

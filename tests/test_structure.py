@@ -20,7 +20,7 @@ import devplug
 from devplug import cli
 from devplug.core.contract import hookspecs
 from devplug.core.registry.manager import BUILTIN_PLUGINS, create_plugin_manager
-from devplug.testing import checks
+from devplug.testing.checks import uncovered_hooks
 
 REPO = Path(__file__).resolve().parents[1]
 CORE = REPO / "devplug" / "core"
@@ -164,7 +164,7 @@ def test_core_packages_import_only_from_the_packages_below_them():
 def test_one_place_to_add_a_hook():
     operational = [fn.__name__ for fn in hookspecs.HOOKS if "device" in inspect.signature(fn).parameters]
     assert list(hookspecs.OPERATIONAL_HOOKS) == operational
-    assert checks.uncovered_hooks() == []
+    assert uncovered_hooks() == []
     assert hookspecs.HOOKS[0].__name__ == "devplug_register_devices"
 
 

@@ -15,6 +15,10 @@ or without pytest::
 
 or from the shell: ``devplug check mydev``.
 
+Inside, ``kit`` holds the machinery (the check registry, the device under test), ``checks`` the checks
+(one module per area of the hook contract); ``runner`` runs them (:func:`run_checks`) and
+``conformance`` turns them into pytest tests (:class:`DeviceConformance`).
+
 Only test suites import this package (``import devplug`` does not); :class:`DeviceConformance` needs
 pytest and is imported on first use, so :func:`run_checks` works without pytest installed.
 """
@@ -23,16 +27,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from devplug.testing.checks import (
-    STANDARD_OPTIMIZERS,
-    CheckResult,
-    ConformanceError,
-    DeviceUnderTest,
-    NotApplicable,
-    all_checks,
-    open_device,
-    run_checks,
-)
+from devplug.testing.kit import STANDARD_OPTIMIZERS, ConformanceError, DeviceUnderTest, NotApplicable, open_device
+from devplug.testing.runner import CheckResult, all_checks, run_checks
 
 if TYPE_CHECKING:
     from devplug.testing.conformance import DeviceConformance

@@ -8,7 +8,8 @@
         device_name = "mydev"
 
 Every check of :mod:`devplug.testing.checks` becomes one test, ``test_<check>`` (optimizers,
-precisions and phases parametrised), so a check added to the kit is a test in every plugin's suite.
+precisions and phases parametrised), in the order ``devplug check`` runs them, so a check added to
+the kit is a test in every plugin's suite.
 Tests that need the device skip, with the probe's reason, where it is not available, unless
 ``require_available = True`` (set it on CI machines that have the hardware).
 """
@@ -22,8 +23,8 @@ import pytest
 
 from devplug.core.contract.records import PRECISIONS, Phase
 from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
-from devplug.testing import checks
-from devplug.testing.checks import STANDARD_OPTIMIZERS, DeviceUnderTest, NotApplicable
+from devplug.testing.checks import registered_checks
+from devplug.testing.kit import STANDARD_OPTIMIZERS, CheckSpec, DeviceUnderTest, NotApplicable, open_device
 
 
 class DeviceConformance:
@@ -69,7 +70,7 @@ class DeviceConformance:
         """The device named ``device_name``, looked up in a fresh plugin manager."""
         if not self.device_name:
             pytest.fail(f"{type(self).__name__} must set device_name = '<your device>'")
-        return checks.open_device(self.device_name, self.make_plugin_manager(), options=self.device_options)
+        return open_device(self.device_name, self.make_plugin_manager(), options=self.device_options)
 
     @pytest.fixture
     def available(self, device_under_test: DeviceUnderTest) -> DeviceUnderTest:
@@ -93,7 +94,7 @@ class DeviceConformance:
         return {"training_precision": self.training_precision, "run_compiled": self.run_compiled}
 
 
-def _generated_test(spec: checks.CheckSpec) -> Callable[..., None]:
+def _generated_test(spec: CheckSpec) -> Callable[..., None]:
     """The test method of one check: ``test_<name>``, parametrised by ``case`` when the check has cases."""
     fixture = "available" if spec.needs_device else "device_under_test"
 
@@ -101,18 +102,18 @@ def _generated_test(spec: checks.CheckSpec) -> Callable[..., None]:
         kwargs = {arg: self._selection()[key] for arg, key in spec.options.items()}
         self._run(spec.function, request.getfixturevalue(fixture), *case, **kwargs)
 
-    if spec.over is None:
-        def test(self: DeviceConformance, request: pytest.FixtureRequest) -> None:
-            run(self, request)
-    else:
-        def test(self: DeviceConformance, request: pytest.FixtureRequest, case: Any) -> None:
-            run(self, request, case)
+    def plain(self: DeviceConformance, request: pytest.FixtureRequest) -> None:
+        run(self, request)
 
+    def over_cases(self: DeviceConformance, request: pytest.FixtureRequest, case: Any) -> None:
+        run(self, request, case)
+
+    test: Callable[..., None] = plain if spec.over is None else over_cases
     test.__name__ = f"test_{spec.name}"
     test.__doc__ = (spec.function.__doc__ or "").strip().splitlines()[0]
-    test.check = spec  # type: ignore[attr-defined]
+    test.check = spec  # type: ignore[attr-defined]  # read back by pytest_generate_tests
     return test
 
 
-for _spec in checks.CHECKS:  # one test per check, derived from the kit (and so from the hook contract)
+for _spec in registered_checks():  # one test per check, derived from the kit (and so from the hook contract)
     setattr(DeviceConformance, f"test_{_spec.name}", _generated_test(_spec))

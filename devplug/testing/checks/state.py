@@ -1,6 +1,7 @@
-"""Conformance check: a plugin's optimizer state goes to the canonical form and back (checkpoints move).
+"""Check of ``devplug_optimizer``'s state: it goes to the canonical form and back, so checkpoints move.
 
-Registered on ``devplug_optimizer`` with the kit's other checks (imported by :mod:`devplug.testing.checks`).
+The canonical form is torch.optim's own layout; a vendor optimizer's ``OptimizerChoice`` carries converters
+to and from it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import attrs
 import torch
 
 from devplug.core.contract import hookspecs
+from devplug.core.contract.records import OptimizerChoice
 from devplug.core.errors import CheckpointError
 from devplug.core.optim.canonical import canonical_class, export_state, import_state, normalize
 from devplug.core.tree import map_tensors
-from devplug.testing.checks import DeviceUnderTest, _author_options, _toy_regression, conformance_check
+from devplug.testing.kit import DeviceUnderTest, author_options, conformance_check, toy_regression
 
 _STEPS = 3
 
@@ -23,7 +25,7 @@ _STEPS = 3
 def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: tuple[Any, Any], steps: int) -> None:
     x, y = data
     for _ in range(steps):
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        torch.autograd.backward(torch.nn.functional.mse_loss(model(x), y))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -34,7 +36,7 @@ def _torch_reference(name: str, model: torch.nn.Module, options: dict[str, Any])
     assert cls is not None
     reference = copy.deepcopy(model).cpu()
     optimizer = cls(reference.parameters(), **options)
-    _train(reference, optimizer, _toy_regression(32), _STEPS)
+    _train(reference, optimizer, toy_regression(32), _STEPS)
     return normalize(optimizer.state_dict(), cls)
 
 
@@ -63,17 +65,19 @@ def check_optimizer_state(dut: DeviceUnderTest, name: str) -> str:
     ``from_canonical`` into a fresh optimizer of the same plugin, further steps give the same weights
     as the original's. This is what lets a checkpoint move between devices.
     """
-    hooks, options = dut.hooks, _author_options(name)
+    hooks, options = dut.hooks, author_options(name)
 
-    def build(model: torch.nn.Module) -> Any:
+    def build(model: torch.nn.Module) -> OptimizerChoice:
         params = list(model.parameters())
         choice = hooks(hookspecs.devplug_optimizer, name=name, params=params, options=dict(options))
+        if not isinstance(choice, OptimizerChoice):
+            raise dut.fail(f"devplug_optimizer({name!r}) returned {choice!r}, not a devplug.OptimizerChoice")
         return attrs.evolve(choice, algorithm=name)
 
     torch.manual_seed(0)
     model = hooks(hookspecs.devplug_to_device, obj=torch.nn.Linear(4, 1))
     want = _torch_reference(name, model, options)
-    data = tuple(hooks(hookspecs.devplug_to_device, obj=t) for t in _toy_regression(32))
+    data = tuple(hooks(hookspecs.devplug_to_device, obj=t) for t in toy_regression(32))
     choice = build(model)
     _train(model, choice.optimizer, data, _STEPS)
     entry = map_tensors(export_state(choice), lambda t: t.detach().to("cpu", copy=True))  # as a file would

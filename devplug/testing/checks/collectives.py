@@ -1,0 +1,56 @@
+"""Check of ``devplug_collective_setup``: a backend torch.distributed knows, with arguments it accepts."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from devplug.core.contract import hookspecs
+from devplug.core.contract.records import CollectiveSetup, LaunchInfo
+from devplug.testing.kit import DeviceUnderTest, NotApplicable, conformance_check
+
+
+def _backend_names(backend: str) -> list[str]:
+    """``"gloo"`` → ``["gloo"]``; ``"cpu:gloo,cuda:nccl"`` → ``["gloo", "nccl"]``."""
+    return [part.split(":")[-1].strip().lower() for part in backend.split(",") if part.strip()]
+
+
+def _parameters(fn: Callable[..., Any]) -> set[str]:
+    return set(inspect.signature(fn).parameters) - {"self", "module"}
+
+
+@conformance_check("devplug_collective_setup")
+def check_collective_setup(dut: DeviceUnderTest) -> str:
+    """``devplug_collective_setup`` names a backend torch.distributed knows, with valid DDP/init arguments.
+
+    A backend counts as known when it is in ``torch.distributed.Backend.backend_list`` after the hook
+    ran, which includes backends a plugin registers with ``Backend.register_backend`` (HCCL, for one).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise NotApplicable("this torch build has no torch.distributed")
+    launch = LaunchInfo(rank=0, world_size=2, local_rank=0, local_world_size=2, launcher="torchrun")
+    setup = dut.hooks(hookspecs.devplug_collective_setup, launch=launch)
+    if not isinstance(setup, CollectiveSetup):
+        raise dut.fail(f"devplug_collective_setup returned {setup!r}, not a devplug.CollectiveSetup")
+    if not isinstance(setup.backend, str) or not setup.backend.strip():
+        raise dut.fail(f"devplug_collective_setup named no backend ({setup.backend!r})")
+    known = set(dist.Backend.backend_list) - {"undefined"}
+    unknown = [b for b in _backend_names(setup.backend) if b not in known]
+    if unknown:
+        raise dut.fail(
+            f"collective backend {setup.backend!r} is unknown to torch.distributed "
+            f"(known: {', '.join(sorted(known))}); "
+            "import the library that registers it (torch.distributed.Backend.register_backend) in the hook"
+        )
+    from torch.nn.parallel import DistributedDataParallel
+
+    bad_ddp = sorted(set(setup.ddp_kwargs) - _parameters(DistributedDataParallel.__init__))
+    if bad_ddp:
+        raise dut.fail(f"ddp_kwargs {bad_ddp} are not DistributedDataParallel arguments in this torch")
+    bad_init = sorted(set(setup.init_kwargs) - _parameters(dist.init_process_group))
+    if bad_init:
+        raise dut.fail(f"init_kwargs {bad_init} are not init_process_group arguments in this torch")
+    return f"backend {setup.backend}, DDP defaults {dict(setup.ddp_kwargs)}"

@@ -1,0 +1,107 @@
+"""Checks of the hooks a Trainer observes the step with: regions, profiler, peak FLOP/s, memory, logging."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+
+from devplug.core.contract import hookspecs
+from devplug.core.contract.records import PRECISIONS, LogPoint, MemoryStats
+from devplug.core.errors import PrecisionError
+from devplug.testing.kit import DeviceUnderTest, conformance_check
+
+#: Regions the Trainer opens around the step.
+REGIONS = ("forward", "backward", "optimizer_step", "data_wait")
+
+
+@conformance_check("devplug_region")
+def check_region(dut: DeviceUnderTest) -> str:
+    """``devplug_region`` returns an enterable context manager (or ``None``) for each region the Trainer opens."""
+    for name in REGIONS:
+        ctx = dut.hooks(hookspecs.devplug_region, name=name)
+        if ctx is None:
+            continue
+        if not (hasattr(ctx, "__enter__") and hasattr(ctx, "__exit__")):
+            raise dut.fail(f"devplug_region({name!r}) returned {ctx!r}, not a context manager")
+        try:
+            with ctx:
+                pass
+        except Exception as exc:
+            raise dut.fail(f"the devplug_region({name!r}) context failed: {type(exc).__name__}: {exc}") from exc
+    return "regions: " + ", ".join(REGIONS)
+
+
+@conformance_check("devplug_profiler_activities")
+def check_profiler_activities(dut: DeviceUnderTest) -> str:
+    """``devplug_profiler_activities`` names ProfilerActivity values, CPU among them, that profile a step here."""
+    activities = dut.hooks(hookspecs.devplug_profiler_activities)
+    if activities is None:
+        return "activities: deferred"
+    kinds = torch.profiler.ProfilerActivity
+    if not activities or not all(isinstance(a, kinds) for a in activities):
+        raise dut.fail(f"devplug_profiler_activities returned {activities!r}, not a list of ProfilerActivity")
+    if kinds.CPU not in activities:
+        raise dut.fail("devplug_profiler_activities must include ProfilerActivity.CPU (data wait and regions)")
+    supported = torch.profiler.supported_activities()  # type: ignore[no-untyped-call]  # unannotated in torch
+    missing = [a.name for a in activities if a not in supported]
+    if missing:
+        raise dut.fail(f"devplug_profiler_activities names {missing}, which this torch cannot record "
+                       f"(supported: {', '.join(a.name for a in supported)})")
+    x = dut.hooks(hookspecs.devplug_to_device, obj=torch.ones(8, 8))
+    with torch.profiler.profile(activities=activities) as profiler, torch.profiler.record_function("probe"):
+        (x @ x).sum()
+        dut.hooks(hookspecs.devplug_synchronize)
+    if not any(event.name == "probe" for event in profiler.events()):
+        raise dut.fail("a profile with these activities did not record a record_function range")
+    return "activities: " + ", ".join(a.name for a in activities)
+
+
+@conformance_check("devplug_peak_flops")
+def check_peak_flops(dut: DeviceUnderTest) -> str:
+    """``devplug_peak_flops`` gives a positive, finite FLOP/s figure (a float), or ``None``, for each plan it runs."""
+    seen = []
+    for precision in PRECISIONS:
+        try:
+            plan = dut.hooks(hookspecs.devplug_precision, precision=precision)
+        except PrecisionError:
+            continue  # the device refuses this setting: no plan, no peak
+        if plan is None:
+            continue
+        peak = dut.hooks(hookspecs.devplug_peak_flops, precision=plan.name)
+        if peak is not None and (not isinstance(peak, float) or not math.isfinite(peak) or peak <= 0):
+            raise dut.fail(f"devplug_peak_flops({plan.name!r}) returned {peak!r}, not a positive, finite float")
+        seen.append(f"{plan.name}: " + (f"{peak / 1e12:.3g} TFLOP/s" if peak else "unknown"))
+    return "peaks: " + "; ".join(dict.fromkeys(seen))
+
+
+@conformance_check("devplug_synchronize", "devplug_memory_stats")
+def check_synchronize_and_memory(dut: DeviceUnderTest) -> str:
+    """``devplug_synchronize`` returns; ``devplug_memory_stats`` gives :class:`MemoryStats` or ``None``."""
+    hooks = dut.hooks
+    hooks(hookspecs.devplug_to_device, obj=torch.ones(8)).sum()
+    hooks(hookspecs.devplug_synchronize)
+    stats = hooks(hookspecs.devplug_memory_stats)
+    if stats is None:
+        return "memory stats: not reported"
+    if not isinstance(stats, MemoryStats):
+        raise dut.fail(f"devplug_memory_stats returned {stats!r}, not a devplug.MemoryStats")
+    for field in attrs.fields(MemoryStats):
+        value = getattr(stats, field.name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise dut.fail(f"MemoryStats.{field.name} must be a number of bytes or None, got {value!r}")
+    return f"memory stats: {stats}"
+
+
+@conformance_check("devplug_log")
+def check_log(dut: DeviceUnderTest) -> str:
+    """``devplug_log`` accepts a point with values, one with an image and the final one, and returns nothing."""
+    points = (LogPoint(step=1, values={"loss": 0.5, "lr/model": 1e-3}),
+              LogPoint(step=1, images={"grid": torch.rand(3, 4, 4)}), LogPoint(step=1, final=True))
+    for point in points:
+        # The spec types each plugin's answer (None); pluggy returns them all in a list. The guard names a raise.
+        answers: list[object] | None = dut.hooks(hookspecs.devplug_log, point=point)
+        if any(answer is not None for answer in answers or ()):
+            raise dut.fail(f"devplug_log returned {answers!r}; it returns nothing")
+    return "log points: values, images, final"

@@ -1,0 +1,73 @@
+"""Check of ``devplug_precision``: every precision setting gets a consistent plan, or a clear refusal."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from devplug.core.contract import hookspecs
+from devplug.core.contract.records import PrecisionPlan
+from devplug.core.errors import PrecisionError
+from devplug.testing.kit import DeviceUnderTest, conformance_check
+
+
+@conformance_check("devplug_precision", over="precisions")
+def check_precision(dut: DeviceUnderTest, precision: str) -> str:
+    """``devplug_precision`` returns a consistent plan, or refuses a mixed setting with ``PrecisionError``.
+
+    ``"auto"`` and ``"32-true"`` must always work. A grad scaler belongs only to ``"16-mixed"``; the
+    autocast context, the optional optimizer-step context and module conversion must all work.
+    """
+    hooks = dut.hooks
+    try:
+        plan = hooks(hookspecs.devplug_precision, precision=precision)
+    except PrecisionError as exc:
+        if precision in ("auto", "32-true"):
+            raise dut.fail(f"refused precision {precision!r} ({exc}); every device must run it") from exc
+        if not str(exc).strip():
+            raise dut.fail(f"refused precision {precision!r} with an empty PrecisionError message") from exc
+        return f"refuses {precision}: {exc}"
+    except Exception as exc:
+        raise dut.fail(
+            f"devplug_precision({precision!r}) raised {type(exc).__name__}: {exc}; raise devplug.PrecisionError "
+            "for a setting the device cannot run"
+        ) from exc
+    if not isinstance(plan, PrecisionPlan):
+        raise dut.fail(f"devplug_precision({precision!r}) returned {plan!r}, not a devplug.PrecisionPlan")
+    if not plan.name or plan.name == "auto":
+        raise dut.fail(f"devplug_precision({precision!r}) did not resolve the setting (plan name {plan.name!r})")
+    if precision != "auto" and plan.name != precision:
+        raise dut.fail(f"asked for {precision!r}, the plan says {plan.name!r}; raise PrecisionError instead")
+    if plan.scaler is not None:
+        if plan.name != "16-mixed":
+            raise dut.fail(f"the {plan.name} plan has a grad scaler; a scaler belongs only to 16-mixed (fp16)")
+        needed = ("scale", "step", "update", "state_dict", "load_state_dict")
+        missing = [m for m in needed if not hasattr(plan.scaler, m)]
+        if missing:
+            raise dut.fail(f"the grad scaler lacks {', '.join(missing)} (use torch.amp.GradScaler or alike)")
+    module: torch.nn.Module = torch.nn.Linear(4, 2)
+    if plan.convert_module is not None:
+        converted = plan.convert_module(module)
+        module = converted if converted is not None else module
+        if not isinstance(module, torch.nn.Module):
+            raise dut.fail(f"the {plan.name} plan's convert_module returned {type(module).__name__}, not a module")
+    module = hooks(hookspecs.devplug_to_device, obj=module)
+    x = hooks(hookspecs.devplug_to_device, obj=torch.ones(3, 4))
+    try:
+        with plan.autocast():
+            out = module(x)
+            loss = out.float().pow(2).mean()
+    except Exception as exc:
+        raise dut.fail(f"the {plan.name} plan's autocast context failed: {type(exc).__name__}: {exc}") from exc
+    if not math.isfinite(float(loss.detach().cpu())):
+        raise dut.fail(f"a forward pass under the {plan.name} plan's autocast gave {float(loss)}")
+    if plan.optimizer_step_context is not None:
+        try:
+            with plan.optimizer_step_context():
+                pass
+        except Exception as exc:
+            raise dut.fail(
+                f"the {plan.name} plan's optimizer_step_context failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    return f"{precision} -> {plan.name}" + (f": {plan.description}" if plan.description else "")
