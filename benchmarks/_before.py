@@ -1,4 +1,4 @@
-"""The image-folder decoder ``ImageFolderDataset`` used before issue 12, kept to measure against side by side.
+"""The image-folder decoder ``ImageFolderDataset`` used before reduced-scale decoding, kept to measure against.
 
 Full-resolution decode, then torchvision ``Resize`` + ``CenterCrop`` + ``ToTensor`` + ``Normalize``: what
 ``examples/dcgan.py --no-cache`` decoded with on the torch loader until reduced-scale decoding.
@@ -16,7 +16,7 @@ from devplug.toolkit import list_images
 
 
 def before_decoder(image_size: int) -> Callable[[str | Path], torch.Tensor]:
-    """One file to a normalised ``(3, S, S)`` float tensor, the pre-issue-12 way."""
+    """One file to a normalised ``(3, S, S)`` float tensor, the way before reduced-scale decoding."""
     from PIL import Image
     from torchvision import transforms
 

@@ -13,7 +13,9 @@ import numpy as np
 
 
 def make_demo_folder(root: Path, count: int, width: int = 480, height: int = 360, seed: int = 0) -> float:
-    """Write ``count`` photo-like JPEGs of ``width``×``height`` (seed 000's 480×360) into ``root``; seconds taken.
+    """Write ``count`` photo-like JPEGs of ``width``×``height`` into ``root``; seconds taken.
+
+    The default 480×360 is the size of the photos in a typical DCGAN image folder.
 
     Each is a smooth random color field with film-like grain, so the files have the size and decode cost of
     ordinary photos (~70 KB at quality 90), not of flat synthetic images.

@@ -2,7 +2,7 @@
 
 The CPU plugin turns ``precision="auto"`` into ``bf16-mixed`` on CPUs with native bf16 (x86 AMX or
 AVX512-BF16, Arm BF16) and into ``32-true`` elsewhere. This times the example's full D+G training step
-(SYNTHETIC in seed 001's terms: one batch kept on the device, no loading) under each precision, one
+(SYNTHETIC in the IO / SYNTHETIC / FULL method: one batch kept on the device, no loading) under each precision, one
 Trainer per precision, interleaved in one process, and prints the ratios to ``32-true``.
 
 ``16-mixed`` (fp16 autocast + GradScaler) runs on the CPU but has few fast fp16 kernels there, so it is

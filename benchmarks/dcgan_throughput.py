@@ -1,6 +1,7 @@
-"""What bounds DCGAN training here: the data loader (IO) or the training step (SYNTHETIC)? Seed 001's method.
+"""What bounds DCGAN training here: the data loader (IO) or the training step (SYNTHETIC)?
 
-Three measurements of the example's training, interleaved in one process (machine noise hits all alike):
+The IO / SYNTHETIC / FULL method: three measurements of the example's training, interleaved in one
+process (machine noise hits all alike):
 
 - ``IO``: the Trainer's data loader alone; batches arrive on the device, no model runs;
 - ``SYNTHETIC``: the example's full D+G training step on one batch kept on the device (no loading);
@@ -20,7 +21,7 @@ Run: python benchmarks/dcgan_throughput.py [--device auto] [--model tiny-32] [--
      [--decode-before]
 ``--workers 0,1,2`` compares loaders with those worker counts side by side; ``--aa`` times SYNTHETIC twice
 to show this run's noise floor; ``--decode-before`` adds decoding every epoch as the torch loader did before
-issue 12 (full-resolution decode, torchvision resize), to compare with reduced-scale decoding in one run.
+reduced-scale decoding (full-resolution decode, torchvision resize), to compare with reduced-scale decoding in one run.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ EMBEDDED_NAMES = ("shapes", "embedded")
 
 
 def bound_line(label: str, medians: dict[str, float], io: str, full: str) -> str:
-    """The seed 001 verdict for one data path: which of IO and SYNTHETIC bounds FULL."""
+    """The IO / SYNTHETIC / FULL verdict for one data path: which of IO and SYNTHETIC bounds FULL."""
     io_rate, syn_rate, full_rate = (1 / medians[k] for k in (io, "SYNTHETIC", full))
     verdict = "input-bound" if io_rate < syn_rate else "compute-bound"
     return (f"{label}: IO/SYNTHETIC = {io_rate / syn_rate:.2f}x, FULL/SYNTHETIC = {full_rate / syn_rate:.2f}x, "
@@ -81,7 +82,8 @@ def main() -> None:
     parser.add_argument("--demo-images", type=int, default=320, help="JPEGs written for --data folder-demo")
     parser.add_argument("--decode-before", action="store_true",
                         help="with a folder: also time decoding every epoch the way ImageFolderDataset did before "
-                             "issue 12 (full decode + torchvision resize) as '(decode-before)', side by side")
+                             "reduced-scale decoding (full decode + torchvision resize) as '(decode-before)', "
+                             "side by side")
     parser.add_argument("--aa", action="store_true",
                         help="also time SYNTHETIC a second time as 'SYNTHETIC (A/A)': the two differ by noise "
                              "only, which shows how far apart equal things land on this machine")
@@ -126,7 +128,8 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
                              f"{root} decoded and resized every epoch (ImageFolderSource, no cache)")
         if args.decode_before:
             sources["decode-before"] = (BeforeImageFolder(root, size),
-                                        f"{root} decoded every epoch as before issue 12 (full decode, torchvision)")
+                                        f"{root} decoded every epoch as before reduced-scale decoding "
+                                        "(full decode, torchvision)")
     driver = EpochDriver(trainer)
     # label -> stream; labels look like " (cache, workers=2)", or "" for one data source and one worker count
     streams: dict[str, BatchStream] = {}
@@ -179,7 +182,7 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     after = {f"{kind}{label}": stream.finish_epoch for label, stream in streams.items() for kind in ("IO", "FULL")}
     medians = {name: t / args.steps for name, t in interleaved(variants, rounds=args.rounds, after=after).items()}
 
-    print(f"DCGAN throughput (seed 001: IO, SYNTHETIC, FULL) on {trainer.device} "
+    print(f"DCGAN throughput (IO: loading alone, SYNTHETIC: compute on cached data, FULL: both) on {trainer.device} "
           f"(plugin {trainer.device.plugin_name}), "
           f"precision {trainer.precision.name} [{trainer.precision.description}], {torch.get_num_threads()} threads")
     print(f"model {args.model} (G {step.params_g:,} / D {step.params_d:,} parameters), optimizer "

@@ -1,16 +1,16 @@
 """DDP communication overhead: the same step with and without the gradient all-reduce, side by side.
 
-Seed 001 measures communication overhead by switching DDP's communication off (``--noddp``) and
-comparing with the normal run on synthetic data. Here every rank runs, interleaved in one job:
+A common way to measure communication overhead is to switch DDP's communication off (a ``--noddp`` run)
+and compare with the normal run on synthetic data. Here every rank runs, interleaved in one job:
 
 - ``sync``: the normal DDP step (forward, backward with bucketed all-reduce overlapped, optimizer);
 - ``no_sync``: the same step inside ``trainer.no_sync(model)``, so DDP skips the all-reduce: compute only;
 - ``local``: the unwrapped module (no DDP hooks at all), for reference.
 
-Data is one cached synthetic batch per rank (seed 001's SYNTHETIC mode), so input loading does not
-count. Each block of steps starts after a barrier (outside the timing); a rank's time for a block ends
-after its device is synchronised; the reported time of a block is the slowest rank's. Ratios are
-medians over interleaved rounds, never absolute claims.
+Data is one cached synthetic batch per rank (SYNTHETIC in the IO / SYNTHETIC / FULL method: compute on
+cached data), so input loading does not count. Each block of steps starts after a barrier (outside the
+timing); a rank's time for a block ends after its device is synchronised; the reported time of a block is
+the slowest rank's. Ratios are medians over interleaved rounds, never absolute claims.
 
 Run: python benchmarks/ddp_overhead.py [--world-size 2] [--steps 20] [--rounds 5] [--width 1024]
      [--layers 4] [--batch-size 64] [--bucket-cap-mb 25] [--device cpu]

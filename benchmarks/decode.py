@@ -1,11 +1,12 @@
-"""Decoding seed-like JPEGs to training size: reduced-scale (DCT) decoding vs a full decode, speed and quality.
+"""Decoding photo-like JPEGs to training size: reduced-scale (DCT) decoding vs a full decode, speed and quality.
 
-One process, no loader: each variant decodes every file of a folder of photo-like 480×360 JPEGs (seed 000's
-size) to ``--image-size`` (default 64), interleaved in rounds; figures are images/s per process and speed
-relative to the decoder ``ImageFolderDataset`` used before issue 12 (full decode, torchvision ``Resize`` +
-``CenterCrop``, ``ToTensor`` + ``Normalize``). Variants:
+One process, no loader: each variant decodes every file of a folder of photo-like 480×360 JPEGs (the size
+of the photos in a typical DCGAN image folder) to ``--image-size`` (default 64), interleaved in rounds;
+figures are images/s per process and speed relative to the decoder ``ImageFolderDataset`` used before
+reduced-scale decoding (full decode, torchvision ``Resize`` + ``CenterCrop``, ``ToTensor`` + ``Normalize``).
+Variants:
 
-- ``before``: that decoder (the example's ``--no-cache`` path until issue 12);
+- ``before``: that decoder (the example's ``--no-cache`` path until reduced-scale decoding);
 - ``before (A/A)``: the same again, for this run's noise floor;
 - ``full decode``: ``load_rgb(draft=False)``: full-resolution decode, one antialiased resize of the crop box;
 - ``reduced, margin 2``: ``load_rgb`` as shipped: the DCT scale 1/2, 1/4 or 1/8 that keeps the short side at

@@ -1,8 +1,8 @@
-"""Plain PyTorch vs ``examples/dcgan.py``, each with its defaults: whole-process DCGAN training images/s (issue 15).
+"""Plain PyTorch vs ``examples/dcgan.py``, each with its defaults: whole-process DCGAN training images/s.
 
 The question: how much faster does devplug's DCGAN example train on a folder of photos than a DCGAN written
 the way pytorch/examples' ``dcgan/main.py`` trains, on the same images, model sizes, batch size and epochs?
-(Issue 15's target: the example at least 2x the reference with a warm cache on this CPU.)
+(The target: the example at least 2x the reference with a warm cache on this CPU.)
 
 ``train`` is that reference, in plain PyTorch (no devplug import anywhere in this file): torchvision's
 ``datasets.ImageFolder`` with ``Resize`` + ``CenterCrop`` + ``ToTensor`` + ``Normalize`` applied per item, so
@@ -37,9 +37,10 @@ A second table gives each script's own steady-state rate (its clock from the end
 what the example's ``summary.json`` reports as ``images_per_sec``), and a third where a process's time went
 (outside the training loop: interpreter, imports, models, data set or cache build, final save, exit).
 
-The demo folder: ``--images`` photo-like 480x360 JPEGs (``_photos.make_demo_folder``, seed 000's size) in one
-class sub-folder (``ImageFolder`` needs one); ``--images`` is rounded down to a multiple of ``--batch-size``
-because the example drops a last partial batch and upstream does not, so both train the same images.
+The demo folder: ``--images`` photo-like 480x360 JPEGs (``_photos.make_demo_folder``; the size of the photos
+in a typical DCGAN image folder) in one class sub-folder (``ImageFolder`` needs one); ``--images`` is
+rounded down to a multiple of ``--batch-size`` because the example drops a last partial batch and upstream
+does not, so both train the same images.
 ``--folder PATH`` keeps the folder (written there if PATH does not exist) to reuse in a later run.
 
 Run: python benchmarks/reference_dcgan.py [compare] [--images 128] [--epochs 2] [--rounds 2] [--warmup 0]
@@ -458,7 +459,7 @@ def compare(argv: Sequence[str]) -> int:
           "to 1 than that are noise")
     verdict = "met" if warm_ratio >= 2.0 else "NOT met"
     print(f"example vs reference, whole process: {warm_ratio:.2f}x with a warm cache, {cold_ratio:.2f}x with a cold "
-          f"one (> 1 = faster); issue 15's target (>= 2x warm): {verdict}")
+          f"one (> 1 = faster); target (>= 2x warm): {verdict}")
     return 0
 
 

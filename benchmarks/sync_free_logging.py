@@ -1,7 +1,8 @@
 """What a host sync per step costs: `loss.item()` every step vs devplug's `trainer.log()` (read every 50).
 
 On a CPU the "device" is the host, so the difference is small here; on CUDA and lazy-mode Gaudi a
-per-step `.item()` stalls the host until the device drains (seed 002). Run with --device to compare.
+per-step `.item()` stalls the host until the device drains, which is why
+performance guides advise printing quantities less often. Run with --device to compare.
 
 Run: python benchmarks/sync_free_logging.py [--device cpu] [--steps 100]
 """

@@ -1,11 +1,11 @@
-"""Data-loading parallelism (seed 003): loader throughput vs worker processes and pinned memory.
+"""Data-loading parallelism: loader throughput vs worker processes and pinned memory.
 
-IO only (seed 001): the Trainer's loader over an image folder decoded every epoch (an
-``ImageFolderSource``, no cache: seed 000's slow path, where every 480×360 JPEG is opened, decoded and
-resized for each batch), batches arriving on the device, no model. One loader per setting, all with
-persistent workers, timed in interleaved blocks; after each block the epoch is read to its end untimed so
-that no loader's workers are busy while another is timed. Without ``--data`` a temporary folder of
-photo-like 480×360 JPEGs is written first.
+IO only (loading alone, no compute): the Trainer's loader over an image folder decoded every epoch (an
+``ImageFolderSource``, no cache: the slow path of a DCGAN trained on a folder of photos, where every
+480×360 JPEG is opened, decoded and resized for each batch), batches arriving on the device, no model.
+One loader per setting, all with persistent workers, timed in interleaved blocks; after each block the
+epoch is read to its end untimed so that no loader's workers are busy while another is timed. Without
+``--data`` a temporary folder of photo-like 480×360 JPEGs is written first.
 
 ``pin_memory`` only matters for copies to an accelerator: torch ignores it (with a warning) when there is
 none, so on the CPU the pinned variants are left out unless ``--pin-memory both`` asks for them.
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     variants = {label: block(label) for label in streams}
     after = {label: stream.finish_epoch for label, stream in streams.items()}
     medians = {k: t / args.batches for k, t in interleaved(variants, rounds=args.rounds, after=after).items()}
-    print(f"Loader workers (seed 003), IO only: {root} ({images} images{'; ' + note if note else ''}) decoded "
+    print(f"Loader workers, IO only: {root} ({images} images{'; ' + note if note else ''}) decoded "
           f"every epoch to {args.image_size}x{args.image_size}, batch {args.batch_size}, to {trainer.device}; "
           f"{os.cpu_count()} CPUs; {args.batches} batches per block x {args.rounds} interleaved rounds")
     for label, stream in streams.items():

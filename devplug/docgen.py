@@ -5,6 +5,10 @@
   ``docs/plugins.md``: every hook (first-result, routing, expected answer, what the core fallback does)
   and every conformance check (from the kit's registered checks).
 
+Readers see public names only: a private path in a docstring (``devplug.core.contract.records.Device``)
+is written as the name devplug exports the same object under (``devplug.Device``, from ``devplug``,
+``devplug.toolkit`` or ``devplug.testing``); a private name with no public one fails the generation.
+
 Regenerate with ``python -m devplug.docgen`` (``--check`` only reports stale files, exit 1); the test
 suite fails when a generated part differs from what is committed. Adding a hook therefore needs no
 edit here or in the docs by hand.
@@ -13,6 +17,7 @@ edit here or in the docs by hand.
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import re
 import sys
@@ -28,6 +33,31 @@ from devplug.testing import STANDARD_OPTIMIZERS
 from devplug.testing.checks import registered_checks
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+PUBLIC_MODULES = ("devplug", "devplug.toolkit", "devplug.testing")
+_PRIVATE_NAME = re.compile(r"devplug\.core(?:\.\w+)+")
+
+
+def public_name(path: str) -> str:
+    """The public name of the object at the private ``path``: ``devplug.core.contract.records.Device`` ->
+    ``devplug.Device``; :class:`ValueError` when no public module exports it."""
+    module_name, _, name = path.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{path} names nothing devplug has") from exc
+    for public in PUBLIC_MODULES:
+        module = importlib.import_module(public)
+        for exported in getattr(module, "__all__", ()):
+            if exported == name and getattr(module, exported) is obj:
+                return f"{public}.{exported}"
+    raise ValueError(f"{path} is private and not exported by any of {', '.join(PUBLIC_MODULES)}: "
+                     "name a public object in the docstring, or describe it in words")
+
+
+def public_names(text: str) -> str:
+    """``text`` with every private ``devplug.core...`` name replaced by its public name."""
+    return _PRIVATE_NAME.sub(lambda m: public_name(m.group(0)), text)
 
 
 def _first_line(obj: object) -> str:
@@ -74,7 +104,7 @@ def render_hook_reference() -> str:
         signature = str(inspect.signature(fn)).replace("'", "")
         lines += ["", f"## {fn.__name__}", "", "```python", f"def {fn.__name__}{signature}", "```", ""]
         lines.append(inspect.cleandoc(fn.__doc__ or ""))
-    return "\n".join(lines) + "\n"
+    return public_names("\n".join(lines) + "\n")
 
 
 def render_hook_table() -> str:
@@ -85,7 +115,7 @@ def render_hook_table() -> str:
         implementation = getattr(fallback, fn.__name__, None)
         fallback_text = _first_line(implementation).rstrip(".") if implementation else "–"
         rows.append(f"| [`{fn.__name__}`](hooks.md#{fn.__name__}) | {first} | {_answer(fn)} | {fallback_text} |")
-    return "\n".join(rows) + "\n"
+    return public_names("\n".join(rows) + "\n")
 
 
 def render_check_table() -> str:
@@ -95,7 +125,7 @@ def render_check_table() -> str:
         name = f"test_{spec.name}" + (f"[{_CASES[spec.over]}]" if spec.over else "")
         hooks = ", ".join(f"`{h}`" for h in spec.hooks) or "end to end"
         rows.append(f"| `{name}` | {hooks} | {_first_line(spec.function)} |")
-    return "\n".join(rows) + "\n"
+    return public_names("\n".join(rows) + "\n")
 
 
 GENERATED_TABLES = {"hook-table": render_hook_table, "check-table": render_check_table}

@@ -76,7 +76,8 @@ def summary_of(out: Path) -> dict:
         ("safe-128", 195_063_296, 44_611_072),
     ],
 )
-def test_parameter_counts_match_seed_000_table_2_2(name, params_g, params_d):
+def test_parameter_counts_match_the_dcgan_port_to_gaudi(name, params_g, params_d):
+    # the trainable parameter counts published for the three presets when this DCGAN was ported from V100 to Gaudi
     spec = PRESETS[name]
     with torch.device("meta"):  # count only: no memory, no training
         generator, discriminator = Generator(spec), Discriminator(spec)

@@ -1,7 +1,8 @@
 """DDP on CPU with gloo: 2 real ranks against one process on the concatenated batches, and the pieces.
 
 The 2-rank scenario (tests/dist_scripts/train_ddp.py) runs once per module; each test checks one
-promise of issue 6 from what the ranks recorded.
+promise of DDP training (identical ranks, disjoint shards, rank-0-only files, no host sync in the
+steady state, reduced metrics, DDP options) from what the ranks recorded.
 """
 
 from __future__ import annotations

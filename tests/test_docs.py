@@ -4,6 +4,8 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 from devplug import docgen
 from devplug.core.contract import hookspecs
 
@@ -20,6 +22,16 @@ def test_plugins_page_tables_are_generated_from_the_contract_and_the_kit():
     for fn in hookspecs.HOOKS:
         assert f"| [`{fn.__name__}`](hooks.md#{fn.__name__}) |" in page
     assert "| `test_optimizer[adam/adamw/sgd]` | `devplug_optimizer` |" in page
+
+
+def test_generated_docs_name_public_objects_not_private_modules():
+    assert docgen.public_name("devplug.core.contract.records.PrecisionPlan") == "devplug.PrecisionPlan"
+    assert docgen.public_name("devplug.core.data.tuning.tune_loader") == "devplug.toolkit.tune_loader"
+    assert docgen.public_names("a :class:`~devplug.core.contract.records.Device`.") == "a :class:`~devplug.Device`."
+    with pytest.raises(ValueError, match="private"):
+        docgen.public_name("devplug.core.fallback.plugin")  # a module no public name exports
+    for page in DOCS.rglob("*.md"):
+        assert "devplug.core" not in page.read_text(), f"{page.name} names a private module"
 
 
 def test_every_hook_documents_when_called_and_what_it_returns():

@@ -40,7 +40,8 @@ def test_torchrun_with_world_size_one_is_not_distributed():
 
 
 SRUN_2_NODES = {
-    # what srun sets for task 5 of `srun -N 2 --ntasks-per-node 4 python train.py` (seed 001's layout)
+    # what srun sets for task 5 of `srun -N 2 --ntasks-per-node 4 python train.py`
+    # (2 nodes, 4 ranks per node)
     "SLURM_JOB_ID": "123456",
     "SLURM_PROCID": "5",
     "SLURM_LOCALID": "1",

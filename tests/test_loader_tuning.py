@@ -1,4 +1,4 @@
-"""The loader tuned to the device and the source (issue 15), and the author's explicit settings winning.
+"""The loader tuned to the device and the source, and the author's explicit settings winning.
 
 Nothing here is timed: the sources are far from the thresholds (tensors in memory: well under a
 millisecond per batch; sleeping samples: at least the sleep), or the threshold is moved for the test.

@@ -39,7 +39,7 @@ def all_checks(
 ) -> list[tuple[str, Callable[[DeviceUnderTest], str]]]:
     """Every check as ``(name, function of a DeviceUnderTest)``, in the order :func:`run_checks` runs them.
 
-    The list follows the hook contract: each hook's checks in the order of :mod:`devplug.core.contract.hookspecs`,
+    The list follows the hook contract: each hook's checks in the order of the hook reference,
     parametrised checks expanded (``optimizer[adam]``), end-to-end checks last.
     """
     selection: dict[str, Any] = {"optimizer_names": optimizer_names, "precisions": precisions, "phases": list(Phase),

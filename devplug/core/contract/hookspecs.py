@@ -14,9 +14,9 @@ The kind is a static fact about the plugin, the same on every machine: a plugin 
 ``devplug_register_devices`` must return at least one device whatever the machine has (availability
 belongs in the probe); one that returns nothing is rejected at load.
 
-The core ships a fallback plugin (``devplug.core.fallback.plugin``) implementing every first-result hook
-with device-generic PyTorch (``torch.accelerator``, ``torch.get_device_module``, ``torch.amp``, the
-distributed backend map), registered so that it runs last. A device plugin therefore only needs
+The core ships a fallback plugin implementing every first-result hook with device-generic PyTorch
+(``torch.accelerator``, ``torch.get_device_module``, ``torch.amp``, the distributed backend map),
+registered so that it runs last. A device plugin therefore only needs
 ``devplug_register_devices`` and the hooks where its device is faster.
 
 Every operational hook receives ``device``, the resolved :class:`~devplug.core.contract.records.Device`.

@@ -68,7 +68,7 @@ def image_transform(source: ImageFolderSource) -> Any:
     """The torchvision transform an ImageFolderSource describes: resize (short side), center-crop, normalize.
 
     For loaders that decode through torchvision (a torchvision ``ImageFolder`` for HabanaDataLoader);
-    devplug's own :class:`ImageFolderDataset` decodes with :func:`~devplug.core.data.images.load_rgb`.
+    devplug's own :class:`ImageFolderDataset` decodes with :func:`~devplug.toolkit.load_rgb`.
     """
     from torchvision import transforms  # lazy: torchvision only when images are loaded
 
@@ -147,7 +147,7 @@ def _walk(top: Path, seen: set[tuple[int, int]]) -> list[Path] | None:
 class ImageFolderDataset(Dataset):
     """Images from a folder, resized, center-cropped and normalized as an ImageFolderSource says.
 
-    Decoding is :func:`devplug.core.data.images.load_rgb`: any pixel format (16-bit, palette, grayscale, CMYK,
+    Decoding is :func:`devplug.toolkit.load_rgb`: any pixel format (16-bit, palette, grayscale, CMYK,
     alpha) becomes 8-bit RGB, EXIF orientation is applied, and large JPEGs are decoded at reduced scale.
     An image that cannot be decoded (truncated, not an image, over Pillow's decompression-bomb limit) is
     replaced by the next readable one when ``source.skip_unreadable`` is set; each such file is logged once
@@ -230,7 +230,7 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
     """A ``torch.utils.data.DataLoader`` built from ``options`` (workers, pinning, prefetch, sharding).
 
     With ``compute_competes`` given (contract 1.3), the options the author left automatic are tuned
-    first by measuring the source (:func:`devplug.core.data.tuning.tune_loader`; ``True`` where the
+    first by measuring the source (:func:`devplug.toolkit.tune_loader`; ``True`` where the
     training step runs on the host's cores, as on a CPU device), and what was decided is added to
     ``reason``. Left ``None``, the options are used as they are.
     """

@@ -1,4 +1,4 @@
-"""Loader settings chosen from the device and the source, by measuring the source (issue 15).
+"""Loader settings chosen from the device and the source, by measuring the source.
 
 ``Trainer.dataloader`` leaves ``num_workers``, ``pin_memory`` and ``prefetch_factor`` to devplug unless
 the author sets them (``LoaderOptions.automatic`` names those left). A device plugin's loader hook calls
@@ -29,8 +29,8 @@ How the choice is made — measured, not guessed:
    worker, 1.19× one worker). So an expensive source gets one worker per usable core (at most :data:`MAX_WORKERS`): when
    the step waits for data, all cores decode.
 4. **Where compute runs on an accelerator**, any source that is not cheap gets CPU cores − 1 workers, at
-   most :data:`MAX_WORKERS` (seed 003's rule: the host's cores are otherwise idle, and the main thread
-   must keep launching the device's work).
+   most :data:`MAX_WORKERS` (the usual data-loading rule: the host's cores are otherwise idle, and one is
+   left to the main thread, which must keep launching the device's work).
 
 A source that cannot be read ahead (an ``IterableDataset``, no length, a sample that raises) is not
 measured and keeps the Trainer's defaults; the reason says so.

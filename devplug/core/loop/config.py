@@ -53,7 +53,7 @@ class TrainerConfig:
       written under ``log_dir``) and logger objects (a ``devplug_log(point)`` method); default TensorBoard
       when ``log_dir`` is set. Device-neutral plugins implementing ``devplug_log`` receive the points too.
     - ``profile``: a profiler window, ``"steps 10-15"``: ``torch.profiler`` over those steps (data wait
-      included), a trace under ``log_dir/profiler`` for TensorBoard or Perfetto (:mod:`devplug.core.observe.profiling`).
+      included), a trace under ``log_dir/profiler`` for TensorBoard or Perfetto.
     - ``price_per_hour``: what the whole job costs per hour (any currency): samples per dollar in logs and summary.
     - ``count_flops``: count one step's FLOPs (``FlopCounterMode``, step 2) for MFU; False skips it.
     - ``log_every``: steps between log points, the only places values are read back from the device.
@@ -68,7 +68,7 @@ class TrainerConfig:
       ``static_graph``: DistributedDataParallel options over the plugin's defaults (``None`` keeps them).
     - ``device_options``: free-form options for the device plugin (see each plugin's docs).
     - ``stop_signals``: signals that end ``epochs()`` at the next step boundary (default SIGINT, SIGTERM,
-      SIGUSR1; ``()`` leaves every signal alone); see :mod:`devplug.core.loop.signals`.
+      SIGUSR1; ``()`` leaves every signal alone).
     - ``checkpoints``: a :class:`~devplug.CheckpointPolicy`: periodic, best-k and end-of-run checkpoints
       into one folder, and auto-resume from its newest intact one.
     """

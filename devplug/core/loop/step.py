@@ -31,7 +31,7 @@ class StepRoute:
 
     ``region`` and ``mark_step`` run several times per step. Where no device plugin implements them (the
     fallback marks no region; an eager device marks no step), the step neither calls them nor enters a
-    context manager for them, so a step costs what the author's own loop would (issue 15's floor).
+    context manager for them, so a step costs no more than the author's own loop would.
     """
 
     def __init__(self, hooks: DeviceHooks, profiler: StepProfiler, fallback: str) -> None:

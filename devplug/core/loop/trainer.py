@@ -52,7 +52,7 @@ class Trainer:
 
     ``setup`` a model, build its ``optimizer`` and ``dataloader``, then loop over ``epochs`` with
     ``autocast``, ``backward``, ``step`` and ``log`` (docs/trainer.md). Options are
-    :class:`~devplug.core.loop.config.TrainerConfig` fields, given as keyword arguments or as ``config=``;
+    :class:`~devplug.TrainerConfig` fields, given as keyword arguments or as ``config=``;
     ``plugin_manager`` replaces the process-wide one (tests, embedding).
     """
 
