@@ -136,7 +136,11 @@ def test_explicit_pin_memory_wins_on_cuda_and_workers_are_tuned():
     assert told.loader.pin_memory is False and told.loader.num_workers == 2 and told.reason == ""
 
 
-def test_measuring_changes_neither_the_batches_nor_the_global_random_state():
+def test_measuring_changes_neither_the_batches_nor_the_global_random_state(monkeypatch):
+    # Whatever the machine's load, the measured source counts as cheap: the decision (0 workers) is fixed,
+    # the measurement still runs, and what is compared is the batches and the random state.
+    monkeypatch.setattr("devplug.core.data.tuning.CHEAP_BATCH_SECONDS", 60.0)
+    monkeypatch.setattr("devplug.core.data.tuning.CPU_WORKER_SAMPLE_SECONDS", 60.0)
     # The CPU plugin measures its peak FLOP/s once per process at the third step, drawing from torch's global
     # generator (devplug.core.observe.flops); do it now, so that both loaders below run after it.
     measured_matmul_flops("cpu", torch.float32)
