@@ -32,7 +32,7 @@ def wait_for_release(tensor: torch.Tensor, timeout: float = 2.0) -> bool:
     devplug's own metric reduction certain rather than likely.
     """
     deadline = time.monotonic() + timeout
-    while tensor._use_count() > 1:
+    while tensor._use_count() > 1:  # type: ignore[attr-defined]  # private, and absent from torch's stubs
         if time.monotonic() > deadline:
             return False
         time.sleep(0.0002)  # releases the GIL, which the worker thread needs
@@ -45,7 +45,8 @@ def gloo_combine() -> Callable[[bool], bool]:
 
     def combine(flag: bool) -> bool:
         value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+        # new_group answers NON_GROUP_MEMBER only to a rank outside the group, and this group has every rank
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)  # type: ignore[arg-type]
         wait_for_release(value)  # gloo lets go of the tensor a moment later (see register_exit_grace)
         return bool(value.item())
 

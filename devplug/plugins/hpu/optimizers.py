@@ -124,4 +124,6 @@ def build_optimizer(device: Device, name: str, params: Any, options: dict[str, A
     implementation = f"{HPEX_OPTIMIZERS}.{hpex_class}"
     if key == "adam":
         implementation += f"(weight_decay={kwargs['weight_decay']}) as Adam"
-    return OptimizerChoice(fused(params, **kwargs), implementation, **state.converters(hpex_class, key, options))
+    converters = state.converters(hpex_class, key, options)
+    return OptimizerChoice(fused(params, **kwargs), implementation, to_canonical=converters["to_canonical"],
+                           from_canonical=converters["from_canonical"])
