@@ -106,7 +106,7 @@ def plugin_infos(pm: DevplugPluginManager, registry: DeviceRegistry | None = Non
     return infos
 
 
-def _table(rows: list[tuple[str, ...]], indent: str = "") -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]], indent: str = "") -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 

@@ -17,12 +17,14 @@ edit here or in the docs by hand.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import re
 import sys
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
 from devplug.core.contract import hookspecs
@@ -131,13 +133,17 @@ def render_check_table() -> str:
 GENERATED_TABLES = {"hook-table": render_hook_table, "check-table": render_check_table}
 
 
+def _splice(render: Callable[[], str], match: re.Match[str]) -> str:
+    return match.group(1) + render() + match.group(2)
+
+
 def fill_generated(text: str) -> str:
     """``text`` with every ``<!-- generated: NAME -->`` block replaced by its current rendering."""
     for name, render in GENERATED_TABLES.items():
         pattern = re.compile(rf"(<!-- generated: {name} -->\n).*?(<!-- end generated: {name} -->)", re.S)
         if not pattern.search(text):
             continue
-        text = pattern.sub(lambda m, render=render: m.group(1) + render() + m.group(2), text)
+        text = pattern.sub(functools.partial(_splice, render), text)
     return text
 
 

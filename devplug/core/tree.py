@@ -17,7 +17,7 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(map_tensors(v, fn) for v in obj)
     if isinstance(obj, Mapping):
-        return type(obj)({k: map_tensors(v, fn) for k, v in obj.items()})  # type: ignore[call-arg]
+        return type(obj)({k: map_tensors(v, fn) for k, v in obj.items()})  # type: ignore[call-arg]  # dict-like
     return obj
 
 
@@ -28,7 +28,8 @@ def move_to(obj: Any, device: torch.device, *, memory_format: torch.memory_forma
     """
     if isinstance(obj, torch.nn.Module):
         if memory_format is not None:
-            return obj.to(device=device, memory_format=memory_format)
+            # Module.to takes both at once; torch declares them in separate overloads
+            return obj.to(device=device, memory_format=memory_format)  # type: ignore[call-overload]
         return obj.to(device)
 
     def _move(t: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,8 @@ def _feed(hasher: Any, obj: Any) -> None:
             tensor = tensor.to_dense()
         raw = tensor.cpu().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
         try:
-            hasher.update(memoryview(raw.numpy()))
+            # an ndarray is a buffer; numpy declares __buffer__ for Python 3.12 and newer only
+            hasher.update(memoryview(raw.numpy()))  # type: ignore[arg-type]
         except RuntimeError:  # torch without numpy
             hasher.update(bytes(raw.tolist()))
     elif isinstance(obj, Mapping):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -11,7 +11,7 @@ import torch
 def _max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The infinity norm of each tensor (NaN where one holds NaN), in one fused launch where torch has it."""
     try:
-        norms = torch._foreach_norm(tensors, float("inf"))
+        norms: Sequence[torch.Tensor] = torch._foreach_norm(tensors, float("inf"))
     except (AttributeError, RuntimeError, NotImplementedError):  # a backend without the foreach kernel
         norms = [torch.linalg.vector_norm(t, float("inf")) for t in tensors]
     return torch.stack(list(norms))
@@ -27,7 +27,7 @@ def nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     for name, tensor in named:
         if (tensor.is_floating_point() or tensor.is_complex()) and tensor.numel():
             groups[(tensor.device, tensor.dtype)].append((name, tensor.detach()))
-    bad = []
+    bad: list[str] = []
     for members in groups.values():
         finite = torch.isfinite(_max_abs([t for _, t in members])).cpu().tolist()
         bad.extend(name for (name, _), ok in zip(members, finite, strict=True) if not ok)

@@ -60,7 +60,8 @@ def remove_stale_temp_files(folder: str | os.PathLike[str]) -> list[Path]:
     Only files named by devplug for a process on this host that is no longer running are removed; those
     of a live process, of another host or of another program are kept.
     """
-    here, removed = host_tag(), []
+    here = host_tag()
+    removed: list[Path] = []
     try:
         entries = list(Path(folder).iterdir())
     except OSError:

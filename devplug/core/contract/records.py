@@ -24,7 +24,7 @@ CONTRACT_VERSION = "1.3"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def _check_device_name(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+def _check_device_name(_inst: Any, _attr: attrs.Attribute[Any], value: Any) -> None:
     if not isinstance(value, str) or not _NAME_RE.match(value):
         raise ValueError(
             f"invalid device name {value!r}: use lower-case letters, digits and '_', starting with a letter "
@@ -82,7 +82,7 @@ class DeviceSpec:
     generic: bool = attrs.field(default=False, kw_only=True, validator=attrs.validators.instance_of(bool))
 
     @torch_type.validator
-    def _check_torch_type(self, _attr: attrs.Attribute, value: str | None) -> None:
+    def _check_torch_type(self, _attr: attrs.Attribute[Any], value: str | None) -> None:
         if value is not None and not isinstance(value, str):
             raise TypeError(f"DeviceSpec.torch_type must be a str, got {value!r}")
 
@@ -141,7 +141,7 @@ class Device:
 StateConverter = Callable[[torch.optim.Optimizer, Mapping[str, Any]], dict[str, Any]]
 
 
-def _check_converters(inst: OptimizerChoice, _attr: attrs.Attribute, _value: Any) -> None:
+def _check_converters(inst: OptimizerChoice, _attr: attrs.Attribute[Any], _value: Any) -> None:
     if (inst.to_canonical is None) != (inst.from_canonical is None):
         raise ValueError("OptimizerChoice needs both to_canonical and from_canonical, or neither")
 
@@ -272,7 +272,11 @@ class ImageFolderSource:
 AUTOMATIC_LOADER_OPTIONS = frozenset({"num_workers", "pin_memory", "prefetch_factor"})
 
 
-def _check_automatic(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+def _frozen_names(value: Iterable[str]) -> frozenset[str]:
+    return frozenset(value)
+
+
+def _check_automatic(_inst: Any, _attr: attrs.Attribute[Any], value: Any) -> None:
     unknown = set(value) - AUTOMATIC_LOADER_OPTIONS
     if unknown:
         raise ValueError(f"LoaderOptions.automatic names {sorted(unknown)}, which devplug does not choose; "
@@ -303,7 +307,7 @@ class LoaderOptions:
     world_size: int = 1
     collate_fn: Callable[..., Any] | None = None
     sampler: Any = None
-    automatic: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset, validator=_check_automatic)
+    automatic: frozenset[str] = attrs.field(default=frozenset(), converter=_frozen_names, validator=_check_automatic)
 
 
 @attrs.frozen
@@ -352,7 +356,11 @@ class LogPoint:
     final: bool = False
 
 
-def _strings(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _string_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _strings(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if not all(isinstance(item, str) and item.strip() for item in value):
         raise ValueError(f"DoctorReport.{attribute.name} must hold non-empty strings, got {value!r}")
 
@@ -368,8 +376,8 @@ class DoctorReport:
     prefix (``"NCCL_*"``). ``incompatible`` and ``warnings``: one line each, found on this machine.
     """
 
-    packages: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)
+    packages: tuple[str, ...] = attrs.field(default=(), converter=_string_tuple, validator=_strings)
     versions: Mapping[str, str] = attrs.field(factory=dict)
-    env: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)
-    incompatible: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)
-    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_strings)
+    env: tuple[str, ...] = attrs.field(default=(), converter=_string_tuple, validator=_strings)
+    incompatible: tuple[str, ...] = attrs.field(default=(), converter=_string_tuple, validator=_strings)
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=_string_tuple, validator=_strings)

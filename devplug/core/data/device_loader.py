@@ -133,7 +133,7 @@ class DeviceLoader:
         return self.train and self.index == 0
 
     def __len__(self) -> int:
-        return len(self.choice.loader)  # type: ignore[arg-type]
+        return len(self.choice.loader)  # type: ignore[arg-type]  # TypeError for a loader without one
 
     def length(self) -> float:
         """Batches per epoch, or ``inf`` when the loader does not say."""

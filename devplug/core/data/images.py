@@ -105,7 +105,7 @@ def load_rgb(path: str | os.PathLike[str], size: int, *, draft: bool = True, mar
     from PIL import Image, ImageOps
 
     try:
-        image = Image.open(path)
+        image: Image.Image = Image.open(path)
     except Image.DecompressionBombError as exc:
         raise ImageTooLarge(too_large_message(exc)) from None
     with image:

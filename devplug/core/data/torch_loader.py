@@ -236,7 +236,7 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
     """
     dataset = as_dataset(source)
     try:
-        size = len(dataset)  # type: ignore[arg-type]
+        size = len(dataset)  # type: ignore[arg-type]  # TypeError without one
     except TypeError:
         size = None
     if size == 0:

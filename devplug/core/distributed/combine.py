@@ -34,7 +34,7 @@ def wait_for_release(tensor: torch.Tensor, timeout: float = 2.0) -> bool:
     devplug's own metric reduction certain rather than likely.
     """
     deadline = time.monotonic() + timeout
-    while tensor._use_count() > 1:
+    while tensor._use_count() > 1:  # type: ignore[attr-defined]  # private, and absent from torch's stubs
         if time.monotonic() > deadline:
             return False
         time.sleep(0.0002)  # releases the GIL, which the worker thread needs
@@ -63,7 +63,9 @@ class RankCombiner:
     """
 
     def __init__(self, timeout: timedelta | None = None) -> None:
-        self.group = dist.new_group(backend="gloo", timeout=timeout) if timeout else dist.new_group(backend="gloo")
+        group = dist.new_group(backend="gloo", timeout=timeout) if timeout else dist.new_group(backend="gloo")
+        assert isinstance(group, dist.ProcessGroup)  # every rank is a member (others would get a marker value)
+        self.group = group
 
     def max(self, value: int) -> int:
         """The largest of every rank's ``value``."""

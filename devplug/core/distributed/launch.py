@@ -42,7 +42,9 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
 
 def _split_top_level(text: str) -> list[str]:
     """Split on commas outside brackets: ``"a[1,2],b"`` → ``["a[1,2]", "b"]``."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         if char == "[":
             depth += 1

@@ -11,6 +11,7 @@ torch that lacks the API: the core fallback uses these, and plugins reach them t
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import platform
@@ -116,7 +117,8 @@ def memory_stats(device: torch.device) -> MemoryStats | None:
         for field, name in (("allocated", "memory_allocated"), ("reserved", "memory_reserved"),
                             ("peak_allocated", "max_memory_allocated"))
     }
-    figures = {field: _bytes(lambda fn=fn: fn(device)) if fn is not None else None for field, fn in readers.items()}
+    figures = {field: _bytes(functools.partial(fn, device)) if fn is not None else None
+               for field, fn in readers.items()}
     total = _bytes(lambda: info(device)[1]) if info is not None else None
     if total is None and not any(v is not None for v in figures.values()):
         return None

@@ -44,7 +44,8 @@ class StepRoute:
         """The device plugin's mark for region ``name``, inside a ``record_function`` range while profiling."""
         if not self.marks_regions:
             return NO_REGION if not self.profiler.active else self.profiler.region(name, NO_REGION)
-        return self.profiler.region(name, self.hooks(spec.devplug_region, name=name) or NO_REGION)
+        mark = self.hooks(spec.devplug_region, name=name)
+        return self.profiler.region(name, mark or NO_REGION)
 
     def plain(self) -> bool:
         """True when no region is marked now: the step enters no context manager of its own."""

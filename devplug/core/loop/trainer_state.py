@@ -9,6 +9,7 @@ or nothing.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -135,7 +136,7 @@ class TrainerState:
         return dict(state["extra"])
 
 
-def restore(state: Mapping[str, Any], natives: Mapping[str, Mapping[str, Any]], *,
+def restore(state: Mapping[str, Any], natives: Mapping[str, dict[str, Any]], *,
             modules: Mapping[str, torch.nn.Module], optimizers: Mapping[str, OptimizerChoice], scaler: Any,
             device_module: Any, path: Any) -> None:
     """Load a checked ``state`` into optimizers (``natives``: their converted states), scaler, modules and RNGs.
@@ -148,7 +149,7 @@ def restore(state: Mapping[str, Any], natives: Mapping[str, Mapping[str, Any]], 
         for key, choice in optimizers.items():
             optimizer = choice.optimizer
             before = {"state": optimizer.state, "param_groups": optimizer.param_groups}  # load_state_dict replaces both
-            undo.append(lambda optimizer=optimizer, before=before: optimizer.__setstate__(before))
+            undo.append(functools.partial(optimizer.__setstate__, before))
             optimizer.load_state_dict(natives[key])
         if scaler is not None and state["scaler"]:
             scaler_before = scaler.state_dict()
@@ -156,7 +157,7 @@ def restore(state: Mapping[str, Any], natives: Mapping[str, Mapping[str, Any]], 
             scaler.load_state_dict(state["scaler"])
         for key, module in modules.items():
             module_before = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-            undo.append(lambda module=module, module_before=module_before: _copy_back(module, module_before))
+            undo.append(functools.partial(_copy_back, module, module_before))
             module.load_state_dict(state["modules"][key])
         rng_before = rng.rng_state(device_module)
         undo.append(lambda: rng.restore_rng_state(rng_before, device_module))

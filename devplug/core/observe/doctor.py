@@ -90,7 +90,7 @@ def diagnose(pm: DevplugPluginManager) -> Diagnosis:
         except PluginError as exc:
             diagnosis.warnings.append(Finding(impl.plugin_name, f"its doctor hook failed: {exc}"))
             continue
-        if report is not None:
+        if isinstance(report, DoctorReport):  # or None: the guard let nothing else through
             _merge(diagnosis, impl.plugin_name, report)
     return diagnosis
 

@@ -89,6 +89,7 @@ class StepProfiler:
         activities = self._activities() or [torch.profiler.ProfilerActivity.CPU]
         self._profiler = torch.profiler.profile(activities=activities, record_shapes=False)
         self._profiler.__enter__()
+        # (ignored: mypy takes the window for optional, and a profiler starts only inside it)
         log.info("profiling steps %d-%d (%s)", *self.window, ", ".join(a.name for a in activities))  # type: ignore[misc]
 
     def stop(self) -> str | None:

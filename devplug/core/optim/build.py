@@ -62,7 +62,7 @@ def own_choice(cls: type[torch.optim.Optimizer], params: list[Any], options: dic
 
 
 def _param_ids(params: Iterable[Any]) -> set[int]:
-    ids = set()
+    ids: set[int] = set()
     for item in params:
         if isinstance(item, Mapping):
             ids.update(id(p) for p in item["params"])

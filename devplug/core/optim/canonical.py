@@ -87,6 +87,7 @@ def export_state(choice: OptimizerChoice) -> dict[str, Any]:
     if canonical is None:
         entry.update(layout=NATIVE, state=native, reason=reason)
     else:
+        # cls is not None wherever canonical is (mypy cannot tell)
         entry.update(layout=CANONICAL, state=normalize(canonical, cls), reason="")  # type: ignore[arg-type]
     return entry
 

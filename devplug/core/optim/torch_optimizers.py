@@ -42,18 +42,25 @@ def torch_optimizer_class(name: str) -> type[torch.optim.Optimizer]:
     return getattr(torch.optim, cls_name)
 
 
-@functools.cache
+# Computed once per class. Not functools.cache: mypy does not accept a class for the Hashable arguments of
+# its wrapper, so every caller passing a type[Optimizer] would fail to type-check.
+_DEFAULTS: dict[type[torch.optim.Optimizer], dict[str, Any]] = {}
+
+
 def torch_optimizer_defaults(cls: type[torch.optim.Optimizer]) -> dict[str, Any]:
     """The keyword defaults of a torch optimizer's constructor, e.g. ``{"lr": 0.001, "betas": ...}``.
 
     Plugins mapping an author's options onto a vendor optimizer start from these, so an option the author
     left out behaves as it would in ``torch.optim``.
     """
-    return {
-        name: p.default
-        for name, p in inspect.signature(cls).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }
+    defaults = _DEFAULTS.get(cls)
+    if defaults is None:
+        defaults = _DEFAULTS[cls] = {
+            name: p.default
+            for name, p in inspect.signature(cls).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
+    return defaults
 
 
 #: torch.optim implementations faster than the default loop, fastest first (constructor options).
@@ -81,7 +88,8 @@ def torch_kernel(name: str, device_type: str) -> tuple[str, str]:
             continue
         try:
             param.grad = torch.zeros_like(param)
-            cls([param], **{kernel: True}).step()
+            # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
+            cls([param], **{kernel: True}).step()  # type: ignore[arg-type]
         except Exception as exc:  # whatever torch raises for a kernel it lacks on this device type
             reasons.append(f"no {kernel} {cls.__name__} for {device_type!r} in this torch ({_first_line(exc)})")
             continue
@@ -110,7 +118,9 @@ def fastest_torch_optimizer(device: Device, name: str, params: Any, options: dic
     kernel, reason = torch_kernel(name.lower(), device.torch_device.type)
     if kernel:
         try:
-            return OptimizerChoice(cls(params, **{kernel: True}, **options), f"{base}({kernel}=True)", reason)
+            # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
+            optimizer = cls(params, **{kernel: True}, **options)  # type: ignore[arg-type]
+            return OptimizerChoice(optimizer, f"{base}({kernel}=True)", reason)
         except (RuntimeError, ValueError, TypeError) as exc:  # e.g. fused with differentiable=True
             reason = f"{kernel}=True does not take these options ({exc})"
     return OptimizerChoice(cls(params, **options), base, reason)

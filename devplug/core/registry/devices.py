@@ -212,7 +212,7 @@ class DeviceHooks:
         """Call the hook ``spec`` (a function of :mod:`devplug.core.contract.hookspecs`) with keyword arguments."""
         if args:
             raise TypeError("hook arguments are passed by keyword")
-        return self._callers[spec.__name__](**kwargs)  # type: ignore[no-any-return]
+        return self._callers[spec.__name__](**kwargs)
 
 
 def _direct_call(caller: Any, device: Device) -> Callable[..., Any] | None:

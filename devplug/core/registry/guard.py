@@ -18,11 +18,14 @@ import functools
 import types
 import typing
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from devplug.core.errors import DevplugError, PluginError
+
+if TYPE_CHECKING:
+    from pluggy._hooks import HookSpec  # pluggy names it in annotations without exporting it
 
 
 @functools.cache
@@ -92,7 +95,7 @@ class HookLabel:
         )
 
 
-def guard_hookimpl(impl: pluggy.HookImpl, spec: pluggy.HookSpec | None, distribution: str) -> None:
+def guard_hookimpl(impl: pluggy.HookImpl, spec: HookSpec | None, distribution: str) -> None:
     """Replace ``impl.function`` by a checked call (idempotent); old-style ``hookwrapper`` impls are left alone."""
     if impl.hookwrapper or getattr(impl.function, "__devplug_guarded__", False):
         return
@@ -100,9 +103,9 @@ def guard_hookimpl(impl: pluggy.HookImpl, spec: pluggy.HookSpec | None, distribu
     classes = expected_types(spec.function) if spec is not None else ()
     firstresult = bool(spec is not None and spec.opts.get("firstresult"))
     function = impl.function
-    guarded = _guard_wrapper(function, label, classes, firstresult) if impl.wrapper else _guard_call(
-        function, label, classes)
-    guarded.__devplug_guarded__ = True  # type: ignore[attr-defined]
+    guarded: Callable[..., Any] = _guard_wrapper(function, label, classes, firstresult) if impl.wrapper else (
+        _guard_call(function, label, classes))
+    guarded.__devplug_guarded__ = True  # type: ignore[attr-defined]  # a mark for the idempotence check above
     impl.function = guarded  # type: ignore[misc]  # pluggy calls impl.function; argnames stay the original's
 
 

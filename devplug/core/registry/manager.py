@@ -289,6 +289,10 @@ def _import_builtin(module: str) -> Callable[[], Any]:
     return lambda: importlib.import_module(module)
 
 
+def _already_loaded(obj: Any) -> Callable[[], Any]:
+    return lambda: obj
+
+
 def builtin_sources() -> list[PluginSource]:
     """The built-in device plugins as plugin sources."""
     return [PluginSource(name, BUILTIN_DISTRIBUTION, _import_builtin(mod)) for name, mod in BUILTIN_PLUGINS]
@@ -344,11 +348,11 @@ def create_plugin_manager(
     pm.blocked_names = {n.lower() for n in (names_from_env(ENV_BLOCK) if blocked is None else blocked)}
     pm.preferred = tuple(n.lower() for n in (names_from_env(ENV_PREFER) if preferred is None else preferred))
     pm.autoload = not env_flag(ENV_DISABLE_AUTOLOAD) if autoload is None else autoload
-    extras = []
+    extras: list[PluginSource] = []
     for extra in extra_plugins:
         name, obj = extra if isinstance(extra, tuple) else (getattr(extra, "__name__", None), extra)
         name = name or f"plugin-{id(obj):x}"
-        extras.append(PluginSource(name, RUNTIME_DISTRIBUTION, lambda obj=obj: obj))
+        extras.append(PluginSource(name, RUNTIME_DISTRIBUTION, _already_loaded(obj)))
     third_party = entry_point_sources() if pm.autoload else []
     sources = builtin_sources() + third_party[::-1] + extras
     _check_switches(pm, [FALLBACK_NAME] + [s.name for s in sources])

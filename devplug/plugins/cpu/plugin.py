@@ -55,7 +55,8 @@ def supports_fused(name: str) -> bool:
         return False
     param = torch.nn.Parameter(torch.zeros(1))
     try:
-        torch_optimizer_class(name)([param], lr=0.1, fused=True)
+        # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
+        torch_optimizer_class(name)([param], lr=0.1, fused=True)  # type: ignore[call-arg]
     except (RuntimeError, ValueError, TypeError):
         return False
     return True
@@ -68,7 +69,9 @@ def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str,
     if "fused" in options or "foreach" in options or not supports_fused(key):
         return None
     cls = torch_optimizer_class(key)
-    return OptimizerChoice(cls(params, fused=True, **options), f"torch.optim.{cls.__name__}(fused=True)")
+    # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
+    optimizer = cls(params, fused=True, **options)  # type: ignore[call-arg]
+    return OptimizerChoice(optimizer, f"torch.optim.{cls.__name__}(fused=True)")
 
 
 @functools.cache

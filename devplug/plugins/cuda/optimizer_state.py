@@ -28,12 +28,13 @@ FUSED_ADAM, FUSED_SGD = "apex.optimizers.FusedAdam", "apex.optimizers.FusedSGD"
 
 def fused_adam_to_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
     """apex ``FusedAdam`` state in torch.optim.Adam's layout (``decoupled_weight_decay`` from ``adam_w_mode``)."""
+    # adam_w_mode: apex FusedAdam's own attribute
     return bias_corrected_to_canonical(state, decoupled=bool(optimizer.adam_w_mode))  # type: ignore[attr-defined]
 
 
 def fused_adam_from_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
     """torch.optim.Adam/AdamW state for apex ``FusedAdam``: one step count per group, apex's group keys."""
-    decoupled = bool(optimizer.adam_w_mode)  # type: ignore[attr-defined]
+    decoupled = bool(optimizer.adam_w_mode)  # type: ignore[attr-defined]  # apex FusedAdam's own attribute
     for group in state["param_groups"]:
         if group.get("weight_decay") and bool(group.get("decoupled_weight_decay")) != decoupled:
             kinds = ("L2", "decoupled") if decoupled else ("decoupled", "L2")

@@ -21,7 +21,7 @@ import functools
 import importlib
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -134,7 +134,7 @@ def apex_arguments(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any
 
 
 @functools.cache
-def with_set_to_none(cls: type) -> type:
+def with_set_to_none(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
     """``cls`` itself when its ``zero_grad`` accepts ``set_to_none``; else a subclass whose one does.
 
     apex's fused optimizers define ``zero_grad(self)`` without torch's ``set_to_none`` argument, which
@@ -154,7 +154,7 @@ def with_set_to_none(cls: type) -> type:
 
     namespace = {"zero_grad": zero_grad, "__module__": __name__, "__doc__": cls.__doc__,
                  "__qualname__": cls.__qualname__}
-    return type(cls.__name__, (cls,), namespace)
+    return cast("type[torch.optim.Optimizer]", type(cls.__name__, (cls,), namespace))
 
 
 def _describe(prefix: str, kwargs: Mapping[str, Any]) -> str:
@@ -195,9 +195,13 @@ def build_torch(name: str, params: list[Any], options: Mapping[str, Any], reason
         chosen = {k: options[k] for k in ("fused", "foreach") if k in options}
         return OptimizerChoice(cls(params, **options), _describe(base, chosen), reason)
     if key in TORCH_FUSED and "fused" in accepted and not options.get("differentiable", False):
-        return OptimizerChoice(cls(params, fused=True, **options), f"{base}(fused=True)", reason)
+        # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
+        optimizer = cls(params, fused=True, **options)  # type: ignore[call-arg]
+        return OptimizerChoice(optimizer, f"{base}(fused=True)", reason)
     if "foreach" in accepted:
-        return OptimizerChoice(cls(params, foreach=True, **options), f"{base}(foreach=True)", reason)
+        # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
+        optimizer = cls(params, foreach=True, **options)  # type: ignore[call-arg]
+        return OptimizerChoice(optimizer, f"{base}(foreach=True)", reason)
     return OptimizerChoice(cls(params, **options), base, reason)
 
 

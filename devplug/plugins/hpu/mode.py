@@ -66,7 +66,7 @@ def mark_step(device: Device, phase: Phase) -> None:
         rt.htcore.mark_step()
 
 
-def compile_module(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module:
+def compile_module(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> Any:
     """``torch.compile(module, backend="hpu_backend")`` in eager mode; the module unchanged in lazy mode.
 
     Lazy mode already compiles whole graphs between ``mark_step`` calls, and ``hpu_backend`` is an

@@ -125,4 +125,5 @@ def build_optimizer(device: Device, name: str, params: Any, options: dict[str, A
     if key == "adam":
         implementation += f"(weight_decay={kwargs['weight_decay']}) as Adam"
     converters = optimizer_state.converters(hpex_class, key, options)
-    return OptimizerChoice(fused(params, **kwargs), implementation, **converters)
+    return OptimizerChoice(fused(params, **kwargs), implementation, to_canonical=converters["to_canonical"],
+                           from_canonical=converters["from_canonical"])
