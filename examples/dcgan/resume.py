@@ -20,7 +20,7 @@ from typing import Any
 
 from devplug import CheckpointError, CheckpointMismatchError, NonFiniteLossError, Trainer
 
-from .cli import CHECKPOINT_RE, checkpoints_newest_first
+from .checkpoints import CHECKPOINT_RE, checkpoints_newest_first
 
 Say = Callable[..., None]
 
