@@ -1,8 +1,9 @@
 """Pieces the DCGAN benchmarks share: the example's training step, loader streams, a demo image folder.
 
 The training step (``DCGANStep``), models, data sets, image cache and ``to_unit_range`` are imported from
-``examples/`` unchanged, so the benchmarks time exactly what ``examples/dcgan.py`` runs. The demo folder
-(``make_demo_folder``) lives in ``_photos.py``, which imports no devplug, and is re-exported here.
+the example's package (``examples/dcgan/``) unchanged, so the benchmarks time exactly what
+``examples/dcgan.py`` runs. The demo folder (``make_demo_folder``) lives in ``_photos.py``, which imports no
+devplug, and is re-exported here.
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ from pathlib import Path
 from typing import Any
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-if str(EXAMPLES) not in sys.path:
+if str(EXAMPLES) not in sys.path:  # the example's package, dcgan, is the folder examples/dcgan/
     sys.path.insert(0, str(EXAMPLES))
 
 from _photos import make_demo_folder  # noqa: E402
-from dcgan import DCGANStep, to_unit_range  # noqa: E402
-from dcgan_lib.data import prepare_cache  # noqa: E402
-from dcgan_lib.default_data import FakeImages, ShapesDataset  # noqa: E402
-from dcgan_lib.models import PRESETS, ModelSpec  # noqa: E402
 
 import devplug  # noqa: E402
+
+from dcgan.cache import prepare_cache  # noqa: E402
+from dcgan.embedded_data import FakeImages, ShapesDataset  # noqa: E402
+from dcgan.models import PRESETS, ModelSpec  # noqa: E402
+from dcgan.step import DCGANStep, to_unit_range  # noqa: E402
 
 __all__ = [
     "PRESETS",

@@ -24,15 +24,13 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
+import devplug
+
+from dcgan.cache import prepare_cache, writer  # examples/dcgan/cache/
+
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = REPO / "examples"
-SCRIPT = EXAMPLES / "dcgan.py"
-sys.path.insert(0, str(EXAMPLES))
-
-from dcgan_lib import cachefile  # noqa: E402
-from dcgan_lib.data import prepare_cache  # noqa: E402
-
-import devplug  # noqa: E402
+#: The import path of the scripts run in a child process: devplug and the example's package dcgan.
+CHILD_PYTHONPATH = os.pathsep.join([str(REPO), str(REPO / "examples")])
 
 
 def write_jpegs(folder: Path, count: int, size: tuple[int, int] = (48, 36)) -> list[Path]:
@@ -81,7 +79,7 @@ def leftovers(directory: Path) -> list[str]:
 def run_script(code: str, *args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, list[int]]:
     """Run ``code`` (Python) in its own session; the result and the session's processes still alive after it."""
     process = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                               text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH})
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:  # e.g. a stranded worker keeps the output pipe open
@@ -93,16 +91,15 @@ def run_script(code: str, *args: str, timeout: float = 60) -> tuple[subprocess.C
 
 #: Runs the example's main(argv); with "nocheck" first, the free-space check is skipped, so the disk fills
 #: while the cache is written.
-RUN_EXAMPLE = f"""
+RUN_EXAMPLE = """
 import sys
-sys.path.insert(0, {str(EXAMPLES)!r})
-import dcgan_lib.data as data
+import dcgan.cache.prepare as prepare
 args = sys.argv[1:]
 if args[0] == "nocheck":
     args = args[1:]
-    data._check_space = lambda *a: None
-import dcgan
-sys.exit(dcgan.main(args))
+    prepare._check_space = lambda *a: None
+from dcgan import train
+sys.exit(train.main(args))
 """
 
 
@@ -163,7 +160,7 @@ def test_a_write_error_during_the_build_stops_the_workers_and_removes_the_file(t
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(cachefile.os, "pwrite", filling_pwrite)
+    monkeypatch.setattr(writer.os, "pwrite", filling_pwrite)
     with pytest.raises(devplug.DataError, match=r"disk filled up while writing the image cache .*--cache-dir"):
         prepare_cache(tmp_path / "images", 32, tmp_path / "cache", workers=2)
     assert leftovers(tmp_path / "cache") == []
@@ -172,7 +169,7 @@ def test_a_write_error_during_the_build_stops_the_workers_and_removes_the_file(t
 
 def test_too_little_space_names_the_need_the_free_space_and_cache_dir(tmp_path, monkeypatch):
     write_jpegs(tmp_path / "images", 10)
-    monkeypatch.setattr(cachefile.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 5000))
+    monkeypatch.setattr(writer.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 5000))
     with pytest.raises(devplug.DataError) as info:
         prepare_cache(tmp_path / "images", 16, tmp_path / "cache", workers=0)
     message = str(info.value)
@@ -183,18 +180,13 @@ def test_too_little_space_names_the_need_the_free_space_and_cache_dir(tmp_path, 
 # ---- a killed build ---------------------------------------------------------------------------------
 
 #: Builds a cache with slowed decoding in 2 workers (so it is still running when the test kills it).
-SLOW_BUILD = f"""
+SLOW_BUILD = """
 import sys, time
-sys.path.insert(0, {str(EXAMPLES)!r})
-import dcgan_lib.data as data
-try:
-    import dcgan_lib.decode_pool as pool
-    slow, name = pool, "load_rgb"
-except ImportError:
-    slow, name = data, "decode_image"
-original = getattr(slow, name)
-setattr(slow, name, lambda *a, **k: (time.sleep(0.01), original(*a, **k))[1])
-data.prepare_cache(sys.argv[1], 64, sys.argv[2], workers=2)
+import dcgan.cache.decode_pool as pool
+from dcgan.cache import prepare_cache
+original = pool.load_rgb
+pool.load_rgb = lambda *a, **k: (time.sleep(0.01), original(*a, **k))[1]
+prepare_cache(sys.argv[1], 64, sys.argv[2], workers=2)
 """
 
 
@@ -203,7 +195,7 @@ def test_sigkill_during_a_build_leaves_no_process_and_the_next_build_cleans_up(t
     write_jpegs(tmp_path / "images", 400)
     cache = tmp_path / "cache"
     process = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, str(tmp_path / "images"), str(cache)],
-                               start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                               start_new_session=True, env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH})
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (

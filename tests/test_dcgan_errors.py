@@ -1,4 +1,4 @@
-"""examples/dcgan.py on bad input: one clear ``dcgan: error:`` line on stderr, exit status 2, no traceback."""
+"""The DCGAN example on bad input: one clear ``dcgan: error:`` line on stderr, exit status 2, no traceback."""
 
 from __future__ import annotations
 
@@ -7,18 +7,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_dcgan import TINY, write_images
+
+from dcgan import train as example  # examples/dcgan/train.py
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "dcgan.py"
-sys.path.insert(0, str(REPO / "examples"))
-
-import dcgan  # noqa: E402  (examples/dcgan.py)
-from test_dcgan import TINY, write_images  # noqa: E402
 
 
 def fails_with(capsys, argv: list[str], *needles: str) -> str:
     """Run in-process; assert status 2 and exactly one stderr line that contains every needle."""
-    status = dcgan.main([*TINY, "--steps", "2", *argv])
+    status = example.main([*TINY, "--steps", "2", *argv])
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert status == 2, err
@@ -73,7 +72,7 @@ def test_unavailable_device(tmp_path, capsys):
 
 def test_unavailable_device_from_environment(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DEVPLUG_DEVICE", "tpu9")
-    status = dcgan.main(["--no-progress", "--steps", "1", "--out", str(tmp_path / "o")])
+    status = example.main(["--no-progress", "--steps", "1", "--out", str(tmp_path / "o")])
     assert status == 2 and "unknown device 'tpu9'" in capsys.readouterr().err
 
 
@@ -92,7 +91,7 @@ def test_corrupt_checkpoint(tmp_path, capsys):
 
 
 def test_checkpoint_of_another_model(tmp_path, capsys):
-    assert dcgan.main([*TINY, "--steps", "1", "--out", str(tmp_path / "small")]) == 0
+    assert example.main([*TINY, "--steps", "1", "--out", str(tmp_path / "small")]) == 0
     capsys.readouterr()
     checkpoint = tmp_path / "small" / "checkpoints" / "step_0000001.pt"
     line = fails_with(capsys, ["--ngf", "8", "--resume", str(checkpoint), "--out", str(tmp_path / "o")],
@@ -102,7 +101,7 @@ def test_checkpoint_of_another_model(tmp_path, capsys):
 
 def test_bad_flag_values_are_rejected_by_argparse(capsys):
     with pytest.raises(SystemExit) as info:
-        dcgan.main(["--batch-size", "0"])
+        example.main(["--batch-size", "0"])
     assert info.value.code == 2 and "--batch-size" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""examples/dcgan.py checks every input before the first training step: one ``dcgan: error:`` line, status 2.
+"""The DCGAN example checks every input before the first training step: one ``dcgan: error:`` line, status 2.
 
 Each bad input is run in-process with the training step replaced by one that fails the test, so "before
 the first step" is checked, not assumed; a few also run through the real script (no traceback). Data
@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_dcgan import TINY, write_images
+from test_image_formats import decompression_bomb, latin1_names
+
+from dcgan import train as example  # examples/dcgan/train.py
+from dcgan.step import DCGANStep
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "dcgan.py"
-sys.path.insert(0, str(REPO / "examples"))
-
-import dcgan  # noqa: E402  (examples/dcgan.py)
-from test_dcgan import TINY, write_images  # noqa: E402
-from test_image_formats import decompression_bomb, latin1_names  # noqa: E402
 
 
 @pytest.fixture
@@ -31,13 +31,13 @@ def no_step(monkeypatch):
     def step(self, real):
         raise AssertionError("a training step ran before the bad input was reported")
 
-    monkeypatch.setattr(dcgan.DCGANStep, "__call__", step)
+    monkeypatch.setattr(DCGANStep, "__call__", step)
 
 
 def bad_input(capsys, argv: list[str], *needles: str) -> str:
     """Run the example in-process; assert status 2 and one ``dcgan: error:`` line holding every needle."""
     try:
-        status = dcgan.main([*TINY, "--steps", "2", *argv])
+        status = example.main([*TINY, "--steps", "2", *argv])
     except SystemExit as exc:  # argparse
         status = exc.code
     err = capsys.readouterr().err
@@ -131,7 +131,7 @@ def test_a_batch_too_large_for_memory_fails_before_the_first_step(tmp_path, caps
 
 
 def test_the_largest_seed_trains(tmp_path):
-    assert dcgan.main([*TINY, "--steps", "3", "--seed", str(2**63 - 1), "--data", "fake", "--batch-size", "4",
+    assert example.main([*TINY, "--steps", "3", "--seed", str(2**63 - 1), "--data", "fake", "--batch-size", "4",
                        "--out", str(tmp_path / "o")]) == 0
 
 
@@ -149,7 +149,7 @@ def test_a_decompression_bomb_does_not_stop_a_no_cache_run(tmp_path, caplog):
     write_images(folder, 8, classes=False)
     decompression_bomb(folder / "huge.png")
     with caplog.at_level("WARNING", logger="devplug.core.data.torch_loader"):
-        assert dcgan.main([*TINY, "--data", str(folder), "--no-cache", "--batch-size", "9", "--steps", "2",
+        assert example.main([*TINY, "--data", str(folder), "--no-cache", "--batch-size", "9", "--steps", "2",
                            "--out", str(tmp_path / "run")]) == 0
     assert any("huge.png" in r.getMessage() and "MAX_IMAGE_PIXELS" in r.getMessage() for r in caplog.records)
 
@@ -158,7 +158,7 @@ def test_a_latin1_file_name_trains_and_prints_readably(tmp_path, capsys):
     folder = tmp_path / "images"
     latin1_names(folder)
     write_images(folder, 6, classes=False)
-    assert dcgan.main([*TINY, "--data", str(folder), "--cache-dir", str(tmp_path / "cache"), "--steps", "1",
+    assert example.main([*TINY, "--data", str(folder), "--cache-dir", str(tmp_path / "cache"), "--steps", "1",
                        "--out", str(tmp_path / "run")]) == 0
     assert "(first: d\\xe9j\\xe0.jpg:" in capsys.readouterr().out
 

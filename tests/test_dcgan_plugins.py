@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples"))
+import devplug
 
-import dcgan  # noqa: E402
-
-import devplug  # noqa: E402
+from dcgan import train as example  # examples/dcgan/train.py
 
 FLAKY = """
 import devplug
@@ -42,13 +36,13 @@ def plugins(tmp_path, monkeypatch, install_distribution):
 
 
 def test_auto_trains_on_the_next_device_and_says_which_plugin_failed(plugins, tmp_path, capsys):
-    assert dcgan.main([*TINY, "--device", "auto", "--out", str(tmp_path / "run")]) == 0
+    assert example.main([*TINY, "--device", "auto", "--out", str(tmp_path / "run")]) == 0
     captured = capsys.readouterr()
     assert "device cpu (plugin cpu)" in captured.out
 
 
 def test_a_device_asked_for_by_name_is_one_line_naming_the_plugin(plugins, tmp_path, capsys):
-    assert dcgan.main([*TINY, "--device", "flakydev", "--out", str(tmp_path / "run")]) == 2
+    assert example.main([*TINY, "--device", "flakydev", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith("dcgan: error: devplug_device_setup of plugin 'flaky_device' (flaky-device 0.3.1) raised "

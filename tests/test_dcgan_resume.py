@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples"))
+import devplug
 
-import dcgan  # noqa: E402
-
-import devplug  # noqa: E402
+from dcgan import train as example  # examples/dcgan/train.py
+from dcgan.step import DCGANStep
 
 TINY = ["--device", "cpu", "--precision", "32-true", "--no-progress", "--workers", "0",
         "--nz", "8", "--ngf", "4", "--ndf", "4", "--image-size", "16", "--batch-size", "4", "--data", "shapes",
@@ -21,7 +18,7 @@ TINY = ["--device", "cpu", "--precision", "32-true", "--no-progress", "--workers
 
 
 def run(*argv: str) -> int:
-    return dcgan.main([*TINY, *argv])
+    return example.main([*TINY, *argv])
 
 
 def lr_of(checkpoint: Path) -> float:
@@ -77,7 +74,7 @@ def test_resuming_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, c
 
 def _poison_after(monkeypatch, step: int) -> None:
     """Make the generator's weights NaN right after training step ``step`` (a divergence)."""
-    real = dcgan.DCGANStep.__call__
+    real = DCGANStep.__call__
     calls = {"n": 0}
 
     def diverging(self, real_images):
@@ -88,7 +85,7 @@ def _poison_after(monkeypatch, step: int) -> None:
                 next(self.net_g.parameters()).fill_(float("nan"))
         return values
 
-    monkeypatch.setattr(dcgan.DCGANStep, "__call__", diverging)
+    monkeypatch.setattr(DCGANStep, "__call__", diverging)
 
 
 @pytest.mark.parametrize(("policy", "code"), [("raise", 2), ("warn", 0), ("ignore", 0)])

@@ -1,7 +1,7 @@
 """Every pixel format, file name and folder shape an image folder may hold, through both decoders.
 
 The torch loader (``ImageFolderDataset``, ``--no-cache``) and the DCGAN example's cache
-(``dcgan_lib.data``) decode with the same function, so each case checks both, pixel values included.
+(``dcgan.cache``) decode with the same function, so each case checks both, pixel values included.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import sys
 import zlib
 from pathlib import Path
 
@@ -22,10 +21,7 @@ from devplug.core.data.images import ImageTooLarge, load_rgb
 from devplug.core.data.torch_loader import ImageFolderDataset, list_images
 from devplug.core.errors import DataError
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples"))
-
-from dcgan_lib.data import decode_image, prepare_cache  # noqa: E402
+from dcgan.cache import decode_image, prepare_cache  # examples/dcgan/
 
 SIZE = 16
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from test_trainer import SyncCounter, make_data, make_model
@@ -15,11 +12,8 @@ from devplug.core.observe.flops import measured_matmul_flops
 from devplug.plugins.cuda import peaks as cuda_peaks
 from devplug.plugins.hpu import peaks as hpu_peaks
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples"))
-
-import dcgan  # noqa: E402  (examples/dcgan.py)
-from dcgan_lib.models import PRESETS, Discriminator, Generator  # noqa: E402
+from dcgan.models import PRESETS, Discriminator, Generator  # examples/dcgan/
+from dcgan.step import DCGANStep
 
 BATCH = 16
 
@@ -49,7 +43,7 @@ def _conv_flops(model: nn.Module, x: torch.Tensor) -> list[float]:
 def _dcgan_run(steps: int, **options):
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=0, **options)
     spec = PRESETS["tiny-32"]
-    step = dcgan.DCGANStep(trainer, spec)
+    step = DCGANStep(trainer, spec)
     images = torch.rand(BATCH * 8, 3, spec.image_size, spec.image_size) * 2 - 1
     loader = trainer.dataloader(torch.utils.data.TensorDataset(images), batch_size=BATCH, num_workers=0)
     for _ in trainer.epochs(1, max_steps=steps):

@@ -19,8 +19,8 @@ from pathlib import Path
 from devplug import ConfigError
 from devplug.toolkit import display_path
 
-from .cachefile import human
 from .models import ModelSpec, parameter_counts
+from .text import human_bytes
 
 #: Folders the run writes into under ``--out``.
 OUTPUT_FOLDERS = ("checkpoints", "samples", "tensorboard")
@@ -161,11 +161,11 @@ def check_memory(spec: ModelSpec, batch_size: int, *, device_total: int | None, 
     sizes = (f"G {params_g:,} + D {params_d:,} parameters (nz {spec.nz}, ngf {spec.ngf}, ndf {spec.ndf}, "
              f"{spec.image_size}x{spec.image_size})")
     if host_available is not None and weights > host_available:
-        raise ConfigError(f"the model is too large to build: {sizes} take {human(weights)} of host memory, and "
-                          f"only {human(host_available)} is available; lower {flags}")
+        raise ConfigError(f"the model is too large to build: {sizes} take {human_bytes(weights)} of host memory, and "
+                          f"only {human_bytes(host_available)} is available; lower {flags}")
     room = device_total if device_total is not None else host_available
     where = "the device has" if device_total is not None else "only this is available:"
     if room is not None and training > room:
         raise ConfigError(f"the model is too large to train: {sizes} with a batch of {batch_size} need about "
-                          f"{human(training)} (weights, gradients, Adam state, activations), and {where} "
-                          f"{human(room)}; lower {flags}")
+                          f"{human_bytes(training)} (weights, gradients, Adam state, activations), and {where} "
+                          f"{human_bytes(room)}; lower {flags}")

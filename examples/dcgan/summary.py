@@ -1,4 +1,4 @@
-"""The run summary: images/s, images/hour and images per dollar (a GPU-vs-Gaudi report's measures) and context."""
+"""The run summary: images/s, images/hour and images per dollar (how fast and how cheaply a device trains)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Command line of ``examples/dcgan.py``: every flag, its default, and how flags become run settings."""
+"""The command line of the DCGAN example: every flag, its default, and how flags become run settings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import argparse
 import datetime
 import math
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,9 +13,10 @@ from typing import NoReturn
 
 import attrs
 
-from devplug import CheckpointError, ConfigError, DataError
+from devplug import ConfigError, DataError
 
-from .data import default_cache_dir
+from .cache import default_cache_dir
+from .checkpoints import checkpoints_newest_first, resolve_checkpoint
 from .models import PRESETS, ModelSpec
 
 #: ``--data`` values that are not folders.
@@ -24,7 +24,6 @@ EMBEDDED, FAKE = "shapes", "fake"
 #: ``--model auto``: this preset for the embedded data (fast on a laptop CPU), the other for real data.
 AUTO_MODEL_EMBEDDED, AUTO_MODEL_OTHER = "tiny-32", "naive-64"
 DEFAULT_EPOCHS = 5
-CHECKPOINT_RE = re.compile(r"^step_(\d+)\.pt$")
 
 DESCRIPTION = """\
 Train a DCGAN (pytorch/examples' architecture) with devplug: the same script on every device.
@@ -39,7 +38,8 @@ a device.
 """
 
 EPILOG = """\
-model presets (seed 000, Table 2.2; G/D trainable parameters):
+model presets (G and D: trainable parameters of the generator and the discriminator; naive-64 has
+pytorch/examples' DCGAN sizes, tiny-32 learns the embedded data in minutes on a laptop CPU):
   tiny-32   nz 64,  ngf 32,  ndf 32,  32x32     G 296,896     D 167,808
   naive-64  nz 100, ngf 64,  ndf 64,  64x64     G 3,576,704   D 2,765,568
   safe-64   nz 256, ngf 256, ndf 64,  64x64     G 52,448,768  D 2,765,568
@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--keep-checkpoints", type=_non_negative_int, default=3,
                      help="newest checkpoints to keep, 0 keeps all (default: 3)")
     out.add_argument("--price-per-hour", type=_positive_float, default=None, metavar="DOLLARS",
-                     help="instance price; adds images per dollar to the summary (seed 000, Table 2.1)")
+                     help="what the machine costs per hour; adds images per dollar (images/hour / price) to the "
+                          "summary")
     out.add_argument("--profile", default=None, metavar="'steps A-B'",
                      help="profile steps A to B, data wait included; trace in OUT/tensorboard/profiler (TensorBoard, "
                           "Perfetto)")
@@ -227,27 +228,6 @@ class Settings:
     def data_is_folder(self) -> bool:
         """True when ``--data`` names a folder of images."""
         return self.data not in (EMBEDDED, FAKE)
-
-
-def checkpoints_newest_first(folder: Path) -> list[Path]:
-    """``step_*.pt`` files in ``folder``, newest step first."""
-    if not folder.is_dir():
-        return []
-    found = sorted(((int(m[1]), p) for p in folder.iterdir() if (m := CHECKPOINT_RE.match(p.name))), reverse=True)
-    return [path for _step, path in found]
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """``path`` itself, or for a run folder (or its ``checkpoints/``) the newest ``step_*.pt`` in it."""
-    if path.is_dir():
-        folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        found = checkpoints_newest_first(folder)
-        if not found:
-            raise CheckpointError(f"no checkpoint (step_*.pt) in {str(folder)!r} to resume from")
-        return found[0]
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
-    return path
 
 
 def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -> Settings:

@@ -18,9 +18,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from devplug import CheckpointError, CheckpointMismatchError, NonFiniteLossError, Trainer
 
-from .cli import CHECKPOINT_RE, checkpoints_newest_first
+from .checkpoints import CHECKPOINT_RE, checkpoints_newest_first
 
 Say = Callable[..., None]
 
@@ -47,11 +49,12 @@ def load_first_good(trainer: Trainer, candidates: Sequence[Path], *, fall_back: 
                           "start a new run (drop --auto-resume) or restore a checkpoint from a backup")
 
 
-def apply_overrides(trainer: Trainer, explicit: set[str], values: dict[str, float], say: Say) -> list[str]:
+def apply_overrides(optimizers: Sequence[torch.optim.Optimizer], explicit: set[str], values: dict[str, float],
+                    say: Say) -> list[str]:
     """Set ``--lr``/``--beta1`` given on the command line on every optimizer; the overrides made, as text."""
     made = []
-    for choice in trainer.optimizers.values():
-        for group in choice.optimizer.param_groups:
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
             if "lr" in explicit and group.get("lr") != values["lr"]:
                 made.append(f"--lr {values['lr']:g} (checkpoint: {group['lr']:g})")
                 group["lr"] = values["lr"]

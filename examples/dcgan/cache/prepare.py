@@ -1,20 +1,11 @@
-"""An image folder decoded once into a uint8 memory-mapped cache, so training opens no image file.
+"""Build or reuse the cache of one image folder at one image size (:func:`prepare_cache`).
 
-Seed 000's bottleneck was the data loader: every batch did thousands of ``PIL.open()`` calls on
-360×480 images only to shrink them to 64×64 for the GPU. Here the folder is decoded, resized
-(short side) and center-cropped once, out of band, into ``<cache-dir>/<name>.npy`` (N×3×S×S uint8,
-memory-mapped); training then reads slices of that file. A JSON file beside it records what it was
-built from. The cache is keyed on the image size and on every file's path, size and modification
-time, so it is reused while the folder is unchanged and rebuilt when a file is added, removed or
-touched. Unreadable images are skipped and counted; a folder with no readable image is an error.
-
-The build uses every core (:mod:`.decode_pool`, workers that die with their parent), checks the free
-space first and writes a fully allocated file (:mod:`.cachefile`): a full disk is one clear error, never
-a crash, and leaves nothing behind. Jobs share caches safely: a version in use is never deleted, and
-two jobs that need the same missing cache build it once.
-
-Batches stay uint8 until they reach the device (4× less to copy than float32); the training loop
-scales them to [-1, 1] there.
+The cache is keyed on the image size and on every file's path, size and modification time, so it is
+reused while the folder is unchanged and rebuilt when a file is added, removed or touched. Unreadable
+images are skipped and counted; a folder with no readable image is an error. The build decodes on every
+core (:mod:`.decode_pool`), checks the free space first and writes a fully allocated file
+(:mod:`.writer`); versions in use are never deleted and two jobs that need the same missing cache build it
+once (:mod:`.locks`).
 """
 
 from __future__ import annotations
@@ -26,18 +17,18 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import attrs
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from devplug import DataError
 from devplug.toolkit import available_cpus, display_path, list_images
 
-from .cachefile import CacheWriter, build_lock, check_free_space, collect_stale, npy_header, open_locked, write_text
-from .decode_pool import decode_chw, decode_files
+from .dataset import CachedImages
+from .decode_pool import decode_files
+from .locks import build_lock, collect_stale, open_locked
+from .writer import CacheWriter, check_free_space, npy_header, write_text
 
 CACHE_FORMAT = 2
 
@@ -51,15 +42,6 @@ def default_cache_dir() -> Path:
 def build_workers() -> int:
     """Decode processes for a cache build: every core this process may run on."""
     return available_cpus()
-
-
-def decode_image(path: str | os.PathLike[str], image_size: int) -> np.ndarray:
-    """One image as ``(3, S, S)`` uint8: short side resized to ``image_size``, center-cropped.
-
-    Every pixel format becomes 8-bit RGB, EXIF orientation is applied, and large JPEGs are decoded at
-    reduced scale (``Image.draft``); see :func:`devplug.toolkit.load_rgb`.
-    """
-    return decode_chw(path, image_size)
 
 
 @attrs.define
@@ -92,48 +74,6 @@ class CacheReport:
             path, reason = self.skipped[0]
             text += f"; skipped {len(self.skipped)} unreadable (first: {path}: {reason})"
         return text
-
-
-class CachedImages(Dataset):
-    """The cached images as ``(uint8 tensor (3, S, S), label)``; the memory map is opened per process.
-
-    ``lock`` is the cache file held open with a shared lock: while this object lives (in the process
-    that prepared it), no other job's rebuild deletes the file. :meth:`close` releases it.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], labels: list[int], lock: IO[bytes] | None = None) -> None:
-        self.path = os.fspath(path)
-        self.labels = labels
-        self.lock = lock
-        self._array: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_array": None, "lock": None}  # workers map the file themselves
-
-    @property
-    def array(self) -> np.ndarray:
-        """The memory-mapped ``(N, 3, S, S)`` uint8 array."""
-        if self._array is None:
-            self._array = np.load(self.path, mmap_mode="r")
-        return self._array
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return torch.from_numpy(np.array(self.array[index])), self.labels[index]
-
-    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, int]]:
-        """A batch at once: one gather from the memory map instead of one read per image."""
-        pixels = torch.from_numpy(self.array[np.asarray(indices, dtype=np.int64)])
-        return list(zip(pixels, (self.labels[i] for i in indices), strict=False))
-
-    def close(self) -> None:
-        """Unmap the file and release the lock (another job may then remove a stale version)."""
-        self._array = None
-        if self.lock is not None:
-            self.lock.close()
-            self.lock = None
 
 
 def _cache_key(root: Path, files: list[tuple[Path, int]], image_size: int) -> tuple[str, list[tuple[Path, int]]]:

@@ -39,8 +39,12 @@ def die_with_parent(parent_pid: int, _worker_id: int = 0) -> None:
         os._exit(1)
 
 
-def decode_chw(path: str | os.PathLike[str], image_size: int) -> np.ndarray:
-    """One image file as ``(3, S, S)`` uint8 (see :func:`devplug.toolkit.load_rgb`)."""
+def decode_image(path: str | os.PathLike[str], image_size: int) -> np.ndarray:
+    """One image as ``(3, S, S)`` uint8: short side resized to ``image_size``, center-cropped.
+
+    Every pixel format becomes 8-bit RGB, EXIF orientation is applied, and large JPEGs are decoded at
+    reduced scale (``Image.draft``); see :func:`devplug.toolkit.load_rgb`.
+    """
     return load_rgb(path, image_size).transpose(2, 0, 1).copy()
 
 
@@ -58,7 +62,7 @@ class _Decode(Dataset):
     def __getitem__(self, index: int) -> tuple[int, np.ndarray | None, str]:
         try:
             return index, self.decode(self.paths[index], self.image_size), ""
-        except Exception as exc:  # any failure to decode one file: skip it and say why)
+        except Exception as exc:  # any failure to decode one file: skip it and say why
             return index, None, printable(f"{type(exc).__name__}: {exc}").strip()
 
 
@@ -72,7 +76,7 @@ def decode_files(
     *,
     workers: int,
     chunk: int = 64,
-    decode: Callable[[str, int], np.ndarray] = decode_chw,
+    decode: Callable[[str, int], np.ndarray] = decode_image,
 ) -> Iterator[list[tuple[int, np.ndarray | None, str]]]:
     """Chunks of ``(index, (3, S, S) uint8 or None, reason)`` for ``paths``, in order, decoded in ``workers`` processes.
 

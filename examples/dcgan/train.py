@@ -1,0 +1,337 @@
+#!/usr/bin/env python
+"""DCGAN on devplug with every option: devices, precision, the image cache, resume, input checks, the summary.
+
+    python examples/dcgan.py                          # embedded data, tiny-32 model, best device here
+    python examples/dcgan.py --device hpu --model safe-64 --data ~/images
+    torchrun --nproc-per-node 4 examples/dcgan.py --device cuda --data ~/images
+
+``examples/dcgan.py`` runs this file (``python examples/dcgan/train.py`` does the same). The training
+iteration is the model author's own (:class:`dcgan.step.DCGANStep`: a GAN needs two optimizers and
+manual control); the devplug Trainer supplies everything device-specific: where tensors live, the fastest
+optimizer implementation, mixed precision, the data loader, step marking, process groups. There is no
+device branch and no vendor import in this folder. ``--help`` lists every flag; see ``docs/dcgan.md``,
+and ``minimal.py`` beside this file for the same loop without the options.
+
+:func:`train` runs a training in named steps: :func:`build_trainer`, :func:`build_run` (networks, data,
+loader, sample noise), :func:`resume_if_asked`, :func:`announce`, :func:`train_loop`,
+:func:`save_last_outputs` and :func:`finish` (the summary).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+if not __package__:  # run as a file: import this folder as the package dcgan, not its modules as top-level ones
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import attrs
+import torch
+
+import devplug
+from devplug.toolkit import display_path, remove_stale_temp_files
+
+from dcgan import checks, cli, resume
+from dcgan.checkpoints import save_checkpoint
+from dcgan.data import TrainingData, load_training_data
+from dcgan.step import DCGANStep, to_unit_range
+from dcgan.summary import Stopwatch, build_summary, format_summary, write_summary
+from dcgan.text import one_line
+
+SAMPLE_COUNT = 64  # images in the fixed-noise sample grid (8×8)
+
+Say = Callable[..., None]
+
+
+def _silent(*_args: Any, **_kwargs: Any) -> None:
+    """What every process but the main one prints: nothing."""
+
+
+@attrs.define
+class Run:
+    """A run's parts, made by :func:`build_run`: the trainer, the step, the data and the fixed sample noise."""
+
+    settings: cli.Settings
+    trainer: devplug.Trainer
+    train_step: DCGANStep
+    data: TrainingData
+    loader: Any
+    fixed_noise: torch.Tensor  # the sample grid's noise: on the CPU until the run starts, then on the device
+    checkpoint_extra: dict[str, Any]  # saved in every checkpoint: model name, sizes, fixed noise (on the CPU)
+
+    @property
+    def say(self) -> Say:
+        """``print`` on the main process, silence on the others."""
+        return print if self.trainer.is_main_process else _silent
+
+
+@attrs.define
+class Progress:
+    """What :func:`train_loop` leaves for the end of the run: its timing, its last outputs, how it ended."""
+
+    stopwatch: Stopwatch
+    completed: int  # the last step whose updates all finished: a safe point to checkpoint
+    last_sample: str | None = None
+    last_checkpoint: str | None = None
+    interrupted: bool = False
+
+
+def train(settings: cli.Settings) -> int:
+    """Train as ``settings`` say; print the summary at the end or on Ctrl-C. Returns the exit status."""
+    trainer = build_trainer(settings)
+    run = build_run(trainer, settings)
+    resume_if_asked(run)
+    run.fixed_noise = trainer.to_device(run.fixed_noise)  # after the resume, which may bring the noise back
+    announce(run)
+    progress = train_loop(run)
+    save_last_outputs(run, progress)
+    return finish(run, progress)
+
+
+def build_trainer(settings: cli.Settings) -> devplug.Trainer:
+    """The devplug Trainer for the flags; the main process also tidies the temporary files of killed saves."""
+    args = settings.args
+    trainer = devplug.Trainer(
+        device=args.device,
+        precision=args.precision,
+        log_dir=str(settings.out / "tensorboard"),
+        log_every=args.log_every,
+        seed=args.seed,
+        compile=args.compile,
+        channels_last=args.channels_last,
+        progress=not args.no_progress,
+        nonfinite=args.nonfinite,
+        profile=args.profile,
+        price_per_hour=args.price_per_hour,
+    )
+    if trainer.is_main_process:  # temp files of saves a killed run left behind (never a live writer's)
+        remove_stale_temp_files(settings.out / "checkpoints")
+    return trainer
+
+
+def build_run(trainer: devplug.Trainer, settings: cli.Settings) -> Run:
+    """Check the memory, then build the networks and optimizers, the data and its loader, the fixed noise."""
+    args, spec = settings.args, settings.spec
+    stats = trainer.memory_stats()
+    checks.check_memory(spec, args.batch_size, device_total=getattr(stats, "total", None),
+                        host_available=checks.available_host_memory())  # before the networks are built
+
+    # Models: built on the CPU with DCGAN init, then placed (and converted/compiled/DDP-wrapped) by the plugin.
+    train_step = DCGANStep(trainer, spec, lr=args.lr, beta1=args.beta1)
+
+    data = load_training_data(settings, trainer)
+    if data.cache is not None and trainer.is_main_process:
+        print(data.cache.describe())
+    if data.images < args.batch_size * trainer.world_size:
+        raise devplug.ConfigError(
+            f"the data has {data.images} images, fewer than one batch ({args.batch_size} x {trainer.world_size} "
+            "processes); lower --batch-size or add images"
+        )
+    loader = trainer.dataloader(
+        data.source,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,  # constant shapes: no recompilation for a short last batch (compile, HPU graphs)
+        num_workers=args.workers,
+        pin_memory=args.pin_memory,
+        persistent_workers=args.persistent_workers,
+        prefetch_factor=args.prefetch_factor,
+    )
+
+    # Fixed noise for the sample grid: a private generator, so it never disturbs the training RNG.
+    fixed_noise = torch.randn(SAMPLE_COUNT, spec.nz, 1, 1, generator=torch.Generator().manual_seed(args.seed))
+    extra: dict[str, Any] = {"model": settings.model, "spec": spec.as_dict(), "fixed_noise": fixed_noise}
+    return Run(settings, trainer, train_step, data, loader, fixed_noise, extra)
+
+
+def resume_if_asked(run: Run) -> None:
+    """With ``--resume``/``--auto-resume``: load the checkpoint, apply ``--lr``/``--beta1``, set newer ones aside."""
+    settings, trainer, say = run.settings, run.trainer, run.say
+    if not settings.resume_candidates:
+        return
+    warn = (lambda text: print(text, file=sys.stderr)) if trainer.is_main_process else _silent
+    try:
+        resumed, saved = resume.load_first_good(trainer, settings.resume_candidates,
+                                                fall_back=settings.args.auto_resume, warn=warn)
+    except devplug.CheckpointError as exc:
+        if resume.damaged(exc):
+            raise
+        raise devplug.CheckpointError(
+            f"{exc} (resume with the same --model/--nz/--ngf/--ndf/--image-size as the run that wrote it)"
+        ) from exc
+    if isinstance(saved.get("fixed_noise"), torch.Tensor):
+        run.fixed_noise = saved["fixed_noise"]
+        run.checkpoint_extra["fixed_noise"] = run.fixed_noise
+    say(f"resumed from {resumed} at step {trainer.global_step} (epoch {trainer.epoch})")
+    resume.apply_overrides([run.train_step.opt_g, run.train_step.opt_d], settings.args.explicit,
+                           {"lr": settings.args.lr, "beta1": settings.args.beta1}, say)
+    if trainer.is_main_process:
+        resume.set_aside_newer(resumed, say)
+
+
+def announce(run: Run) -> None:
+    """Print what the run uses: device, plugin, precision, optimizer, model, data, loader, output folder."""
+    trainer, train_step, say = run.trainer, run.train_step, run.say
+    say(f"dcgan: device {trainer.device} (plugin {trainer.device.plugin_name}), precision {trainer.precision.name}, "
+        f"optimizer {train_step.implementation()}")
+    say(f"dcgan: model {run.settings.model} (G {train_step.params_g:,} / D {train_step.params_d:,} parameters), "
+        f"data {run.data.description}, loader {run.loader.implementation}")
+    say(f"dcgan: writing to {display_path(run.settings.out)}")
+
+
+def train_loop(run: Run) -> Progress:
+    """Train to ``--steps``/``--epochs`` or a stop signal, sampling, saving and logging on schedule.
+
+    Ctrl-C, SIGTERM or SIGUSR1 end ``trainer.epochs()`` at a step boundary (every rank at the same step);
+    a second Ctrl-C stops at once. Either way the run goes on to its last outputs and summary.
+    """
+    settings, trainer, train_step = run.settings, run.trainer, run.train_step
+    args = settings.args
+    progress = Progress(stopwatch=Stopwatch(), completed=trainer.global_step)
+    stopwatch = progress.stopwatch
+    try:
+        for _epoch in trainer.epochs(settings.epochs or sys.maxsize, max_steps=settings.steps):
+            for real, _labels in run.loader:
+                real = to_unit_range(real)
+                scalars = train_step(real)
+                # Values stay on the device; the Trainer reads them back every --log-every steps only.
+                values = trainer.log(**scalars, lr=train_step.opt_g.param_groups[0]["lr"])
+                step = trainer.global_step
+                if values is not None:
+                    report_log_point(trainer, values, settings, step)
+                if step % args.sample_every == 0:
+                    progress.last_sample = save_samples(run)
+                if step % args.save_every == 0:
+                    progress.last_checkpoint = save(run) or progress.last_checkpoint
+                stopwatch.add(real.shape[0] * trainer.world_size)
+                if stopwatch.steady_start is None:  # once: time the steady state after warm-up
+                    trainer.synchronize()
+                    stopwatch.first_step_done()
+                progress.completed = step
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once
+        progress.interrupted = True
+        run.say("\ndcgan: interrupted", file=sys.stderr)
+    except RuntimeError:
+        if trainer.stop_signal is None:
+            raise
+        # The same Ctrl-C also stopped a loader worker while the next batch was being fetched.
+    progress.interrupted = progress.interrupted or trainer.exit_code != 0
+    trainer.synchronize()
+    stopwatch.stop()
+    return progress
+
+
+def report_log_point(trainer: devplug.Trainer, values: dict[str, float], settings: cli.Settings, step: int) -> None:
+    """At a log point: images/s to TensorBoard, and a console line when there is no progress bar."""
+    rate = values.get("samples_per_sec", 0.0)
+    if trainer.writer is not None:
+        trainer.writer.add_scalar("images_per_sec", rate, step)
+    if settings.args.no_progress and trainer.is_main_process:
+        total = f"/{settings.steps}" if settings.steps else ""
+        print(f"step {step}{total}  loss_D {values['loss_D']:.3f}  loss_G {values['loss_G']:.3f}  "
+              f"D(x) {values['D_x']:.3f}  D(G(z)) {values['D_G_z']:.3f}  {rate:,.0f} images/s", flush=True)
+
+
+def save_samples(run: Run) -> str:
+    """Fixed-noise grid to samples/step_N.png and TensorBoard (every process runs G: DDP needs it)."""
+    trainer = run.trainer
+    with torch.no_grad(), trainer.autocast():
+        fakes = run.train_step.net_g(run.fixed_noise)
+    path = str(run.settings.out / "samples" / f"step_{trainer.global_step:07d}.png")
+    trainer.log_images("samples", fakes, nrow=8, path=path)
+    return path
+
+
+def save(run: Run) -> str | None:
+    """A checkpoint of this step in ``--out``/checkpoints (pruned to ``--keep-checkpoints``); its path, if written."""
+    args = run.settings.args
+    return save_checkpoint(run.trainer, run.settings.out / "checkpoints", run.checkpoint_extra,
+                           keep=args.keep_checkpoints, nonfinite=args.nonfinite)
+
+
+def save_last_outputs(run: Run, progress: Progress) -> None:
+    """At a step boundary, the checkpoint and sample grid of the last step, unless the schedule just wrote them."""
+    trainer, args = run.trainer, run.settings.args
+    at_safe_point = trainer.global_step == progress.completed
+    if at_safe_point and progress.stopwatch.images_total:
+        # Save before sampling: G samples in train mode, which moves its batch-norm running statistics,
+        # and a checkpoint taken after that would resume to other weights than an uninterrupted run.
+        if trainer.global_step % args.save_every != 0:
+            progress.last_checkpoint = save(run) or progress.last_checkpoint
+        if trainer.global_step % args.sample_every != 0:
+            progress.last_sample = save_samples(run)
+
+
+def summarize(run: Run, progress: Progress) -> dict[str, Any]:
+    """The run summary's values (see :func:`dcgan.summary.build_summary`)."""
+    settings, trainer, train_step = run.settings, run.trainer, run.train_step
+    return build_summary(
+        trainer.summary(),
+        model=settings.model,
+        spec=settings.spec.as_dict(),
+        params_g=train_step.params_g,
+        params_d=train_step.params_d,
+        optimizer_g=trainer.optimizer_implementation(train_step.opt_g),
+        optimizer_d=trainer.optimizer_implementation(train_step.opt_d),
+        data=run.data.description,
+        stopwatch=progress.stopwatch,
+        price_per_hour=settings.args.price_per_hour,
+        cache=run.data.cache,
+        decodes_every_epoch=settings.data_is_folder and run.data.cache is None,
+        interrupted=progress.interrupted,
+        out_dir=str(settings.out),
+        last_sample=progress.last_sample,
+        last_checkpoint=progress.last_checkpoint,
+    )
+
+
+def finish(run: Run, progress: Progress) -> int:
+    """Close the trainer and the data, write and print the summary, leave the process group; the exit status."""
+    trainer = run.trainer
+    summary = summarize(run, progress)
+    trainer.close()
+    run.data.close()  # release the cache version, so a later rebuild may remove it
+    if trainer.is_main_process:
+        write_summary(summary, run.settings.out / "summary.json")
+        print(format_summary(summary), flush=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return trainer.exit_code or (130 if progress.interrupted else 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the example with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    Bad input (data, device, image size, checkpoint) prints one ``dcgan: error:`` line on stderr and
+    returns 2; Ctrl-C prints the summary so far and returns 130.
+    """
+    args = cli.parse(argv)
+    created: list[Path] = []
+    try:
+        settings = cli.resolve(args)
+        if args.cache_only:
+            cache = load_training_data(settings, None).cache
+            print(cache.describe() if cache is not None else "dcgan: nothing to cache")
+            return 0
+        created = checks.prepare_output_dir(settings.out)  # a bad --out fails now, not at the first log point
+        return train(settings)
+    except devplug.DevplugError as exc:
+        checks.remove_empty(created)  # the run stopped before writing anything: leave no empty folders
+        print(f"dcgan: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dcgan: interrupted", file=sys.stderr)
+        return 130
+
+
+def run_as_script() -> None:
+    """What ``python examples/dcgan.py`` does: :func:`main` on the command line, then exit with its status."""
+    for stream in (sys.stdout, sys.stderr):  # file names that are not valid UTF-8 print as \xNN, never crash
+        stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run_as_script()
