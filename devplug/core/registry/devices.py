@@ -1,7 +1,10 @@
 """Device registry and resolution: from ``"auto"``, ``"cpu"`` or ``"cuda:1"`` to one device plugin.
 
 The core never names a device here: it asks every plugin which devices it serves, probes them only
-when needed, and picks by the priority each plugin declared.
+when needed, and picks by the priority each plugin declared. ``"auto"`` probes in priority order and
+stops at the first available device; a device asked for by name probes only itself (and, when it is
+unavailable, the others, to list them in the error). Every probe runs under a time limit
+(:mod:`devplug.core.registry.bounded`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import functools
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -18,7 +22,8 @@ import attrs
 from devplug.core.contract import hookspecs
 from devplug.core.contract.records import Availability, Device, DeviceSpec
 from devplug.core.errors import DeviceUnavailableError, PluginError, UnknownDeviceError
-from devplug.core.registry.manager import DevplugPluginManager, get_plugin_manager
+from devplug.core.registry.bounded import ENV_TIME_LIMIT, BoundedCall, seconds, time_limit
+from devplug.core.registry.manager import ENV_BLOCK, DevplugPluginManager, get_plugin_manager
 
 log = logging.getLogger("devplug")
 
@@ -30,22 +35,44 @@ _REQUEST_RE = re.compile(r"^(?P<name>[a-z][a-z0-9_]*)(?::(?P<index>\d+))?$")
 
 @attrs.define
 class RegisteredDevice:
-    """A device spec together with the plugin that registered it."""
+    """A device spec together with the plugin that registered it.
+
+    Its probe runs at most once, in a daemon thread, under the time limit of
+    :func:`~devplug.core.registry.bounded.time_limit`: a probe that does not answer in time makes the
+    device unavailable ("probe timed out after N s"), naming the plugin and its distribution.
+    """
 
     spec: DeviceSpec
     plugin_name: str
     plugin: Any
     distribution: str
     _availability: Availability | None = attrs.field(default=None, alias="_availability")
+    _probing: BoundedCall | None = attrs.field(default=None, init=False)
+    _count_timed_out: bool = attrs.field(default=False, init=False)
 
-    def availability(self) -> Availability:
-        """Run the probe once (a probe that raises reports the exception as the reason)."""
+    def start_probe(self) -> None:
+        """Start the probe in the background (once) without waiting for it."""
+        if self._availability is None and self._probing is None:
+            self._probing = BoundedCall(self.spec.probe, f"probe of device {self.spec.name!r}")
+
+    def availability(self, deadline: float | None = None) -> Availability:
+        """Run the probe once, waiting up to the time limit (or until ``deadline``, a ``time.monotonic()`` value).
+
+        A probe that raises reports the exception as the reason; one that does not answer in time reports
+        that, naming the plugin and its distribution.
+        """
         if self._availability is None:
+            self.start_probe()
+            assert self._probing is not None
+            limit = time_limit()
+            if not self._probing.wait_until(self._probing.started + limit if deadline is None else deadline):
+                self._availability = self._timed_out(limit)
+                return self._availability
             try:
-                result = self.spec.probe()
+                result = self._probing.result()
                 if not isinstance(result, Availability):
                     raise TypeError(f"probe returned {result!r}, not an Availability")
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 result = Availability.no(
                     f"its availability probe raised {type(exc).__name__}: {exc}",
                     f"report this to the maintainers of {self.distribution}",
@@ -53,13 +80,30 @@ class RegisteredDevice:
             self._availability = result
         return self._availability
 
+    def _timed_out(self, limit: float) -> Availability:
+        who = f"plugin {self.plugin_name!r} ({self.distribution})"
+        log.warning("device %r of %s: its availability probe did not answer within %s; treated as unavailable "
+                    "(%s sets the limit)", self.spec.name, who, seconds(limit), ENV_TIME_LIMIT)
+        return Availability.no(
+            f"probe timed out after {seconds(limit)} ({who})",
+            f"if the device is slow to start, raise {ENV_TIME_LIMIT} (seconds); otherwise skip the plugin with "
+            f"{ENV_BLOCK}={self.plugin_name} and report the hanging probe to the maintainers of {self.distribution}",
+        )
+
     def count(self) -> int:
-        """How many devices of this type are visible (0 when unavailable or when counting fails)."""
-        if not self.availability().available:
+        """How many devices of this type are visible (0 when unavailable, when counting fails or times out)."""
+        if self._count_timed_out or not self.availability().available:
+            return 0
+        limit = time_limit()
+        counting = BoundedCall(self.spec.count, f"count of device {self.spec.name!r}")
+        if not counting.wait(limit):
+            self._count_timed_out = True
+            log.warning("device %r of plugin %r (%s): counting its devices did not finish within %s; counted 0",
+                        self.spec.name, self.plugin_name, self.distribution, seconds(limit))
             return 0
         try:
-            return int(self.spec.count())
-        except Exception:
+            return int(counting.result())
+        except (Exception, SystemExit):
             return 0
 
 
@@ -82,9 +126,28 @@ class DeviceRegistry:
         """Names of the device plugins (those that declare devices, whether or not they keep every name)."""
         return set(self.pm.declared_devices())
 
+    def probe_all(self, deadline: float | None = None) -> None:
+        """Probe every device at once, each in its own thread, waiting at most one time limit in all.
+
+        ``deadline`` (a ``time.monotonic()`` value) replaces "one time limit from now".
+        """
+        for entry in self.devices.values():
+            entry.start_probe()
+        deadline = time.monotonic() + time_limit() if deadline is None else deadline
+        for name in self.names():
+            self.devices[name].availability(deadline)
+
     def available_names(self) -> list[str]:
-        """Names of devices usable on this machine, highest priority first."""
+        """Names of devices usable on this machine, highest priority first (every device is probed)."""
+        self.probe_all()
         return [n for n in self.names() if self.devices[n].availability().available]
+
+    def first_available(self, skip: Sequence[str] = ()) -> str | None:
+        """The highest-priority available device not in ``skip``; devices ranked below it are not probed."""
+        for name in self.names():
+            if name not in skip and self.devices[name].availability().available:
+                return name
+        return None
 
     def open(self, request: str | None = None, *, options: Mapping[str, Any] | None = None,
              channels_last: bool = False) -> DeviceHooks:
@@ -125,13 +188,13 @@ class DeviceRegistry:
         """
         request = self._request(request)
         if request == "auto":
-            available = [name for name in self.available_names() if name not in skip]
-            if not available:
+            chosen = self.first_available(skip)
+            if chosen is None:
                 raise DeviceUnavailableError(
                     "no device is available; known devices: " + self._describe_known()
                     + (f" (could not be set up: {', '.join(skip)})" if skip else "")
                 )
-            entry, index = self.devices[available[0]], None
+            entry, index = self.devices[chosen], None
         else:
             match = _REQUEST_RE.match(request)
             if match is None or match["name"] not in self.devices:
@@ -168,6 +231,7 @@ class DeviceRegistry:
         return "".join(f". Note: {text}" for text in related)
 
     def _describe_known(self) -> str:
+        self.probe_all()
         parts = []
         for name in self.names():
             availability = self.devices[name].availability()
