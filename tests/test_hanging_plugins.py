@@ -102,6 +102,20 @@ def test_a_named_device_never_probes_a_hanging_one(short_limit, release):
     assert trainer.device.name == "cpu" and probed == []
 
 
+def test_a_probe_that_hangs_holds_one_thread_however_many_trainers_ask(short_limit, release):
+    probed: list[str] = []
+    pm = create_plugin_manager(autoload=False,
+                               extra_plugins=[_device_plugin("sleepy", 500, _hanging_probe(release, probed))])
+    assert DeviceRegistry(pm).resolve("auto").name == "cpu"
+    start = time.monotonic()
+    for _ in range(3):
+        registry = DeviceRegistry(pm)
+        assert registry.resolve("auto").name == "cpu"
+        assert registry.devices["sleepy"].availability().reason.startswith("probe timed out after 0.5 s")
+    assert time.monotonic() - start < LIMIT  # it has been running longer than the limit already
+    assert probed == ["sleepy"]
+
+
 def test_the_time_limit_comes_from_the_environment(monkeypatch):
     from devplug.core.registry.bounded import DEFAULT_TIME_LIMIT, time_limit
 

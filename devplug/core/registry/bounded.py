@@ -68,6 +68,11 @@ class BoundedCall:
         finally:
             self._done.set()
 
+    @property
+    def done(self) -> bool:
+        """True once the call has answered or raised."""
+        return self._done.is_set()
+
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds; True when the call has finished (answered or raised)."""
         return self._done.wait(max(timeout, 0.0))

@@ -51,9 +51,17 @@ class RegisteredDevice:
     _count_timed_out: bool = attrs.field(default=False, init=False)
 
     def start_probe(self) -> None:
-        """Start the probe in the background (once) without waiting for it."""
+        """Start the probe in the background (once) without waiting for it.
+
+        A probe that timed out for an earlier registry and is still running is not started again: this
+        registry waits on the same call, so a probe that hangs holds one thread, however many Trainers ask.
+        """
         if self._availability is None and self._probing is None:
-            self._probing = BoundedCall(self.spec.probe, f"probe of device {self.spec.name!r}")
+            earlier = _stuck_probes.get(_probe_key(self.spec))
+            if earlier is not None and not earlier.done:
+                self._probing = earlier
+            else:
+                self._probing = BoundedCall(self.spec.probe, f"probe of device {self.spec.name!r}")
 
     def availability(self, deadline: float | None = None) -> Availability:
         """Run the probe once, waiting up to the time limit (or until ``deadline``, a ``time.monotonic()`` value).
@@ -81,6 +89,8 @@ class RegisteredDevice:
         return self._availability
 
     def _timed_out(self, limit: float) -> Availability:
+        if self._probing is not None:
+            _stuck_probes[_probe_key(self.spec)] = self._probing
         who = f"plugin {self.plugin_name!r} ({self.distribution})"
         log.warning("device %r of %s: its availability probe did not answer within %s; treated as unavailable "
                     "(%s sets the limit)", self.spec.name, who, seconds(limit), ENV_TIME_LIMIT)
@@ -105,6 +115,14 @@ class RegisteredDevice:
             return int(counting.result())
         except (Exception, SystemExit):
             return 0
+
+
+#: Probes that timed out and may still be running, by device spec: a later registry waits on them.
+_stuck_probes: dict[tuple[str, int], BoundedCall] = {}
+
+
+def _probe_key(spec: DeviceSpec) -> tuple[str, int]:
+    return (spec.name, id(spec.probe))
 
 
 class DeviceRegistry:
