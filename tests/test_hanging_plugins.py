@@ -96,9 +96,7 @@ def test_a_named_device_never_probes_a_hanging_one(short_limit, release):
     probed: list[str] = []
     pm = create_plugin_manager(autoload=False,
                                extra_plugins=[_device_plugin("sleepy", 500, _hanging_probe(release, probed))])
-    start = time.monotonic()
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, stop_signals=(), plugin_manager=pm)
-    assert time.monotonic() - start < LIMIT
     assert trainer.device.name == "cpu" and probed == []
 
 
@@ -107,12 +105,13 @@ def test_a_probe_that_hangs_holds_one_thread_however_many_trainers_ask(short_lim
     pm = create_plugin_manager(autoload=False,
                                extra_plugins=[_device_plugin("sleepy", 500, _hanging_probe(release, probed))])
     assert DeviceRegistry(pm).resolve("auto").name == "cpu"
-    start = time.monotonic()
     for _ in range(3):
         registry = DeviceRegistry(pm)
+        start = time.monotonic()
+        availability = registry.devices["sleepy"].availability()
+        assert time.monotonic() - start < LIMIT / 2  # it has been running longer than the limit already
+        assert availability.reason.startswith("probe timed out after 0.5 s")
         assert registry.resolve("auto").name == "cpu"
-        assert registry.devices["sleepy"].availability().reason.startswith("probe timed out after 0.5 s")
-    assert time.monotonic() - start < LIMIT  # it has been running longer than the limit already
     assert probed == ["sleepy"]
 
 
