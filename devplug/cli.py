@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from devplug._version import __version__
 from devplug.core.contract.records import CONTRACT_VERSION
 from devplug.core.errors import DevplugError
 from devplug.core.observe.doctor import diagnose
+from devplug.core.registry.bounded import time_limit
 from devplug.core.registry.devices import DeviceRegistry
 from devplug.core.registry.manager import (
     BUILTIN_DISTRIBUTION,
@@ -39,6 +41,16 @@ class PluginInfo:
     contract: str
     devices: tuple[str, ...]
     hooks: tuple[str, ...]
+    #: Seconds its module took to import when the manager loaded it (``None``: registered without an import).
+    import_seconds: float | None = None
+
+    @property
+    def import_time(self) -> str:
+        """``"12 ms"``, ``"5.0 s"``, or ``"-"`` when the plugin was not imported by the manager."""
+        took = self.import_seconds
+        if took is None:
+            return "-"
+        return f"{took * 1000:.0f} ms" if took < 1 else f"{took:.1f} s"
 
     @property
     def kind(self) -> str:
@@ -101,6 +113,7 @@ def plugin_infos(pm: DevplugPluginManager, registry: DeviceRegistry | None = Non
                 contract=_contract_of(plugin, pm.distribution_of(plugin_name)),
                 devices=tuple(devices_of.get(plugin_name, ())),
                 hooks=_hooks_of(pm, plugin),
+                import_seconds=pm.import_seconds.get(plugin_name),
             )
         )
     return infos
@@ -115,11 +128,13 @@ def devices_report(pm: DevplugPluginManager | None = None, *, verbose: bool = Fa
     """The text ``devplug devices`` prints: every device, where it came from, available or why not.
 
     With ``verbose``, also each device's description and, per plugin, its distribution and version,
-    the hook contract it declares, and the hooks it implements (with pluggy options such as
-    ``wrapper`` or ``tryfirst``).
+    the hook contract it declares, how long its module took to import, and the hooks it implements
+    (with pluggy options such as ``wrapper`` or ``tryfirst``). Every probe runs at once under the time
+    limit (``DEVPLUG_PROBE_TIMEOUT``); a probe that does not answer in time is named as such.
     """
     pm = pm or get_plugin_manager()
     registry = DeviceRegistry(pm)
+    registry.probe_all()  # at once, so a probe that hangs costs one time limit and the others still answer
     rows = [("DEVICE", "PRIORITY", "STATUS", "COUNT", "PLUGIN", "FROM")]
     for name in registry.names():
         entry = registry.devices[name]
@@ -145,8 +160,9 @@ def devices_report(pm: DevplugPluginManager | None = None, *, verbose: bool = Fa
         lines += ["", "Plugins (load order; operational hooks reach the chosen device's plugin, "
                       "the device-neutral plugins and the core fallback):"]
         infos = plugin_infos(pm, registry)
-        table = _table([("PLUGIN", "KIND", "DISTRIBUTION", "VERSION", "CONTRACT")]
-                       + [(i.name, i.kind, i.distribution, i.version, i.contract) for i in infos], indent="  ")
+        table = _table([("PLUGIN", "KIND", "DISTRIBUTION", "VERSION", "CONTRACT", "IMPORT")]
+                       + [(i.name, i.kind, i.distribution, i.version, i.contract, i.import_time) for i in infos],
+                       indent="  ")
         lines.append(table[0])
         for info, row in zip(infos, table[1:], strict=True):
             lines.append(row)
@@ -171,11 +187,16 @@ def doctor_report(pm: DevplugPluginManager | None = None) -> str:
 
     Versions (devplug, Python, torch, each plugin and its stack), the devices and why one is unavailable,
     the environment variables the plugins declare (set ones with their values), incompatible pairs and
-    warnings the plugins found, and plugins that failed to load.
+    warnings the plugins found, and plugins that failed to load. Probes and ``devplug_doctor`` hooks
+    run under the time limit (``DEVPLUG_PROBE_TIMEOUT``); one that does not answer in time is named.
     """
     pm = pm or get_plugin_manager()
     registry = DeviceRegistry(pm)
-    diagnosis = diagnose(pm)
+    deadline = time.monotonic() + time_limit()  # the probes and the doctor hooks share one time limit
+    for entry in registry.devices.values():
+        entry.start_probe()
+    diagnosis = diagnose(pm, deadline=deadline)
+    registry.probe_all(deadline)
     lines = ["devplug doctor: paste this whole report into a bug report", "", "Versions:"]
     versions = sorted(diagnosis.versions.items(), key=lambda kv: kv[0].lower())
     lines += _table([("devplug", __version__), *versions], indent="  ")
@@ -221,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     devices = sub.add_parser("devices", help="list device plugins, availability and why not")
     devices.add_argument("-v", "--verbose", action="store_true",
-                         help="also show each plugin's distribution, version, contract and hooks")
+                         help="also show each plugin's distribution, version, contract, import time and hooks")
     check = sub.add_parser("check", help="run the plugin conformance checks against a device")
     check.add_argument("device", help="a device name as `devplug devices` lists it")
     check.add_argument("--run-compiled", action="store_true",

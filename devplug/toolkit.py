@@ -34,6 +34,9 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   (``Trainer.save`` does it itself; call it at start to tidy a checkpoint folder at once);
 - :func:`log_once` — say something (a fallback and its reason) once per process (:func:`forget_logged`
   resets it in tests);
+- :func:`environment_changes` — the environment variables a plugin changed while loading (each an
+  ``EnvironmentChange``: ``variable``, ``before``, ``after``, ``plugin``, ``distribution``), so a probe
+  that finds a variable hiding its device can name the plugin that set it instead of blaming the user;
 - :func:`builtin_plugin` — a built-in device plugin, to delegate to its hooks (build on ``cpu`` or
   ``generic`` rather than restate it).
 """
@@ -84,6 +87,7 @@ from devplug.core.optim.torch_optimizers import (
     torch_optimizer_class,
     torch_optimizer_defaults,
 )
+from devplug.core.registry.environment import environment_changes
 from devplug.core.registry.manager import BUILTIN_PLUGINS
 from devplug.core.tree import map_tensors, move_to
 
@@ -114,6 +118,7 @@ __all__ = [
     "device_count",
     "device_module",
     "display_path",
+    "environment_changes",
     "fastest_torch_optimizer",
     "forget_logged",
     "image_transform",

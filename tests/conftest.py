@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from distributions import pip_install, write_project
 
-from devplug.core.registry import manager
+from devplug.core.registry import environment, manager
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,8 +22,10 @@ def _clean_devplug_state(monkeypatch: pytest.MonkeyPatch):
                  "OMPI_COMM_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     manager.reset_plugin_manager()
+    environment.forget_environment_changes()
     yield
     manager.reset_plugin_manager()
+    environment.forget_environment_changes()
 
 
 @pytest.fixture

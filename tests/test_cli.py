@@ -80,9 +80,9 @@ def test_verbose_shows_kind_distribution_version_contract_and_hook_options(capsy
                                            "(built-in)"]
     assert "devplug_to_device [trylast]" in row("devplug.fallback")[-1]
     assert row("cpu")[:7] == ["cpu", "device", "plugin", "(cpu)", "devplug", devplug.__version__, "(built-in)"]
-    assert row("toy")[:-1] == ["toy", "device", "plugin", "(toy)", "registered", "at", "run", "time", "-", "1.0"]
+    assert row("toy")[:-1] == ["toy", "device", "plugin", "(toy)", "registered", "at", "run", "time", "-", "1.0", "-"]
     assert row("toy")[-1] == "hooks: devplug_optimizer, devplug_register_devices"
-    assert row("neutral")[1:-1] == ["device-neutral", "registered", "at", "run", "time", "2.5", "1.0"]
+    assert row("neutral")[1:-1] == ["device-neutral", "registered", "at", "run", "time", "2.5", "1.0", "-"]
     assert row("neutral")[-1] == "hooks: devplug_region [wrapper], devplug_synchronize [tryfirst]"
     assert not any(line.startswith("  hpu ") for line in lines)
     assert "Blocked plugins (DEVPLUG_BLOCK_PLUGINS or blocked=): hpu" in lines

@@ -23,6 +23,13 @@ Every operational hook receives ``device``, the resolved :class:`~devplug.core.c
 Pluggy lets an implementation accept only the arguments it needs. Every answer is checked against
 the return annotation of its spec where the core receives it: a wrong type raises a
 ``devplug.PluginError`` naming the plugin, its distribution, the hook and the expected record.
+
+A hook must return promptly. devplug bounds the one-time questions it asks a plugin by a time limit
+(``DEVPLUG_PROBE_TIMEOUT`` seconds): availability probes, ``devplug_doctor`` and ``devplug_precision`` each
+run in a worker thread and a plugin that does not answer in time is named. The hooks of the training
+step and of setup (moving, compiling, building loaders, marking steps) are not bounded, because bounding
+them would cost time in every step: one that blocks blocks the Trainer, and returning promptly is the
+plugin's responsibility.
 """
 
 from __future__ import annotations
@@ -62,7 +69,8 @@ def devplug_register_devices() -> DeviceSpec | Iterable[DeviceSpec]:
     plugin a device plugin: return a :class:`DeviceSpec` or a list of them, the same on every machine
     (a runtime that is missing makes the device *unavailable* through ``DeviceSpec.probe``, never
     absent). A plugin that returns nothing, or something else, is reported and skipped. Must be cheap
-    and must not import a vendor stack: the probe runs only when availability matters. A
+    and must not import a vendor stack: the probe runs only when availability matters, in a worker
+    thread under the time limit (``DEVPLUG_PROBE_TIMEOUT``). A
     device-neutral plugin does not implement this hook. Not first-result: every plugin answers.
     """
 
@@ -112,7 +120,9 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
     Called once per Trainer. ``"auto"`` must be resolved to the best setting the device supports.
     Return a :class:`PrecisionPlan` (autocast context factory, grad scaler or ``None``, optional module
     conversion and optimizer-step context), or raise ``devplug.PrecisionError`` when the device
-    cannot run the setting. ``None`` defers to the next plugin. First-result.
+    cannot run the setting. ``None`` defers to the next plugin. Must return promptly: the call runs in a
+    worker thread under the time limit (``DEVPLUG_PROBE_TIMEOUT``), and a plan that takes longer fails the
+    Trainer with a ``PluginError`` naming the plugin. First-result.
     """
 
 
@@ -196,7 +206,10 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
     by; ``options.automatic`` names the options the author left to devplug, which the plugin may tune
     (``devplug.toolkit.tune_loader``) — the others are the author's and are used as given. Return a
     :class:`LoaderChoice` (its ``reason`` says what was chosen and why), or ``None`` to defer (the core's
-    fallback builds a ``torch.utils.data.DataLoader`` with tuned workers). First-result.
+    fallback builds a ``torch.utils.data.DataLoader`` with tuned workers). Must return promptly, and so must
+    the loader's iterator for each batch: neither is bounded by devplug (bounding them would cost time in
+    every step), and one that blocks blocks the training loop; that is the plugin's responsibility.
+    First-result.
     """
 
 
@@ -223,7 +236,9 @@ def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, 
     """Compile ``module`` for ``device`` (``torch.compile`` with the device's backend) and return it.
 
     Called by ``Trainer.setup`` when compilation is enabled. ``options`` are passed on to the
-    compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. First-result.
+    compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. Must return promptly (compile lazily,
+    as ``torch.compile`` does, on the first call): the hook is not bounded by devplug, and one that blocks
+    blocks the Trainer; that is the plugin's responsibility. First-result.
     """
 
 
@@ -247,8 +262,9 @@ def devplug_doctor() -> DoctorReport | None:
     :class:`DoctorReport`: the plugin's stack (distribution names, whose versions and declared
     requirements doctor checks), other versions, the environment variables that change its behaviour,
     incompatible pairs and warnings found on this machine; or ``None``. Must be quick (the whole command
-    runs in about a second) and must not initialise a device: read metadata and the environment. Not
-    first-result: every plugin answers.
+    runs in about a second) and must not initialise a device: read metadata and the environment. The
+    hooks run at once, each in a worker thread under the time limit (``DEVPLUG_PROBE_TIMEOUT``); one that
+    does not answer in time is left out and named in the report. Not first-result: every plugin answers.
     """
 
 

@@ -62,8 +62,11 @@ class DeviceSpec:
     ``name`` is what users type (``--device NAME``); ``torch_type`` is the torch device type tensors
     live on (defaults to ``name``; a plugin may serve a device named ``"mydev"`` on ``"cpu"``).
     ``probe`` is called lazily, only when availability matters, and must not raise (if it does, the
-    device is reported unavailable with the exception as the reason). ``count`` tells how many devices
-    of this type the process can see. ``priority`` orders ``"auto"``: highest available wins.
+    device is reported unavailable with the exception as the reason). It runs in a worker thread (with
+    other probes at the same time in ``devplug devices``) under a time limit, ``DEVPLUG_PROBE_TIMEOUT``
+    seconds; a probe that does not answer in time makes the device unavailable ("probe timed out after
+    N s"). ``count`` tells how many devices of this type the process can see (bounded the same way).
+    ``priority`` orders ``"auto"``: the highest available wins, and devices ranked below it are not probed.
 
     ``generic`` (contract 1.1) marks a declaration that serves the name only where no other plugin
     does: when a plugin declares the same name without ``generic``, that plugin keeps the name and this

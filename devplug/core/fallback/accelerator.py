@@ -170,6 +170,30 @@ def select_device(device_type: str, index: int) -> bool:
     return True
 
 
+def current_index_carrier(device_type: str) -> Callable[[], None] | None:
+    """A function that makes this thread's current device of ``device_type`` current in the thread that calls it.
+
+    The current device is per thread; work done for this thread in another (a bounded hook call) asks it
+    first. ``None`` when ``device_type`` is not torch's current accelerator or torch cannot tell its index.
+    """
+    current = accelerator_api("current_device_index")
+    if current is None or not is_current_accelerator(device_type):
+        return None
+    try:
+        index = int(current())
+    except (RuntimeError, AssertionError, ValueError):
+        return None
+
+    def carry() -> None:
+        try:
+            if int(current()) != index:
+                select_device(device_type, index)
+        except (RuntimeError, AssertionError, ValueError):
+            pass  # the call itself will say what is wrong with the device
+
+    return carry
+
+
 def collective_backend(device_type: str) -> str:
     """The torch.distributed backend torch pairs with ``device_type`` (``Backend.default_device_backend_map``).
 

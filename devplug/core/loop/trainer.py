@@ -29,6 +29,7 @@ from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_opt
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed.launch import detect_launch
 from devplug.core.errors import ConfigError
+from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.loop.config import TrainerConfig
 from devplug.core.loop.signals import StopRequest
 from devplug.core.loop.step import NO_REGION, Regioned, StepRoute, parameters_with_grad
@@ -38,6 +39,7 @@ from devplug.core.observe.loggers import build_loggers
 from devplug.core.observe.profiling import StepProfiler
 from devplug.core.observe.reporter import Reporter
 from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
+from devplug.core.registry.bounded import call_with_limit
 from devplug.core.registry.devices import DeviceRegistry
 from devplug.core.registry.manager import FALLBACK_NAME, DevplugPluginManager, get_plugin_manager
 
@@ -84,7 +86,8 @@ class Trainer:
         self._registered: dict[str, Any] = {}
         if self._config.seed is not None:
             rng.seed_everything(self._config.seed)
-        plan = self._hooks(spec.devplug_precision, precision=self._config.precision)
+        plan = call_with_limit(lambda: self._hooks(spec.devplug_precision, precision=self._config.precision),
+                               "devplug_precision", before=current_index_carrier(self.device.torch_device.type))
         assert plan is not None  # the core fallback always answers
         self.precision: PrecisionPlan = plan
         self._modules: dict[str, torch.nn.Module] = {}

@@ -4,7 +4,8 @@ Every plugin contributes a :class:`~devplug.core.contract.records.DoctorReport` 
 module merges them: versions of each plugin's stack (from package metadata, nothing imported), the
 variables set that the plugins declare, incompatible pairs (a plugin's own, plus any requirement a
 stack's distribution declares that the installed packages do not meet) and warnings. A plugin whose hook
-fails is itself a finding, never a crash.
+fails, or does not answer within the time limit (``DEVPLUG_PROBE_TIMEOUT``), is itself a finding, never a
+crash or a hang.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import fnmatch
 import importlib.metadata as metadata
 import os
+import time
 from collections.abc import Mapping
 
 import attrs
 from packaging.requirements import InvalidRequirement, Requirement
 
 from devplug.core.contract.records import DoctorReport
-from devplug.core.errors import PluginError
+from devplug.core.registry.bounded import ENV_TIME_LIMIT, BoundedCall, seconds, time_limit
 from devplug.core.registry.manager import DevplugPluginManager
 
 
@@ -81,13 +83,27 @@ def unmet_requirements(distribution: str) -> list[str]:
     return problems
 
 
-def diagnose(pm: DevplugPluginManager) -> Diagnosis:
-    """Ask every plugin for its :class:`DoctorReport` and merge them."""
+def diagnose(pm: DevplugPluginManager, *, deadline: float | None = None) -> Diagnosis:
+    """Ask every plugin for its :class:`DoctorReport` and merge them.
+
+    The hooks run at once, each in its own thread; one that has not answered by ``deadline`` (a
+    ``time.monotonic()`` value; default: one time limit from now, ``DEVPLUG_PROBE_TIMEOUT``) is named in the
+    warnings and left out.
+    """
+    limit = time_limit()
+    deadline = time.monotonic() + limit if deadline is None else deadline
+    impls = pm.hook.devplug_doctor.get_hookimpls()  # the core fallback (trylast) first, then load order
+    calls = [(impl, BoundedCall(impl.function, f"devplug_doctor of {impl.plugin_name!r}")) for impl in impls]
     diagnosis = Diagnosis()
-    for impl in pm.hook.devplug_doctor.get_hookimpls():  # the core fallback (trylast) first, then load order
+    for impl, call in calls:
+        if not call.wait_until(deadline):
+            diagnosis.warnings.append(Finding(impl.plugin_name, (
+                f"its doctor hook did not answer within {seconds(limit)} and was left out (plugin "
+                f"{impl.plugin_name!r} from {pm.distribution_of(impl.plugin_name)}; {ENV_TIME_LIMIT} sets the limit)")))
+            continue
         try:
-            report = impl.function()
-        except PluginError as exc:
+            report = call.result()
+        except (Exception, SystemExit) as exc:  # guarded hooks raise PluginError; doctor itself must not crash
             diagnosis.warnings.append(Finding(impl.plugin_name, f"its doctor hook failed: {exc}"))
             continue
         if isinstance(report, DoctorReport):  # or None: the guard let nothing else through

@@ -1,7 +1,10 @@
 """Device registry and resolution: from ``"auto"``, ``"cpu"`` or ``"cuda:1"`` to one device plugin.
 
 The core never names a device here: it asks every plugin which devices it serves, probes them only
-when needed, and picks by the priority each plugin declared.
+when needed, and picks by the priority each plugin declared. ``"auto"`` probes in priority order and
+stops at the first available device; a device asked for by name probes only itself (and, when it is
+unavailable, the others, to list them in the error). Every probe runs under a time limit
+(:mod:`devplug.core.registry.registered`).
 """
 
 from __future__ import annotations
@@ -10,15 +13,16 @@ import functools
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-import attrs
-
 from devplug.core.contract import hookspecs
-from devplug.core.contract.records import Availability, Device, DeviceSpec
+from devplug.core.contract.records import Device
 from devplug.core.errors import DeviceUnavailableError, PluginError, UnknownDeviceError
+from devplug.core.registry.bounded import time_limit
 from devplug.core.registry.manager import DevplugPluginManager, get_plugin_manager
+from devplug.core.registry.registered import RegisteredDevice
 
 log = logging.getLogger("devplug")
 
@@ -26,41 +30,6 @@ ENV_DEVICE = "DEVPLUG_DEVICE"
 P = ParamSpec("P")
 R = TypeVar("R")
 _REQUEST_RE = re.compile(r"^(?P<name>[a-z][a-z0-9_]*)(?::(?P<index>\d+))?$")
-
-
-@attrs.define
-class RegisteredDevice:
-    """A device spec together with the plugin that registered it."""
-
-    spec: DeviceSpec
-    plugin_name: str
-    plugin: Any
-    distribution: str
-    _availability: Availability | None = attrs.field(default=None, alias="_availability")
-
-    def availability(self) -> Availability:
-        """Run the probe once (a probe that raises reports the exception as the reason)."""
-        if self._availability is None:
-            try:
-                result = self.spec.probe()
-                if not isinstance(result, Availability):
-                    raise TypeError(f"probe returned {result!r}, not an Availability")
-            except Exception as exc:
-                result = Availability.no(
-                    f"its availability probe raised {type(exc).__name__}: {exc}",
-                    f"report this to the maintainers of {self.distribution}",
-                )
-            self._availability = result
-        return self._availability
-
-    def count(self) -> int:
-        """How many devices of this type are visible (0 when unavailable or when counting fails)."""
-        if not self.availability().available:
-            return 0
-        try:
-            return int(self.spec.count())
-        except Exception:
-            return 0
 
 
 class DeviceRegistry:
@@ -82,9 +51,28 @@ class DeviceRegistry:
         """Names of the device plugins (those that declare devices, whether or not they keep every name)."""
         return set(self.pm.declared_devices())
 
+    def probe_all(self, deadline: float | None = None) -> None:
+        """Probe every device at once, each in its own thread, waiting at most one time limit in all.
+
+        ``deadline`` (a ``time.monotonic()`` value) replaces "one time limit from now".
+        """
+        for entry in self.devices.values():
+            entry.start_probe()
+        deadline = time.monotonic() + time_limit() if deadline is None else deadline
+        for name in self.names():
+            self.devices[name].availability(deadline)
+
     def available_names(self) -> list[str]:
-        """Names of devices usable on this machine, highest priority first."""
+        """Names of devices usable on this machine, highest priority first (every device is probed)."""
+        self.probe_all()
         return [n for n in self.names() if self.devices[n].availability().available]
+
+    def first_available(self, skip: Sequence[str] = ()) -> str | None:
+        """The highest-priority available device not in ``skip``; devices ranked below it are not probed."""
+        for name in self.names():
+            if name not in skip and self.devices[name].availability().available:
+                return name
+        return None
 
     def open(self, request: str | None = None, *, options: Mapping[str, Any] | None = None,
              channels_last: bool = False) -> DeviceHooks:
@@ -125,13 +113,13 @@ class DeviceRegistry:
         """
         request = self._request(request)
         if request == "auto":
-            available = [name for name in self.available_names() if name not in skip]
-            if not available:
+            chosen = self.first_available(skip)
+            if chosen is None:
                 raise DeviceUnavailableError(
                     "no device is available; known devices: " + self._describe_known()
                     + (f" (could not be set up: {', '.join(skip)})" if skip else "")
                 )
-            entry, index = self.devices[available[0]], None
+            entry, index = self.devices[chosen], None
         else:
             match = _REQUEST_RE.match(request)
             if match is None or match["name"] not in self.devices:
@@ -168,6 +156,7 @@ class DeviceRegistry:
         return "".join(f". Note: {text}" for text in related)
 
     def _describe_known(self) -> str:
+        self.probe_all()
         parts = []
         for name in self.names():
             availability = self.devices[name].availability()

@@ -15,6 +15,7 @@ Every hook implementation a plugin registers is wrapped once, at registration, b
 from __future__ import annotations
 
 import functools
+import sys
 import types
 import typing
 from collections.abc import Callable, Generator
@@ -165,3 +166,26 @@ def _finish(label: HookLabel, resume: Callable[[], Any], passthrough: BaseExcept
             raise
         raise label.raised(exc) from exc
     raise PluginError(f"{label} is a wrapper that yielded more than once; yield exactly once")
+
+
+#: The code of every guarded call (a plain hook's and a wrapper's), to find a running hook on a thread's stack.
+_GUARD_CODES = frozenset(
+    const for outer in (_guard_call, _guard_wrapper) for const in outer.__code__.co_consts
+    if isinstance(const, types.CodeType) and const.co_name == "guarded"
+)
+
+
+def running_hook(thread_id: int | None) -> HookLabel | None:
+    """The hook implementation thread ``thread_id`` is running now (the innermost guarded one), or ``None``.
+
+    Read from the thread's stack, so a call that never returns can be named without any cost to calls
+    that do.
+    """
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    while frame is not None:
+        if frame.f_code in _GUARD_CODES:
+            label = frame.f_locals.get("label")
+            if isinstance(label, HookLabel):
+                return label
+        frame = frame.f_back
+    return None

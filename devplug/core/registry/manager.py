@@ -6,7 +6,12 @@ imported, checked against the hook contract version, registered with pluggy (whi
 signatures; every hook implementation is then guarded, see :mod:`devplug.core.registry.guard`), checked for
 unknown hooks, and, if the plugin implements ``devplug_register_devices``, asked for its devices. A
 plugin that fails any step is recorded as a :class:`PluginFailure` with its distribution and the
-error, logged once, and left out; the rest keep working.
+error, logged once, and left out; the rest keep working. Loading also measures each plugin's import time
+(:attr:`DevplugPluginManager.import_seconds`, shown by ``devplug devices --verbose``; a third party's import
+over :data:`SLOW_IMPORT_SECONDS` is warned about once per process) and reports every environment variable a
+plugin changed while loading (:mod:`devplug.core.registry.environment`). Every plugin is imported at
+start: pluggy registers a plugin by looking at the hooks of the imported object, and whether it is a
+device plugin or a device-neutral one is known only from those hooks.
 
 Order is deterministic and documented (docs/plugins.md "Precedence"): the core fallback, the
 built-ins, then third-party plugins sorted by distribution and plugin name (registered in reverse, so
@@ -25,6 +30,7 @@ import importlib
 import importlib.metadata
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -36,6 +42,7 @@ from devplug.core.contract.records import DeviceSpec
 from devplug.core.contract.versions import contract_problem
 from devplug.core.errors import ConfigError, PluginError
 from devplug.core.fallback import plugin as fallback
+from devplug.core.registry import environment
 from devplug.core.registry.guard import guard_hookimpl
 
 log = logging.getLogger("devplug")
@@ -55,6 +62,10 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("hpu", "devplug.plugins.hpu.plugin"),
     ("generic", "devplug.plugins.generic.plugin"),
 )
+
+#: A third-party plugin whose import takes longer (seconds) is reported once per process.
+SLOW_IMPORT_SECONDS = 1.0
+_warned_slow: set[tuple[str, str]] = set()
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
@@ -139,6 +150,10 @@ class DevplugPluginManager(pluggy.PluginManager):
         self.preferred: tuple[str, ...] = ()
         self.warnings: list[str] = []
         self.autoload = True
+        #: Seconds each plugin loaded through :meth:`add_plugin` took to import, by plugin name.
+        self.import_seconds: dict[str, float] = {}
+        #: Environment variables the plugins changed while loading, in load order.
+        self.environment_changes: list[environment.EnvironmentChange] = []
         self._declared: dict[str, tuple[DeviceSpec, ...]] = {}
         self._kind_known: set[str] = set()
 
@@ -167,8 +182,11 @@ class DevplugPluginManager(pluggy.PluginManager):
         if self.is_blocked_name(source.name):
             log.debug("devplug plugin %r is blocked", source.name)
             return False
+        before = environment.snapshot()
         try:
+            started = time.perf_counter()
             plugin = source.load()
+            self._timed(source, time.perf_counter() - started)
             problem = contract_problem(getattr(plugin, "DEVPLUG_CONTRACT", None))
             if problem is not None:
                 raise PluginError(problem)
@@ -181,7 +199,40 @@ class DevplugPluginManager(pluggy.PluginManager):
                 self.unregister(name=source.name)
             self.record_failure(source.name, source.distribution, exc)
             return False
+        finally:
+            self._environment_changed(source, before)
         return True
+
+    def _timed(self, source: PluginSource, took: float) -> None:
+        """Keep how long the plugin took to import; warn (once per process) when a third party's was slow.
+
+        Plugins passed at run time are objects already: nothing is imported, nothing is kept.
+        """
+        if source.distribution == RUNTIME_DISTRIBUTION:
+            return
+        self.import_seconds[source.name] = took
+        if took <= SLOW_IMPORT_SECONDS or source.distribution == BUILTIN_DISTRIBUTION:
+            return
+        message = (f"plugin {source.name!r} ({source.distribution}) took {took:.1f} s to import, and every devplug "
+                   "process pays it (plugins are imported to find their hooks); `devplug devices --verbose` shows "
+                   f"each plugin's import time; {ENV_BLOCK}={source.name} skips it")
+        self.warnings.append(message)
+        key = (source.name, source.distribution)
+        if key not in _warned_slow:
+            _warned_slow.add(key)
+            log.warning("%s", message)
+
+    def _environment_changed(self, source: PluginSource, before: dict[str, str]) -> None:
+        """Record and report the environment variables the plugin changed while loading."""
+        changes = environment.changes_between(before, environment.snapshot(), source.name, source.distribution)
+        if not changes:
+            return
+        environment.record(changes)
+        self.environment_changes += changes
+        message = (f"plugin {source.name!r} ({source.distribution}) changed the environment of this process while "
+                   f"loading: {'; '.join(change.describe() for change in changes)}")
+        self.warnings.append(message)
+        log.warning("%s", message)
 
     def record_failure(self, name: str, distribution: str, exc: BaseException) -> PluginFailure:
         """Remember (and log once) that plugin ``name`` was skipped because of ``exc``."""

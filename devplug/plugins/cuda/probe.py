@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from devplug import Availability
+from devplug.toolkit import environment_changes
 
 #: Driver API results worth naming (``CUresult`` values from ``cuda.h``).
 _CU_ERRORS = {
@@ -91,15 +92,26 @@ def probe() -> Availability:
     if available:
         return Availability.yes()
     if visible is not None and visible.strip().lower() in _HIDDEN_VALUES:
-        return Availability.no(
-            f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from this process",
-            "unset CUDA_VISIBLE_DEVICES or list the GPU indices to use",
-        )
+        return _hidden(visible)
     reason, fix = _driver_reason()
     torch_says = next((str(w.message).strip() for w in caught if "CUDA" in str(w.message)), "")
     if torch_says:
         reason = f"{reason}; torch says: {torch_says.splitlines()[0]}"
     return Availability.no(reason, fix)
+
+
+def _hidden(visible: str) -> Availability:
+    """GPUs hidden by ``CUDA_VISIBLE_DEVICES``: the user's setting, or a plugin's (then named, not the user)."""
+    reason = f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from this process"
+    change = environment_changes().get("CUDA_VISIBLE_DEVICES")
+    if change is None:
+        return Availability.no(reason, "unset CUDA_VISIBLE_DEVICES or list the GPU indices to use")
+    was = "it was unset before" if change.before is None else f"it was {change.before!r} before"
+    return Availability.no(
+        f"{reason}; plugin {change.plugin!r} ({change.distribution}) set it while loading ({was})",
+        f"report this to the maintainers of {change.distribution}, or skip that plugin with "
+        f"DEVPLUG_BLOCK_PLUGINS={change.plugin}",
+    )
 
 
 def device_count() -> int:
