@@ -11,6 +11,8 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   :func:`list_images`, :data:`IMAGE_EXTENSIONS`, :func:`load_rgb` — the tuned torch loader to fall back to
   when a faster loader does not apply, and the image pipeline every loader of an ``ImageFolderSource``
   must match (any pixel format to 8-bit RGB, EXIF orientation, reduced-scale JPEG decoding);
+  :func:`evaluation_shard`, :class:`EvaluationSampler` — how an evaluation loader (``options.evaluation``)
+  splits its dataset over ranks: every sample on exactly one rank, no padding;
 - :func:`tune_loader` — the worker processes for the loader options the author left to devplug
   (``LoaderOptions.automatic``), chosen from the device (does compute share the host's cores?) and a
   measurement of the source; ``torch_dataloader(..., compute_competes=...)`` calls it;
@@ -47,6 +49,7 @@ import importlib
 from types import ModuleType
 
 from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
+from devplug.core.data.evaluation import EvaluationSampler, evaluation_shard
 from devplug.core.data.images import display_path, load_rgb, printable
 from devplug.core.data.torch_loader import (
     IMAGE_EXTENSIONS,
@@ -107,6 +110,7 @@ def builtin_plugin(name: str) -> ModuleType:
 __all__ = [
     "IMAGE_EXTENSIONS",
     "TORCH_OPTIMIZERS",
+    "EvaluationSampler",
     "ImageFolderDataset",
     "autocast_plan",
     "available_cpus",
@@ -119,6 +123,7 @@ __all__ = [
     "device_module",
     "display_path",
     "environment_changes",
+    "evaluation_shard",
     "fastest_torch_optimizer",
     "forget_logged",
     "image_transform",

@@ -152,6 +152,16 @@ def test_ranks_get_disjoint_equal_shards_like_distributed_sampler(source):
             assert set(seen) == set(items) and len(seen) == 15
 
 
+def test_an_evaluation_folder_is_read_unpadded_each_image_on_one_rank(source):
+    counts = []
+    for rank in range(3):
+        options = LoaderOptions(batch_size=2, rank=rank, world_size=3, evaluation=True)
+        loader = dali.build_dali_loader(source, options, device_id=None).loader
+        counts.append(sum(b[0].shape[0] for b in epoch(loader)))
+        assert len(loader) == (3 if rank < 2 else 2)  # 5, 5 and 4 of the 14 images: ranks may differ by a batch
+    assert counts == [5, 5, 4]
+
+
 def test_shuffled_shards_are_seeded_and_the_same_split_on_every_rank(source):
     items = list_images(source.root)
     split = [dali.shard_items(items, LoaderOptions(batch_size=2, rank=r, world_size=2, shuffle=True, seed=7))

@@ -15,6 +15,7 @@ from dist_scripts.common import HERE, run_ranks
 from torch.utils.data import TensorDataset
 
 import devplug
+from devplug.core.loop.signals import SIGNAL_CODE, StopRequest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,6 +92,38 @@ def test_a_second_sigterm_stops_at_once(tmp_path):
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == -signal.SIGTERM
     assert "still running" not in result.stdout and "SIGTERM received" in result.stderr
+
+
+class OtherRankSignalled:
+    """Stands in for the cross-rank combiner when another rank received SIGTERM."""
+
+    def max(self, value: int) -> int:
+        return max(value, SIGNAL_CODE + signal.SIGTERM)
+
+    def broadcast(self, value: object, source: int) -> object:
+        return value
+
+
+def test_a_rank_stopped_by_another_takes_its_own_late_signal_as_its_first(capsys):
+    """A scheduler signals every task a moment apart: a rank may agree to stop before its own copy arrives."""
+    calls = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))  # "stop at once"
+    try:
+        inside = StopRequest(["SIGUSR1"], OtherRankSignalled())
+        with inside.handling():
+            assert inside.should_stop() and inside.exit_code == 143
+            os.kill(os.getpid(), signal.SIGUSR1)  # this rank's own copy, before epochs() ended
+        assert calls == [] and inside.exit_code == 138
+        after = StopRequest(["SIGUSR1"], OtherRankSignalled())
+        with after.handling():
+            assert after.should_stop()
+        os.kill(os.getpid(), signal.SIGUSR1)  # ... or after it ended, while the rank saves
+        assert calls == [] and after.exit_code == 138
+        os.kill(os.getpid(), signal.SIGUSR1)  # a second one keeps its usual meaning
+        assert calls == [signal.SIGUSR1]
+        assert "already stopping" in capsys.readouterr().err
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ Imported as ``dist_scripts.common`` by tests and as ``common`` by the scripts in
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -142,3 +143,46 @@ def _describe(outputs: Sequence[tuple[str, str]], codes: Sequence[int] | None = 
         code = f" (exit {codes[rank]})" if codes else ""
         parts.append(f"--- rank {rank}{code} stdout:\n{out[-3000:]}\n--- rank {rank} stderr:\n{err[-3000:]}")
     return "\n".join(parts)
+
+
+def documented_loop() -> str:
+    """The training loop README.md shows (the block tests/test_docs.py keeps equal to docs/trainer.md's)."""
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"<!-- the loop:.*?-->\n```python\n(.*?)```\n<!-- end of the loop -->", text, re.S)
+    if block is None:
+        raise RuntimeError("README.md lost its loop block")
+    return block.group(1)
+
+
+class FixedPredictor(torch.nn.Module):
+    """A classifier whose predicted classes training cannot change: fixed logits times a positive scale.
+
+    The scale is a trained parameter (so the loop trains something), but ``argmax`` ignores a positive
+    factor: every world size predicts the same classes, and evaluation alone decides the accuracy.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.randn(8, 3, generator=torch.Generator().manual_seed(5)))
+        self.scale = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x @ self.weight) * torch.nn.functional.softplus(self.scale)
+
+
+def loop_namespace(val_samples: int = 1001) -> dict[str, object]:
+    """``MyNet``, ``train_set`` and ``val_set`` for :func:`documented_loop`: 3 classes, 128 training samples."""
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(128 + val_samples, 8, generator=g)
+    y = torch.randint(0, 3, (128 + val_samples,), generator=g)
+    y[::2] = (x[::2] @ FixedPredictor().weight).argmax(dim=1)  # about two thirds right, not a round number
+    return {"MyNet": FixedPredictor, "train_set": TensorDataset(x[:128], y[:128]),
+            "val_set": TensorDataset(x[128:], y[128:])}
+
+
+def expected_predictions(namespace: dict[str, object]) -> torch.Tensor:
+    """The classes :class:`FixedPredictor` gives ``namespace``'s evaluation set, in its order."""
+    x, _ = namespace["val_set"].tensors  # type: ignore[attr-defined]
+    return (x @ FixedPredictor().weight).argmax(dim=1)

@@ -19,7 +19,7 @@ import torch
 #: Version of the hook contract (not of the devplug package; see docs/plugins.md "Contract versions").
 #: A plugin declares what it needs with ``DEVPLUG_CONTRACT``: ``"1.1"`` (that minor or newer, same major)
 #: or a range such as ``">=1.0,<3"``; a plugin this devplug cannot serve is reported and skipped.
-CONTRACT_VERSION = "1.3"
+CONTRACT_VERSION = "1.4"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -295,7 +295,9 @@ class LoaderOptions:
     defaults (CPU cores − 1 at most 8, and 2); ``pin_memory`` left out is ``None`` (the device plugin
     decides). ``automatic`` (contract 1.3) names the options the author left to devplug, so a plugin
     can tune those (:func:`devplug.toolkit.tune_loader`) and must keep the others exactly as given: the
-    author's explicit settings always win.
+    author's explicit settings always win. ``evaluation`` (contract 1.4) marks an evaluation loader: shard
+    it without padding, every sample on exactly one rank, uneven splits allowed
+    (:func:`devplug.toolkit.evaluation_shard`; ``make_sampler`` and ``torch_dataloader`` do it).
     """
 
     batch_size: int = attrs.field(validator=attrs.validators.gt(0))
@@ -311,6 +313,7 @@ class LoaderOptions:
     collate_fn: Callable[..., Any] | None = None
     sampler: Any = None
     automatic: frozenset[str] = attrs.field(default=frozenset(), converter=_frozen_names, validator=_check_automatic)
+    evaluation: bool = False  # an evaluation loader: each sample on exactly one rank, no padding
 
 
 @attrs.frozen

@@ -1,11 +1,12 @@
 """Loaders whose batches arrive on the device and advance the loop's position.
 
 Training loaders advance the position (:mod:`devplug.core.data.position`); evaluation loaders
-(``Trainer.dataloader(..., train=False)``) never do: they always yield their whole dataset and are never
-skipped on resume. The first training loader a Trainer builds is its *primary* loader: its batches
-define steps, epochs, progress and throughput; further training loaders are iterated alongside and
-only resume where they were. :class:`DeviceLoader` iterates a plugin's (or the author's) loader, moves
-batches to the device, and advances the position.
+(``Trainer.dataloader(..., train=False)``) never do: they yield their whole dataset across the ranks, each
+sample once (:mod:`devplug.core.data.evaluation`), and are never skipped on resume. The first training
+loader a Trainer builds is its *primary* loader: its batches define steps, epochs, progress and
+throughput; further training loaders are iterated alongside and only resume where they were.
+:class:`DeviceLoader` iterates a plugin's (or the author's) loader, moves batches to the device, and
+advances the position.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from devplug.core.contract.records import ImageFolderSource, LoaderChoice, LoaderOptions
+from devplug.core.data.evaluation import EvaluationSampler
 from devplug.core.data.images import display_path, load_rgb, printable
 from devplug.core.data.tuning import tune_loader
 from devplug.core.errors import DataError
@@ -211,10 +212,15 @@ def make_sampler(dataset: Dataset, options: LoaderOptions) -> Any:
     permutation (seeded with ``seed + epoch``) whatever the world size: rank ``r`` of ``W`` reads every
     ``W``-th sample of it, and a job that consumed ``k`` batches of ``B`` on ``W`` ranks has read the
     first ``k·B·W`` samples, which lets a checkpoint resume at the same place on another world size.
-    An ``IterableDataset`` has no sampler.
+    An evaluation loader (``options.evaluation``) gets an :class:`EvaluationSampler` instead: this rank's
+    contiguous block of the dataset, every sample on exactly one rank, nothing padded. An
+    ``IterableDataset`` has no sampler.
     """
     if options.sampler is not None or isinstance(dataset, IterableDataset):
         return options.sampler
+    if options.evaluation:
+        return EvaluationSampler(len(dataset), rank=options.rank, world_size=options.world_size,  # type: ignore[arg-type]
+                                 shuffle=options.shuffle, seed=options.seed)
     return DistributedSampler(
         dataset,
         num_replicas=options.world_size,

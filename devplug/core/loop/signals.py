@@ -9,7 +9,10 @@ the same kind stops at once, as without devplug. Outside ``epochs()`` signals ke
 
 Under several processes every rank must stop at the same step, though the signal reaches them at
 different moments: the flag is combined across ranks (a one-integer all-reduce over a CPU ``gloo``
-group, no device synchronisation) each time the primary loader is about to start a step.
+group, no device synchronisation) each time the primary loader is about to start a step. A rank that
+learned of the stop from another rank may still receive its own copy of the signal (a scheduler signals
+every task, a moment apart): that copy is its first signal, not a second, even after ``epochs()`` has
+ended, so it cannot kill the rank while it saves.
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ class StopRequest:
         self.agreed = False
         self._requested = False
         self._combiner = combiner
+        self.signalled = False  # this process received a stop signal itself (not only from another rank)
+        self._after: dict[int, Any] = {}  # the handlers a late signal gives back (see _late)
 
     @property
     def signal_name(self) -> str | None:
@@ -108,7 +113,7 @@ class StopRequest:
         return self.agreed
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is not None:  # a second signal: stop at once, as without devplug
+        if self.signalled:  # a second signal: stop at once, as without devplug
             previous = self._previous.get(signum, signal.SIG_DFL)
             signal.signal(signum, previous)
             if callable(previous):
@@ -116,10 +121,20 @@ class StopRequest:
             else:
                 os.kill(os.getpid(), signum)
             return
-        self.received = signum
+        self.signalled, self.received = True, signum
         name = signal.Signals(signum).name
         self.reason = f"{name} received"
         print(f"\ndevplug: {name} received: stopping after this step and saving (send it again to stop at once)",
+              file=sys.stderr, flush=True)
+
+    def _late(self, signum: int, frame: FrameType | None) -> None:
+        # epochs() ended on another rank's stop; this rank's own copy of the signal arrives now: note it, and
+        # give every stop signal its previous meaning back, so that a second one acts as without devplug
+        for number, previous in self._after.items():
+            signal.signal(number, previous)
+        self._after = {}
+        self.signalled, self.received = True, signum
+        print(f"\ndevplug: {signal.Signals(signum).name} received: already stopping (send it again to stop at once)",
               file=sys.stderr, flush=True)
 
     @contextmanager
@@ -132,6 +147,8 @@ class StopRequest:
         try:
             yield
         finally:
+            late = self.agreed and not self.signalled  # stopped for another rank: its own signal may follow
+            self._after = dict(self._previous) if late else {}
             for number, previous in self._previous.items():
-                signal.signal(number, previous)
+                signal.signal(number, self._late if late else previous)
             self._previous = {}

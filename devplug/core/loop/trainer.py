@@ -28,6 +28,7 @@ from devplug.core.contract.records import LaunchInfo, MemoryStats, OptimizerChoi
 from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed.launch import detect_launch
+from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
 from devplug.core.errors import ConfigError
 from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.loop.config import TrainerConfig
@@ -254,7 +255,10 @@ class Trainer:
         ``source`` is a Dataset or ImageFolderSource (the device plugin picks the loader: DALI,
         HabanaDataLoader, a tuned torch DataLoader; under DDP each rank reads its own shard), or a
         DataLoader or iterable of batches the author built (used as it is). Training loaders count steps;
-        an evaluation loader never does, always yields its whole dataset, and is never skipped on resume.
+        an evaluation loader never does and is never skipped on resume. Under several processes an
+        evaluation loader's shards are disjoint, unpadded blocks that together hold the dataset exactly once
+        (:mod:`devplug.core.data.evaluation`): combine what the ranks computed with :meth:`all_reduce` or
+        :meth:`gather` after the pass.
         ``num_workers``, ``pin_memory`` and ``prefetch_factor`` left out (``None``) are chosen by the device
         plugin from the device and a measurement of the source (``loader.choice.reason`` says what and
         why); given, they are used exactly as given.
@@ -266,7 +270,8 @@ class Trainer:
             options = loader_options(
                 batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
                 pin_memory=pin_memory, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
-                seed=base_seed, rank=self.rank, world_size=self.world_size, collate_fn=collate_fn, sampler=sampler)
+                seed=base_seed, rank=self.rank, world_size=self.world_size, collate_fn=collate_fn, sampler=sampler,
+                evaluation=not train)
             choice = self._hooks(spec.devplug_dataloader, source=source, options=options)
             assert choice is not None  # the core fallback always answers
         else:
@@ -397,6 +402,34 @@ class Trainer:
                 for module in modules:
                     stack.enter_context(self.no_sync(module))
             yield
+
+    # ---- values across ranks (evaluation) ---------------------------------------------------------------
+    def all_reduce(self, value: Any, op: str = "sum") -> Any:
+        """``value`` (a tensor or a number) reduced over all ranks: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
+
+        A collective: call it on every rank, the same number of times, after the evaluation pass rather than
+        per batch (an evaluation loader's shards may differ by one batch). Every rank gets the result; a
+        tensor is returned as a new tensor, a number as a number. In one process it returns ``value``
+        itself. ``correct = trainer.all_reduce(correct, op="sum")`` turns each rank's count of its own
+        shard into the count over the whole evaluation set.
+        """
+        if op not in REDUCE_OPS:
+            raise ConfigError(f"all_reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+        if not self._launch.distributed:
+            return value
+        return all_reduce(value, op, self.torch_device)
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` concatenated along its first dimension, in rank order (uneven sizes allowed).
+
+        A collective: call it on every rank, the same number of times (collect a pass's outputs, then
+        gather once). Other dimensions and the dtype must agree across ranks. An evaluation loader gives
+        rank ``r`` the ``r``-th contiguous block of its dataset, so gathering a whole unshuffled pass's
+        outputs gives them in the dataset's order, each sample once. In one process it returns ``tensor``.
+        """
+        if not self._launch.distributed:
+            return tensor
+        return gather(tensor)
 
     # ---- epochs, logging, progress ---------------------------------------------------------------------
     def epochs(self, n: int, *, max_steps: int | None = None) -> Iterator[int]:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import torch
 
 from devplug import DataError, ImageFolderSource, LoaderChoice, LoaderOptions
-from devplug.toolkit import list_images
+from devplug.toolkit import evaluation_shard, list_images
 
 #: Name of the file reader inside the pipeline; the iterator asks it for the shard size.
 READER_NAME = "devplug_reader"
@@ -58,7 +58,9 @@ def shard_items(items: Sequence[T], options: LoaderOptions) -> list[T]:
     is padded by repeating items from its start (``drop_last=False``) or cut (``drop_last=True``) to a
     multiple of the world size, then rank ``r`` takes items ``r, r + world_size, ...``. With
     ``shuffle`` the split is random (seeded by ``options.seed``, the same on every rank). A single
-    process gets all items in order.
+    process gets all items in order. An evaluation loader (``options.evaluation``) is not padded: each
+    rank takes its contiguous block (:func:`~devplug.core.data.evaluation.evaluation_shard`), every item
+    on exactly one rank.
     """
     world, count = options.world_size, len(items)
     if world <= 1:
@@ -66,6 +68,8 @@ def shard_items(items: Sequence[T], options: LoaderOptions) -> list[T]:
     order = list(range(count))
     if options.shuffle:
         random.Random(options.seed).shuffle(order)
+    if options.evaluation:
+        return [items[order[i]] for i in evaluation_shard(count, options.rank, world)]
     if options.drop_last:
         total = count - count % world
         if total == 0:
