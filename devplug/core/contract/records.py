@@ -172,7 +172,9 @@ class OptimizerChoice:
     An optimizer with neither converter whose class is not the torch class of its algorithm is saved in
     its own layout, and only the same implementation can load it. ``devplug.toolkit`` has helpers for
     the usual conversions (``steps_to_params``, ``steps_to_groups``, ``native_groups``). ``algorithm`` is
-    set by the core: the name the author asked for (``"adamw"``), or an author's class's qualified name.
+    set by the core: the name the author asked for (``"adamw"``), or an author's class's qualified name;
+    ``built_by`` too: the plugin and distribution whose ``devplug_optimizer`` answered (errors about the
+    optimizer's state name it).
     """
 
     optimizer: torch.optim.Optimizer
@@ -184,6 +186,7 @@ class OptimizerChoice:
         default=None, kw_only=True,
         validator=[attrs.validators.optional(attrs.validators.is_callable()), _check_converters])
     algorithm: str = attrs.field(default="", kw_only=True)
+    built_by: str = attrs.field(default="", kw_only=True)
 
 
 class Phase(str, enum.Enum):
@@ -195,6 +198,8 @@ class Phase(str, enum.Enum):
 
 #: Precision names understood by devplug, in the conventions PyTorch users already know.
 PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed")
+#: The precision setting that computes in float16: its plans need a grad scaler (see PrecisionPlan).
+FLOAT16_PRECISION = "16-mixed"
 
 
 @attrs.frozen
@@ -208,6 +213,13 @@ class PrecisionPlan:
     - ``optimizer_step_context``: a factory for a context entered around every optimizer step
       (e.g. ``hmp.disable_casts()``), or ``None``.
     - ``description``: what the plugin did and why, for summaries.
+    - ``no_scaler_reason`` (contract 1.3, keyword only): why a ``"16-mixed"`` plan has no grad scaler.
+
+    ``"16-mixed"`` is float16 autocast, whose narrow exponent range flushes small gradients to zero unless
+    the loss is scaled: a ``"16-mixed"`` plan must carry a ``scaler``, or say in ``no_scaler_reason`` why
+    none is needed (e.g. ``"the optimizer scales the loss itself"``). A ``"16-mixed"`` plan with neither
+    cannot be built (``ValueError``); returned from ``devplug_precision``, that is reported as the plugin's
+    error, naming it.
     """
 
     name: str
@@ -216,6 +228,14 @@ class PrecisionPlan:
     convert_module: Callable[[torch.nn.Module], torch.nn.Module] | None = None
     optimizer_step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     description: str = ""
+    no_scaler_reason: str = attrs.field(default="", kw_only=True, validator=attrs.validators.instance_of(str))
+
+    def __attrs_post_init__(self) -> None:
+        if self.name == FLOAT16_PRECISION and self.scaler is None and not self.no_scaler_reason.strip():
+            raise ValueError(
+                f"a {FLOAT16_PRECISION!r} PrecisionPlan (float16 autocast) has no grad scaler, so small gradients "
+                "underflow to zero: give it scaler=torch.amp.GradScaler(...), or no_scaler_reason='why none is "
+                "needed'")
 
 
 @attrs.frozen
