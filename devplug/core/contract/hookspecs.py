@@ -101,9 +101,10 @@ def devplug_optimizer(
     ``options`` are the author's keyword arguments (``lr``, ``betas``, ``weight_decay``, …) to map
     faithfully onto the implementation chosen. Return an :class:`OptimizerChoice` naming the
     implementation, or ``None`` to let the next plugin (ultimately the core's fallback, plain
-    ``torch.optim``) decide. An implementation that is not a torch.optim class gives the choice its
-    ``to_canonical``/``from_canonical`` converters (contract 1.1), so its state is checkpointed in
-    torch.optim's layout and a run resumes on another device. First-result.
+    ``torch.optim``) decide. An implementation that is not a torch.optim class (nor a subclass of one
+    that keeps its state layout) gives the choice its ``to_canonical``/``from_canonical`` converters
+    (contract 1.1), so its state is checkpointed in torch.optim's layout and a run resumes on another
+    device. First-result.
     """
 
 

@@ -157,9 +157,10 @@ class OptimizerChoice:
     ``state_dict()`` layout for the algorithm (per-parameter ``step`` tensors, ``exp_avg``,
     ``exp_avg_sq``, ``momentum_buffer`` ..., and torch's hyperparameters in each parameter group), so a
     run saved with one device's optimizer resumes with another's. A torch.optim optimizer (for-loop,
-    ``foreach`` or ``fused``) is canonical already. Any other implementation of a standard algorithm
-    supplies both converters, each called as ``converter(optimizer, state)`` with the optimizer this
-    choice holds:
+    ``foreach`` or ``fused``) is canonical already, and so is one whose class subclasses the torch class
+    of its algorithm and keeps its per-parameter state entries and shapes (compared on save). Any other
+    implementation of a standard algorithm supplies both converters, each called as
+    ``converter(optimizer, state)`` with the optimizer this choice holds:
 
     - ``to_canonical``: from ``optimizer.state_dict()`` to torch.optim's layout (tensors stay where they
       are; the core moves them to the CPU). Parameter-group keys torch has and the state lacks may be left
@@ -169,8 +170,8 @@ class OptimizerChoice:
       state has no equivalent in this implementation (e.g. parameters of one group at different step
       counts, for an implementation that keeps one count per group).
 
-    An optimizer with neither converter whose class is not the torch class of its algorithm is saved in
-    its own layout, and only the same implementation can load it. ``devplug.toolkit`` has helpers for
+    An optimizer with neither converter that is not canonical already is saved in its own layout (with
+    the reason), and only the same implementation can load it. ``devplug.toolkit`` has helpers for
     the usual conversions (``steps_to_params``, ``steps_to_groups``, ``native_groups``). ``algorithm`` is
     set by the core: the name the author asked for (``"adamw"``), or an author's class's qualified name;
     ``built_by`` too: the plugin and distribution whose ``devplug_optimizer`` answered (errors about the
