@@ -153,8 +153,8 @@ def devplug_peak_flops(device: Device, precision: str) -> float | None:
     or a measured figure where no published one applies; or ``None`` when unknown (MFU is then not
     reported). A figure that is not positive and finite (zero, negative, infinite, NaN) is refused
     with a ``PluginError`` naming the plugin, which the Trainer logs as one warning: MFU is then not
-    reported, and training goes on. Must not train or allocate much: a short
-    measurement at most. First-result.
+    reported, and training goes on. Must not train or allocate much: a short measurement at most.
+    First-result.
     """
 
 
