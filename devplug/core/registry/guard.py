@@ -9,7 +9,8 @@ Every hook implementation a plugin registers is wrapped once, at registration, b
   same naming and the original chained; devplug's own errors (``PrecisionError`` for a setting the
   device cannot run, ``OptimizerError``, ...) are part of the contract and pass through unchanged;
 - an answer of the right type whose value breaks a rule of its hook (a module moved into a copy, a negative
-  peak FLOP/s) is refused or dropped as :mod:`devplug.core.registry.answers` says, naming the plugin;
+  peak FLOP/s) raises a :class:`PluginError` with the same naming, and an ``OptimizerChoice`` is given the
+  name of the plugin that built it (:mod:`devplug.core.registry.answers`);
 - a ``wrapper=True`` implementation that swallows the inner answer (``yield`` without ``return``) is
   reported as such instead of surfacing later as "no plugin can build ...".
 """
