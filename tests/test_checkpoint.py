@@ -136,3 +136,46 @@ def test_mismatch_in_a_later_module_leaves_earlier_modules_untouched(tmp_path):
     with pytest.raises(CheckpointError, match=r"module 'b': missing \['0.bias', '0.weight'\]"):
         other.load(path)
     assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())
+
+
+BROKEN_STATES = [  # algorithm and options, the state entry that breaks, how, what the error says
+    ("adam", {"amsgrad": True}, "max_exp_avg_sq", lambda t: t - t.max() - 1, "max_exp_avg_sq has negative values"),
+    ("adamw", {}, "exp_avg_sq", lambda t: -t - 1, "exp_avg_sq has negative values"),
+    ("adamax", {}, "exp_inf", lambda t: -t - 1, "exp_inf has negative values"),
+    ("nadam", {}, "exp_avg_sq", lambda t: -t - 1, "exp_avg_sq has negative values"),
+    ("radam", {}, "exp_avg_sq", lambda t: -t - 1, "exp_avg_sq has negative values"),
+    ("adagrad", {}, "sum", lambda t: -t - 1, "sum has negative values"),
+    ("rmsprop", {}, "square_avg", lambda t: -t - 1, "square_avg has negative values"),
+    ("sgd", {"momentum": 0.9}, "momentum_buffer", lambda t: t / 0, "momentum_buffer holds NaN or infinity"),
+]
+
+
+@pytest.mark.parametrize(("algorithm", "options", "entry", "change", "expected"), BROKEN_STATES,
+                         ids=[f"{b[0]}-{b[2]}" for b in BROKEN_STATES])
+def test_a_state_that_breaks_its_algorithm_is_refused_before_anything_is_restored(tmp_path, algorithm, options, entry,
+                                                                                    change, expected):
+    def trainer_with(seed: int):
+        trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=seed)
+        torch.manual_seed(seed)
+        model = trainer.setup(torch.nn.Linear(3, 2), "net")
+        return trainer, model, trainer.optimizer(algorithm, model.parameters(), lr=1e-2, **options)
+
+    trainer, model, opt = trainer_with(0)
+    for _ in range(2):
+        trainer.backward(model(torch.randn(4, 3)).pow(2).mean())
+        trainer.step(opt)
+    path = trainer.save(tmp_path / "ck.pt")
+    state = torch.load(path, weights_only=True)
+    values = state["optimizers"]["net"]["state"]["state"][0]
+    values[entry] = change(values[entry])
+    torch.save(ckpt.with_digest(state), path)
+    other, other_model, other_opt = trainer_with(1)
+    before = {k: v.clone() for k, v in other_model.state_dict().items()}
+    state_before = {i: {k: v.clone() for k, v in s.items()} for i, s in other_opt.state_dict()["state"].items()}
+    with pytest.raises(CheckpointError, match=expected) as caught:
+        other.load(path)
+    assert "optimizer 'net'" in str(caught.value) and "\n" not in str(caught.value)
+    state_after = other_opt.state_dict()["state"]  # empty, or Adagrad's initial state
+    assert state_after.keys() == state_before.keys()
+    assert all(torch.equal(v, state_after[i][k]) for i, s in state_before.items() for k, v in s.items())
+    assert all(torch.equal(before[k], v) for k, v in other_model.state_dict().items())

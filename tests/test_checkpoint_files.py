@@ -119,6 +119,24 @@ def _wrong_shape(state: dict[str, Any]) -> None:
     state["optimizers"]["generator"]["state"]["state"][0]["exp_avg"] = torch.zeros(5, 7)
 
 
+def _edit_state(entry: str, change: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[dict[str, Any]], None]:
+    """An edit of the generator's optimizer state: ``entry`` of its first parameter changed."""
+    def edit(state: dict[str, Any]) -> None:
+        values = state["optimizers"]["generator"]["state"]["state"][0]
+        values[entry] = change(values[entry])
+    return edit
+
+
+def _drop_second_moment(state: dict[str, Any]) -> None:
+    del state["optimizers"]["generator"]["state"]["state"][1]["exp_avg_sq"]
+
+
+def _nan_first(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.clone()
+    tensor.view(-1)[0] = float("nan")
+    return tensor
+
+
 def _lfs(data: bytes, target: Path) -> bytes:
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{'ab' * 32}\nsize {len(data)}\n".encode()
 
@@ -151,6 +169,15 @@ CORPUS: dict[str, tuple[Callable[[bytes, Path], bytes], str]] = {
     "negative global step": (_edited(_set(-1, "global_step")), "global_step is -1, not a non-negative integer"),
     "negative optimizer step": (_edited(_set(torch.tensor(-3.0), "optimizers", "generator", "state", "state", 0,
                                              "step")), "step tensor.-3.. is not a non-negative count"),
+    "negative second moment": (_edited(_edit_state("exp_avg_sq", lambda t: -t - 1)),
+                               r"optimizer 'generator': the adam state written by torch\.optim\.Adam\S* is impossible: "
+                               r"parameter 0: exp_avg_sq has negative values"),
+    "NaN first moment": (_edited(_edit_state("exp_avg", _nan_first)), "parameter 0: exp_avg holds NaN or infinity"),
+    "fractional step": (_edited(_edit_state("step", lambda t: t + 0.5)),
+                        r"parameter 0: step is 2\.5, not a whole non-negative count"),
+    "second moment of one parameter removed": (_edited(_drop_second_moment),
+                                               r"the parameters of group 0 hold different entries "
+                                               r"\(\['exp_avg', 'exp_avg_sq', 'step'\] and \['exp_avg', 'step'\]\)"),
     "format 1": (_edited(_set(1, "format")), r"was written by an older devplug \(checkpoint format 1"),
     "format 3": (_edited(_set(3, "format")), r"was written by a newer devplug \(checkpoint format 3.*pip install -U"),
 }

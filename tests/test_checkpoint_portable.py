@@ -213,6 +213,100 @@ def test_params_at_different_steps_cannot_go_into_a_per_group_step_optimizer(tmp
     _trainer(IMPLEMENTATIONS["for-loop"], "adam", seed=1)[0].load(path)  # a torch optimizer takes it
 
 
+# ---- states that break their algorithm -------------------------------------------------------------------
+
+def _swap_moments(state: Any) -> dict[str, Any]:
+    """A converter's bug: Adam's first and second moments in each other's place."""
+    swapped = {i: {**s, "exp_avg": s["exp_avg_sq"], "exp_avg_sq": s["exp_avg"]} for i, s in state["state"].items()}
+    return {"state": swapped, "param_groups": [dict(g) for g in state["param_groups"]]}
+
+
+def _swapping(device: Any, name: str, params: list[Any], options: dict[str, Any]) -> devplug.OptimizerChoice:
+    return devplug.OptimizerChoice(torch.optim.Adam(params, **options), "vendor.SwappingAdam",
+                                   to_canonical=lambda o, s: _swap_moments(s),
+                                   from_canonical=lambda o, s: _swap_moments(s))
+
+
+def test_a_converter_that_swaps_adams_moments_is_refused_on_resume_naming_it(tmp_path):
+    trainer, model, opt = _trainer(_torch({}), "adam")
+    _train(trainer, model, opt, range(K))
+    path = trainer.save(tmp_path / "ck.pt")
+    other, other_model, other_opt = _trainer(_swapping, "adam", seed=1)
+    before = {k: v.clone() for k, v in other_model.state_dict().items()}
+    with pytest.raises(CheckpointError) as caught:
+        other.load(path)
+    message = str(caught.value)
+    assert message.startswith(f"checkpoint {str(path)!r} cannot be restored, and nothing was changed: optimizer "
+                              "'net': the adam state that vendor.SwappingAdam's from_canonical of plugin 'pick' "
+                              "(registered at run time) made of a valid one is impossible: parameter 0: exp_avg_sq has "
+                              "negative values"), message
+    assert "\n" not in message
+    assert other_opt.state_dict()["state"] == {}
+    assert all(torch.equal(before[k], v) for k, v in other_model.state_dict().items())
+
+
+def test_a_converter_that_swaps_adams_moments_writes_no_checkpoint(tmp_path):
+    trainer, model, opt = _trainer(_swapping, "adam")
+    _train(trainer, model, opt, range(K))
+    with pytest.raises(CheckpointError) as caught:
+        trainer.save(tmp_path / "ck.pt")
+    message = str(caught.value)
+    assert "optimizer 'net': the adam state from vendor.SwappingAdam's to_canonical of plugin 'pick' (registered at " \
+           "run time) is impossible: parameter 0: exp_avg_sq has negative values" in message, message
+    assert message.startswith("not saving checkpoint") and "\n" not in message
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- torch.optim subclasses -------------------------------------------------------------------------------
+
+class RenamedAdam(torch.optim.Adam):
+    """A vendor's name on torch's Adam: its step and state are torch's."""
+
+
+class CountingAdam(torch.optim.Adam):
+    """An Adam that keeps an entry of its own in each parameter's state: not torch's layout."""
+
+    def step(self, closure: Any = None) -> Any:
+        loss = super().step(closure)
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    self.state[param]["vendor_count"] = torch.tensor(float(self.state[param]["step"]))
+        return loss
+
+
+def _subclass(cls: type[torch.optim.Optimizer]) -> Builder:
+    def build(device: Any, name: str, params: list[Any], options: dict[str, Any]) -> devplug.OptimizerChoice:
+        return devplug.OptimizerChoice(cls(params, **options), f"vendor.{cls.__name__}")
+    return build
+
+
+@pytest.mark.parametrize(("a", "b"), [("subclass", "torch"), ("torch", "subclass")])
+def test_a_torch_subclass_that_keeps_torchs_layout_moves_without_converters(tmp_path, a, b):
+    builds = {"subclass": _subclass(RenamedAdam), "torch": _torch({"foreach": False})}
+    full, full_model, full_opt = _trainer(builds[a], "adam")
+    _train(full, full_model, full_opt, range(2 * K))
+    first, model, opt = _trainer(builds[a], "adam")
+    _train(first, model, opt, range(K))
+    path = first.save(tmp_path / "ck.pt")
+    assert torch.load(path, weights_only=True)["optimizers"]["net"]["layout"] == "canonical"
+    resumed, resumed_model, resumed_opt = _trainer(builds[b], "adam", seed=1)
+    resumed.load(path)
+    _train(resumed, resumed_model, resumed_opt, range(K, 2 * K))
+    for name, want in full_model.state_dict().items():
+        torch.testing.assert_close(resumed_model.state_dict()[name], want, rtol=1e-5, atol=1e-7)
+
+
+def test_a_torch_subclass_with_state_of_its_own_is_saved_in_its_own_layout_saying_why(tmp_path):
+    trainer, model, opt = _trainer(_subclass(CountingAdam), "adam")
+    _train(trainer, model, opt, range(K))
+    entry = torch.load(trainer.save(tmp_path / "ck.pt"), weights_only=True)["optimizers"]["net"]
+    assert entry["layout"] == "native"
+    assert entry["reason"] == ("vendor.CountingAdam gives no converter to torch.optim's layout, and its state differs "
+                               "from torch.optim.Adam's: parameter 0 has ['exp_avg', 'exp_avg_sq', 'step', "
+                               "'vendor_count'], torch.optim.Adam has ['exp_avg', 'exp_avg_sq', 'step']")
+
+
 # ---- whole Trainers across devices -----------------------------------------------------------------------
 def _loop_trainer(device: str, pm: Any, seed: int = 0) -> tuple[devplug.Trainer, torch.nn.Module, Any]:
     trainer = devplug.Trainer(device=device, precision="32-true", progress=False, plugin_manager=pm, seed=seed)

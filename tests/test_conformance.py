@@ -146,10 +146,25 @@ class VendorSGD(torch.optim.SGD):
     """A vendor's optimizer (here torch's, renamed): its state is not known to be torch's layout."""
 
 
+class VendorLayoutSGD(torch.optim.SGD):
+    """A vendor's SGD that keeps an entry of its own in each parameter's state: not torch.optim.SGD's layout.
+
+    (A subclass that keeps torch's layout, such as VendorSGD, is canonical without converters.)
+    """
+
+    def step(self, closure: Any = None) -> Any:
+        loss = super().step(closure)
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    self.state[param]["vendor_steps"] = self.state[param].get("vendor_steps", 0) + 1
+        return loss
+
+
 class VendorWithoutConverters(ToyDevice):
     @devplug.hookimpl
     def devplug_optimizer(self, device: devplug.Device, name: str, params: Any, options: dict[str, Any]) -> Any:
-        return devplug.OptimizerChoice(VendorSGD(params, **options), "vendor.SGD")
+        return devplug.OptimizerChoice(VendorLayoutSGD(params, **options), "vendor.SGD")
 
 
 def _drop_second_moment(optimizer: Any, state: Any) -> dict[str, Any]:
@@ -248,7 +263,9 @@ BROKEN = [
     (AscendingOptimizer, lambda d: check_optimizer(d, "adamw"), "did not lower a convex toy loss"),
     (AscendingOptimizer, check_training, "did not lower a toy loss"),
     (VendorWithoutConverters, lambda d: check_optimizer_state(d, "sgd"),
-     "vendor.SGD (sgd) saves its state in its own layout (vendor.SGD gives no converter to torch.optim's layout)"),
+     "vendor.SGD (sgd) saves its state in its own layout (vendor.SGD gives no converter to torch.optim's layout, and "
+     "its state differs from torch.optim.SGD's: parameter 0 has ['momentum_buffer', 'vendor_steps'], "
+     "torch.optim.SGD has ['momentum_buffer'])"),
     (LossyConverters, lambda d: check_optimizer_state(d, "adam"), "its canonical state is not torch.optim's "
      "layout: parameter 0 has ['exp_avg', 'step'], torch.optim has ['exp_avg', 'exp_avg_sq', 'step']"),
     (LossyConverters, lambda d: check_optimizer_state(d, "sgd"), "after a round trip through the canonical "

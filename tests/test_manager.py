@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import sys
+from typing import Any
 
 import pytest
+import torch
 
 import devplug
 from devplug.core.contract.records import Availability, DeviceSpec
@@ -183,3 +186,38 @@ def test_neutral_wrapper_can_change_one_behaviour_of_a_builtin_device():
     trainer = devplug.Trainer(device="cpu", progress=False, plugin_manager=pm)
     opt = trainer.optimizer("adam", trainer.setup(__import__("torch").nn.Linear(2, 1)).parameters(), lr=1e-3)
     assert trainer.optimizer_implementation(opt).endswith("[audited]")
+
+
+class MovesModulesInto:
+    """A neutral plugin whose ``devplug_to_device`` returns ``answer(module)`` for a module (tensors: a copy)."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    @devplug.hookimpl(tryfirst=True)
+    def devplug_to_device(self, device: devplug.Device, obj: Any) -> Any:
+        return self.answer(obj) if isinstance(obj, torch.nn.Module) else obj.clone()
+
+
+@pytest.mark.parametrize(("answer", "what"), [
+    (copy.deepcopy, "another module (Linear)"),
+    (lambda module: torch.nn.Sequential(module), "another module (Sequential)"),
+    (lambda module: "moved", "another object"),
+], ids=["copy", "wrapper", "unrelated"])
+def test_to_device_returning_another_object_for_a_module_is_refused_naming_the_plugin(answer, what):
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("mover", MovesModulesInto(answer))])
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, plugin_manager=pm)
+    assert torch.equal(trainer.to_device(torch.ones(2)), torch.ones(2))  # a tensor may be a copy
+    with pytest.raises(devplug.PluginError) as caught:
+        trainer.setup(torch.nn.Linear(2, 1))
+    message = str(caught.value)
+    assert message.startswith(f"devplug_to_device of plugin 'mover' (registered at run time) returned {what} for the "
+                              "Linear it was asked to move; a module must be moved in place and returned itself")
+    assert "\n" not in message
+
+
+def test_to_device_returning_the_module_itself_is_accepted():
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("mover", MovesModulesInto(lambda module: module))])
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, plugin_manager=pm)
+    module = torch.nn.Linear(2, 1)
+    assert trainer.setup(module) is module

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from test_trainer import SyncCounter, make_data, make_model
@@ -9,6 +11,7 @@ from torch import nn
 
 import devplug
 from devplug.core.observe.flops import measured_matmul_flops
+from devplug.core.registry.manager import create_plugin_manager
 from devplug.plugins.cuda import peaks as cuda_peaks
 from devplug.plugins.hpu import peaks as hpu_peaks
 
@@ -162,3 +165,45 @@ def test_measuring_the_peak_draws_nothing_from_the_training_rng():
     before = torch.random.get_rng_state()
     measured_matmul_flops("cpu", torch.float32, seconds=0.01)
     assert torch.equal(torch.random.get_rng_state(), before)  # a run's random numbers do not depend on it
+
+
+class LyingPeak:
+    """A neutral plugin that reports ``peak`` as the device's peak FLOP/s."""
+
+    def __init__(self, peak: Any) -> None:
+        self.peak = peak
+
+    @devplug.hookimpl(tryfirst=True)
+    def devplug_peak_flops(self, device: devplug.Device, precision: str) -> Any:
+        return self.peak
+
+
+@pytest.mark.parametrize("peak", [-4.3e12, 0.0, float("inf"), float("nan"), True])
+def test_a_peak_that_is_not_positive_and_finite_is_refused_with_one_warning_and_no_mfu(caplog, peak):
+    measured_matmul_flops("cpu", torch.float32)  # the CPU plugin's own peak, which must not stand in for it
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("liar", LyingPeak(peak))])
+    trainer = devplug.Trainer(device="cpu", precision="32-true", log_every=2, progress=False, plugin_manager=pm)
+    model = trainer.setup(make_model())
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.01)
+    loader = trainer.dataloader(make_data(64), batch_size=4, num_workers=0)
+    with caplog.at_level("WARNING", logger="devplug"):
+        for _ in trainer.epochs(1, max_steps=6):
+            for x, y in loader:
+                trainer.backward(nn.functional.mse_loss(model(x), y))
+                trainer.step(opt)
+                trainer.log(loss=trainer.global_step)
+    assert trainer.global_step == 6
+    assert "mfu" not in trainer.last_metrics and "mfu" not in trainer.summary()
+    assert trainer._flops.flops_per_sample is not None  # counted; only the peak was refused
+    warnings = [r.getMessage() for r in caplog.records if "devplug_peak_flops" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+    assert warnings[0].startswith("MFU not reported: devplug_peak_flops of plugin 'liar' (registered at run time) "
+                                  "returned ")
+    if not isinstance(peak, bool):  # a bool is not a float at all: the guard's type check says so
+        assert f"returned an unusable peak: {peak!r} is not a positive, finite number of FLOP/s" in warnings[0]
+
+
+def test_a_positive_finite_peak_is_taken_as_it_is():
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("honest", LyingPeak(2.5e12))])
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, plugin_manager=pm)
+    assert trainer._flops.peak == 2.5e12

@@ -8,7 +8,9 @@ from torch.utils.data import TensorDataset
 
 import devplug
 from devplug.core.errors import ConfigError, DeviceUnavailableError, NonFiniteLossError, UnknownDeviceError
+from devplug.core.registry.manager import create_plugin_manager
 from devplug.plugins.cpu import plugin as cpu_plugin
+from devplug.toolkit import autocast_plan
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:
@@ -207,6 +209,40 @@ def test_16_mixed_on_cpu_uses_a_grad_scaler_and_trains():
     assert trainer.scaler.get_scale() < initial_scale
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert all(p.grad is None for p in model.parameters())
+
+
+class Fp16Plan:
+    """A neutral plugin whose 16-mixed plan has no grad scaler (with ``reason``: one that says why)."""
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+
+    @devplug.hookimpl(tryfirst=True)
+    def devplug_precision(self, device: devplug.Device, precision: str) -> devplug.PrecisionPlan:
+        return devplug.PrecisionPlan(name="16-mixed", autocast=lambda: torch.autocast("cpu", dtype=torch.float16),
+                                     no_scaler_reason=self.reason)
+
+
+def test_a_16_mixed_plan_without_a_grad_scaler_is_refused_naming_the_plugin():
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("fp16-plan", Fp16Plan())])
+    with pytest.raises(devplug.PluginError) as caught:
+        devplug.Trainer(device="cpu", precision="16-mixed", progress=False, plugin_manager=pm)
+    message = str(caught.value)
+    assert message.startswith("devplug_precision of plugin 'fp16-plan' (registered at run time) raised ValueError: "
+                              "a '16-mixed' PrecisionPlan (float16 autocast) has no grad scaler"), message
+    assert "no_scaler_reason=" in message and "\n" not in message
+
+
+def test_a_16_mixed_plan_without_a_scaler_is_accepted_when_it_says_why():
+    reason = "the fused optimizer scales the loss itself"
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("fp16-plan", Fp16Plan(reason))])
+    trainer = devplug.Trainer(device="cpu", precision="16-mixed", progress=False, plugin_manager=pm)
+    assert trainer.scaler is None and trainer.precision.no_scaler_reason == reason
+    device = trainer.device
+    with pytest.raises(ValueError, match="has no grad scaler"):
+        autocast_plan(device, "16-mixed", scaler=False)
+    assert autocast_plan(device, "16-mixed", scaler=False, no_scaler_reason=reason).scaler is None
+    assert autocast_plan(device, "bf16-mixed").scaler is None  # bfloat16 has float32's range: no scaler, no reason
 
 
 def test_tensorboard_scalars_and_images_are_written(tmp_path):

@@ -2,7 +2,10 @@
 
 Every module key and tensor shape, every optimizer's algorithm, layout, parameter groups and state tensor
 shapes, the counters (non-negative integers), the loader positions, the RNG states and the grad scaler:
-all problems are collected and raised as one :class:`CheckpointError` line, and nothing has changed.
+all problems are collected and raised as one :class:`CheckpointError` line, and nothing has changed. Then
+each optimizer's state, as the checkpoint holds it and as its implementation's converter turns it, is
+checked for what its algorithm can never hold (:mod:`devplug.core.optim.invariants`), naming the
+implementation that produced it; a save checks the same before writing anything.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from typing import Any
 import torch
 
 from devplug.core.contract.records import OptimizerChoice
-from devplug.core.errors import CheckpointMismatchError
-from devplug.core.optim.canonical import state_problems
+from devplug.core.errors import CheckpointError, CheckpointMismatchError
+from devplug.core.optim.canonical import CANONICAL, state_problems
+from devplug.core.optim.invariants import invariant_problems
 
 _LOADER_KEYS = {"seed", "drawn", "samples", "world_size", "sharded"}
 
@@ -113,3 +117,54 @@ def check_matches(state: Mapping[str, Any], modules: Mapping[str, torch.nn.Modul
     if problems:
         text = "; ".join(" ".join(p.split()) for p in problems)
         raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this training setup: {text}")
+
+
+def impossible_state(key: str, algorithm: str, state: Mapping[str, Any], producer: str) -> str:
+    """One line saying why ``state`` cannot be ``algorithm``'s and who produced it (``""`` when it can be)."""
+    problems = invariant_problems(algorithm, state)
+    if not problems:
+        return ""
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"optimizer {key!r}: the {algorithm} state {producer} is impossible: {problems[0]}{more}"
+
+
+def _built_by(choice: OptimizerChoice) -> str:
+    return f" of {choice.built_by}" if choice.built_by else ""
+
+
+def check_saved_optimizers(entries: Mapping[str, Mapping[str, Any]], optimizers: Mapping[str, OptimizerChoice],
+                           path: Any) -> None:
+    """Raise :class:`CheckpointError` when a canonical state about to be written breaks its algorithm."""
+    problems = []
+    for key, choice in optimizers.items():
+        entry = entries[key]
+        if entry["layout"] == CANONICAL:
+            via = "'s to_canonical" if choice.to_canonical is not None else ""
+            problems.append(impossible_state(key, choice.algorithm, entry["state"],
+                                             f"from {choice.implementation}{via}{_built_by(choice)}"))
+    text = "; ".join(p for p in problems if p)
+    if text:
+        raise CheckpointError(f"not saving checkpoint {str(path)!r}, the earlier checkpoints are kept: {text}; "
+                              "report this to the maintainers of the plugin named")
+
+
+def check_loaded_optimizers(saved: Mapping[str, Mapping[str, Any]], natives: Mapping[str, Mapping[str, Any]],
+                            optimizers: Mapping[str, OptimizerChoice], path: Any) -> None:
+    """Raise :class:`CheckpointError` when a saved state, or what a ``from_canonical`` made of it, breaks its algorithm.
+
+    Called after :func:`check_matches` and the conversions, before anything is restored.
+    """
+    problems = []
+    for key, choice in optimizers.items():
+        entry = saved[key]
+        if entry["layout"] != CANONICAL:  # an implementation's own layout: its entries mean what it says
+            continue
+        problem = impossible_state(key, choice.algorithm, entry["state"], f"written by {entry['implementation']}")
+        if not problem and choice.from_canonical is not None:
+            problem = impossible_state(key, choice.algorithm, natives[key],
+                                       f"that {choice.implementation}'s from_canonical{_built_by(choice)} made "
+                                       f"of a valid one")
+        problems.append(problem)
+    text = "; ".join(p for p in problems if p)
+    if text:
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be restored, and nothing was changed: {text}")

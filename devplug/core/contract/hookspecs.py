@@ -90,8 +90,10 @@ def devplug_to_device(device: Device, obj: Any) -> Any:
     """Move ``obj`` to ``device`` and return the moved object.
 
     ``obj`` is a ``torch.nn.Module``, a tensor, or a nested batch (lists, tuples, dicts, namedtuples,
-    with tensors and other leaves that are returned unchanged). Modules are moved in place and
-    returned; tensors are copied (``non_blocking`` where the source is pinned). Called by
+    with tensors and other leaves that are returned unchanged). A module is moved in place and the same
+    object returned (as ``module.to(device)`` does): a copy, a wrapper or another object is refused with a
+    ``PluginError`` naming the plugin, since the Trainer's optimizers and checkpoints hold the module it was
+    given. Tensors are copied (``non_blocking`` where the source is pinned). Called by
     ``Trainer.setup``, ``Trainer.to_device`` and for every batch a loader yields off the device.
     First-result.
     """
@@ -107,9 +109,10 @@ def devplug_optimizer(
     ``options`` are the author's keyword arguments (``lr``, ``betas``, ``weight_decay``, …) to map
     faithfully onto the implementation chosen. Return an :class:`OptimizerChoice` naming the
     implementation, or ``None`` to let the next plugin (ultimately the core's fallback, plain
-    ``torch.optim``) decide. An implementation that is not a torch.optim class gives the choice its
-    ``to_canonical``/``from_canonical`` converters (contract 1.1), so its state is checkpointed in
-    torch.optim's layout and a run resumes on another device. First-result.
+    ``torch.optim``) decide. An implementation that is not a torch.optim class (nor a subclass of one
+    that keeps its state layout) gives the choice its ``to_canonical``/``from_canonical`` converters
+    (contract 1.1), so its state is checkpointed in torch.optim's layout and a run resumes on another
+    device. First-result.
     """
 
 
@@ -119,7 +122,8 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
 
     Called once per Trainer. ``"auto"`` must be resolved to the best setting the device supports.
     Return a :class:`PrecisionPlan` (autocast context factory, grad scaler or ``None``, optional module
-    conversion and optimizer-step context), or raise ``devplug.PrecisionError`` when the device
+    conversion and optimizer-step context; a ``"16-mixed"`` plan has a grad scaler or says in
+    ``no_scaler_reason`` why it needs none), or raise ``devplug.PrecisionError`` when the device
     cannot run the setting. ``None`` defers to the next plugin. Must return promptly: the call runs in a
     worker thread under the time limit (``DEVPLUG_PROBE_TIMEOUT``), and a plan that takes longer fails the
     Trainer with a ``PluginError`` naming the plugin. First-result.
@@ -157,7 +161,10 @@ def devplug_peak_flops(device: Device, precision: str) -> float | None:
     FLOP/s over this peak). Return the dense (no sparsity) peak of the matrix units for the precision the
     plan computes in (``"bf16-mixed"``: BF16; ``"32-true"``: FP32, or TF32 where matmuls use it), as a float;
     or a measured figure where no published one applies; or ``None`` when unknown (MFU is then not
-    reported). Must not train or allocate much: a short measurement at most. First-result.
+    reported). A figure that is not positive and finite (zero, negative, infinite, NaN) is refused
+    with a ``PluginError`` naming the plugin, which the Trainer logs as one warning: MFU is then not
+    reported, and training goes on. Must not train or allocate much: a short measurement at most.
+    First-result.
     """
 
 

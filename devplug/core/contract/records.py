@@ -160,9 +160,10 @@ class OptimizerChoice:
     ``state_dict()`` layout for the algorithm (per-parameter ``step`` tensors, ``exp_avg``,
     ``exp_avg_sq``, ``momentum_buffer`` ..., and torch's hyperparameters in each parameter group), so a
     run saved with one device's optimizer resumes with another's. A torch.optim optimizer (for-loop,
-    ``foreach`` or ``fused``) is canonical already. Any other implementation of a standard algorithm
-    supplies both converters, each called as ``converter(optimizer, state)`` with the optimizer this
-    choice holds:
+    ``foreach`` or ``fused``) is canonical already, and so is one whose class subclasses the torch class
+    of its algorithm and keeps its per-parameter state entries and shapes (compared on save). Any other
+    implementation of a standard algorithm supplies both converters, each called as
+    ``converter(optimizer, state)`` with the optimizer this choice holds:
 
     - ``to_canonical``: from ``optimizer.state_dict()`` to torch.optim's layout (tensors stay where they
       are; the core moves them to the CPU). Parameter-group keys torch has and the state lacks may be left
@@ -172,10 +173,12 @@ class OptimizerChoice:
       state has no equivalent in this implementation (e.g. parameters of one group at different step
       counts, for an implementation that keeps one count per group).
 
-    An optimizer with neither converter whose class is not the torch class of its algorithm is saved in
-    its own layout, and only the same implementation can load it. ``devplug.toolkit`` has helpers for
+    An optimizer with neither converter that is not canonical already is saved in its own layout (with
+    the reason), and only the same implementation can load it. ``devplug.toolkit`` has helpers for
     the usual conversions (``steps_to_params``, ``steps_to_groups``, ``native_groups``). ``algorithm`` is
-    set by the core: the name the author asked for (``"adamw"``), or an author's class's qualified name.
+    set by the core: the name the author asked for (``"adamw"``), or an author's class's qualified name;
+    ``built_by`` too: the plugin and distribution whose ``devplug_optimizer`` answered (errors about the
+    optimizer's state name it).
     """
 
     optimizer: torch.optim.Optimizer
@@ -187,6 +190,7 @@ class OptimizerChoice:
         default=None, kw_only=True,
         validator=[attrs.validators.optional(attrs.validators.is_callable()), _check_converters])
     algorithm: str = attrs.field(default="", kw_only=True)
+    built_by: str = attrs.field(default="", kw_only=True)
 
 
 class Phase(str, enum.Enum):
@@ -198,6 +202,8 @@ class Phase(str, enum.Enum):
 
 #: Precision names understood by devplug, in the conventions PyTorch users already know.
 PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed")
+#: The precision setting that computes in float16: its plans need a grad scaler (see PrecisionPlan).
+FLOAT16_PRECISION = "16-mixed"
 
 
 @attrs.frozen
@@ -211,6 +217,13 @@ class PrecisionPlan:
     - ``optimizer_step_context``: a factory for a context entered around every optimizer step
       (e.g. ``hmp.disable_casts()``), or ``None``.
     - ``description``: what the plugin did and why, for summaries.
+    - ``no_scaler_reason`` (contract 1.3, keyword only): why a ``"16-mixed"`` plan has no grad scaler.
+
+    ``"16-mixed"`` is float16 autocast, whose narrow exponent range flushes small gradients to zero unless
+    the loss is scaled: a ``"16-mixed"`` plan must carry a ``scaler``, or say in ``no_scaler_reason`` why
+    none is needed (e.g. ``"the optimizer scales the loss itself"``). A ``"16-mixed"`` plan with neither
+    cannot be built (``ValueError``); returned from ``devplug_precision``, that is reported as the plugin's
+    error, naming it.
     """
 
     name: str
@@ -219,6 +232,14 @@ class PrecisionPlan:
     convert_module: Callable[[torch.nn.Module], torch.nn.Module] | None = None
     optimizer_step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     description: str = ""
+    no_scaler_reason: str = attrs.field(default="", kw_only=True, validator=attrs.validators.instance_of(str))
+
+    def __attrs_post_init__(self) -> None:
+        if self.name == FLOAT16_PRECISION and self.scaler is None and not self.no_scaler_reason.strip():
+            raise ValueError(
+                f"a {FLOAT16_PRECISION!r} PrecisionPlan (float16 autocast) has no grad scaler, so small gradients "
+                "underflow to zero: give it scaler=torch.amp.GradScaler(...), or no_scaler_reason='why none is "
+                "needed'")
 
 
 @attrs.frozen

@@ -13,10 +13,12 @@ from devplug.core.errors import PrecisionError
 from devplug.core.fallback import accelerator
 
 
-def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None) -> PrecisionPlan:
+def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None,
+                  no_scaler_reason: str = "") -> PrecisionPlan:
     """A precision plan built only from ``torch.autocast`` and ``torch.amp.GradScaler``.
 
-    ``"16-mixed"`` gets a grad scaler unless ``scaler=False``; ``"bf16-mixed"`` none.
+    ``"16-mixed"`` gets a grad scaler unless ``scaler=False``, which needs ``no_scaler_reason`` (why the
+    float16 plan can do without one, see :class:`PrecisionPlan`); ``"bf16-mixed"`` none.
     """
     kind = device.torch_device.type
     if precision == "32-true":
@@ -32,10 +34,10 @@ def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None)
         name=precision,
         autocast=lambda: torch.autocast(device_type=kind, dtype=dtype),
         scaler=grad_scaler,
+        no_scaler_reason=no_scaler_reason if grad_scaler is None else "",
         description=f"torch.autocast({kind!r}, {str(dtype).replace('torch.', '')})"
         + (" + GradScaler" if grad_scaler is not None else ""),
     )
-
 
 
 def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:

@@ -1,8 +1,9 @@
 """A Trainer's checkpoint state: what is saved, how it is checked against the training setup, how it is restored.
 
-A save refuses non-finite weights or optimizer state (:class:`NonFiniteLossError`, nothing written) and
-stores each optimizer's state in the canonical form (:mod:`.optstate`). A load checks everything before
-anything is restored (:mod:`.ckptcheck`): a checkpoint that does not fit the set-up modules and built
+A save refuses non-finite weights or optimizer state (:class:`NonFiniteLossError`, nothing written), and
+an optimizer state its algorithm can never hold (:class:`CheckpointError`), and stores each optimizer's
+state in the canonical form (:mod:`devplug.core.optim.canonical`). A load checks everything before anything
+is restored (:mod:`devplug.core.checkpoint.validate`): a checkpoint that does not fit the set-up modules and built
 optimizers raises one :class:`CheckpointError` listing every difference, and the restore itself is all
 or nothing.
 """
@@ -21,7 +22,7 @@ import torch
 from devplug.core.checkpoint import file as ckpt
 from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.finite import nonfinite
-from devplug.core.checkpoint.validate import check_matches
+from devplug.core.checkpoint.validate import check_loaded_optimizers, check_matches, check_saved_optimizers
 from devplug.core.contract.records import Device, OptimizerChoice, PrecisionPlan
 from devplug.core.data.position import LoopPosition, ResumePoint
 from devplug.core.errors import CheckpointError, NonFiniteLossError
@@ -79,7 +80,8 @@ class TrainerState:
 
         Warns, naming the optimizer, when a Trainer-built optimizer holds parameters of a module that was
         not set up: their weights are not in the checkpoint. Raises :class:`NonFiniteLossError`, writing
-        nothing, when a weight or an optimizer state tensor holds NaN or infinity.
+        nothing, when a weight or an optimizer state tensor holds NaN or infinity, and :class:`CheckpointError`
+        when an optimizer's canonical state breaks its algorithm (a negative second moment from a converter).
         """
         for key, count in parameters_outside(self.optimizers, self.modules).items():
             warnings.warn(f"optimizer {key!r} holds {count} parameter(s) of a module that was not passed to "
@@ -87,6 +89,7 @@ class TrainerState:
                           "Set the module up with trainer.setup(module, name=...)", RuntimeWarning, stacklevel=3)
         self.refuse_nonfinite(path)
         state = self.state_dict()
+        check_saved_optimizers(state["optimizers"], self.optimizers, path)
         state["extra"] = dict(extra)
         return str(ckpt.atomic_save(ckpt.with_digest(ckpt.to_cpu(state)), path))
 
@@ -115,6 +118,7 @@ class TrainerState:
         state = ckpt.read_checkpoint(path)
         check_matches(state, self.modules, self.optimizers, path)
         natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in self.optimizers.items()}
+        check_loaded_optimizers(state["optimizers"], natives, self.optimizers, path)
         points = {i: ResumePoint(**{k: v for k, v in entry.items() if k != "seed"})
                   for i, entry in enumerate(state["loaders"])}
         for loader in self.training_loaders():  # a loader that cannot continue at the same sample says so now

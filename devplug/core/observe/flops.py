@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from devplug.core.errors import PluginError
 from devplug.core.fallback import accelerator
 from devplug.core.log_once import log_once
 
@@ -79,10 +80,18 @@ class FlopMeter:
 
     @property
     def peak(self) -> float | None:
-        """The device's peak FLOP/s for the precision in use (asked once), or ``None``."""
+        """The device's peak FLOP/s for the precision in use (asked once), or ``None``.
+
+        A plugin whose answer is refused (a peak that is not positive and finite, or an exception in its hook)
+        leaves it ``None`` with one warning naming the plugin: MFU is then not reported.
+        """
         if not self._peak_asked:
             self._peak_asked = True
-            self._peak = self._peak_hook()
+            try:
+                self._peak = self._peak_hook()
+            except PluginError as exc:  # a reporting figure never ends a training run
+                log.warning("MFU not reported: %s", " ".join(str(exc).split()))
+                self._peak = None
         return self._peak
 
     def figures(self, samples_per_sec_per_device: float, samples_per_sec: float) -> dict[str, float]:

@@ -6,7 +6,8 @@ per-parameter state (``step`` as a float32 scalar tensor, ``exp_avg``, ``exp_avg
 ``weight_decay``, ``decoupled_weight_decay`` ...) without the keys that only pick one of torch's kernels
 (``foreach``, ``fused``, ``capturable``, ``differentiable``). The plugin that built an optimizer converts
 its own layout to and from it (``OptimizerChoice.to_canonical`` / ``from_canonical``); torch.optim
-optimizers are canonical already.
+optimizers are canonical already, and so are subclasses of a torch.optim class that keep its entries and
+shapes (:mod:`.layout`).
 
 A checkpoint's entry for one optimizer (:func:`export_state`) is
 ``{"algorithm", "implementation", "layout": "canonical" | "native", "state", "reason"}``: ``native`` when
@@ -25,12 +26,11 @@ import torch
 
 from devplug.core.contract.records import OptimizerChoice
 from devplug.core.errors import CheckpointError
+from devplug.core.optim.layout import SCALAR_STATE, layout_problem
 from devplug.core.optim.torch_optimizers import TORCH_OPTIMIZERS, torch_optimizer_defaults
 
 #: Parameter-group keys that choose among torch's kernels rather than describe the algorithm.
 IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
-#: Per-parameter state entries of torch.optim's algorithms that are scalars rather than per-element tensors.
-SCALAR_STATE = ("step", "mu_product")
 CANONICAL, NATIVE = "canonical", "native"
 
 
@@ -82,6 +82,13 @@ def export_state(choice: OptimizerChoice) -> dict[str, Any]:
             reason = f"{choice.implementation} could not convert its state ({exc})"
     elif type(choice.optimizer) is cls:
         canonical = native
+    elif isinstance(choice.optimizer, cls):  # a subclass: canonical when it keeps torch's entries and shapes
+        difference = layout_problem(choice.optimizer, native, cls, IMPLEMENTATION_KEYS)
+        if difference:
+            reason = (f"{choice.implementation} gives no converter to torch.optim's layout, and its state differs "
+                      f"from torch.optim.{cls.__name__}'s: {difference}")
+        else:
+            canonical = native
     else:
         reason = f"{choice.implementation} gives no converter to torch.optim's layout"
     if canonical is None:
@@ -117,9 +124,11 @@ def import_state(choice: OptimizerChoice, entry: Mapping[str, Any], key: str) ->
                 f"optimizer {key!r}: the {choice.algorithm} state written by {saved_impl} cannot go into {impl}: "
                 f"{_one_line(exc)}; resume with {saved_impl} or an implementation that can hold it "
                 "(e.g. a torch.optim one)") from exc
-    if type(choice.optimizer) is cls:
+    if isinstance(choice.optimizer, cls):  # torch's class, or a subclass that keeps its layout (see .layout)
         current = choice.optimizer.param_groups
-        groups = [{**g, **{k: now[k] for k in IMPLEMENTATION_KEYS if k in now}}
+        own = type(choice.optimizer) is not cls  # a subclass's own group options keep their values
+        groups = [{**({k: v for k, v in now.items() if k != "params"} if own else {}), **g,
+                   **{k: now[k] for k in IMPLEMENTATION_KEYS if k in now}}
                   for g, now in zip(canonical["param_groups"], current, strict=True)]
         return {"state": canonical["state"], "param_groups": groups}
     raise CheckpointError(

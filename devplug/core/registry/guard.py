@@ -8,6 +8,9 @@ Every hook implementation a plugin registers is wrapped once, at registration, b
 - an exception raised inside the hook (wrapper or not) is re-raised as a :class:`PluginError` with the
   same naming and the original chained; devplug's own errors (``PrecisionError`` for a setting the
   device cannot run, ``OptimizerError``, ...) are part of the contract and pass through unchanged;
+- an answer of the right type whose value breaks a rule of its hook (a module moved into a copy, a negative
+  peak FLOP/s) raises a :class:`PluginError` with the same naming, and an ``OptimizerChoice`` is given the
+  name of the plugin that built it (:mod:`devplug.core.registry.answers`);
 - a ``wrapper=True`` implementation that swallows the inner answer (``yield`` without ``return``) is
   reported as such instead of surfacing later as "no plugin can build ...".
 """
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from devplug.core.errors import DevplugError, PluginError
+from devplug.core.registry.answers import ANSWER_CHECKS, AnswerCheck
 
 if TYPE_CHECKING:
     from pluggy._hooks import HookSpec  # pluggy names it in annotations without exporting it
@@ -104,13 +108,25 @@ def guard_hookimpl(impl: pluggy.HookImpl, spec: HookSpec | None, distribution: s
     classes = expected_types(spec.function) if spec is not None else ()
     firstresult = bool(spec is not None and spec.opts.get("firstresult"))
     function = impl.function
-    guarded: Callable[..., Any] = _guard_wrapper(function, label, classes, firstresult) if impl.wrapper else (
-        _guard_call(function, label, classes))
+    check = _bound_check(ANSWER_CHECKS.get(label.hook), label, tuple(impl.argnames))
+    guarded: Callable[..., Any] = _guard_wrapper(function, label, classes, firstresult, check) if impl.wrapper else (
+        _guard_call(function, label, classes, check))
     guarded.__devplug_guarded__ = True  # type: ignore[attr-defined]  # a mark for the idempotence check above
     impl.function = guarded  # type: ignore[misc]  # pluggy calls impl.function; argnames stay the original's
 
 
-def _guard_call(function: Callable[..., Any], label: HookLabel, classes: tuple[type, ...]) -> Callable[..., Any]:
+BoundCheck = Callable[[tuple[Any, ...], Any], Any]
+
+
+def _bound_check(check: AnswerCheck | None, label: HookLabel, argnames: tuple[str, ...]) -> BoundCheck | None:
+    """The hook's value check called with the positional arguments pluggy passes (``None``: no check)."""
+    if check is None:
+        return None
+    return lambda args, answer: check(label, dict(zip(argnames, args, strict=False)), answer)
+
+
+def _guard_call(function: Callable[..., Any], label: HookLabel, classes: tuple[type, ...],
+                check: BoundCheck | None) -> Callable[..., Any]:
     def guarded(*args: Any) -> Any:
         try:
             result = function(*args)
@@ -120,13 +136,16 @@ def _guard_call(function: Callable[..., Any], label: HookLabel, classes: tuple[t
             raise label.raised(exc) from exc
         if result is not None and classes and not isinstance(result, classes):
             raise label.wrong_answer(result, classes, True)
+        if result is not None and check is not None:
+            result = check(args, result)
         return result
 
     return guarded
 
 
 def _guard_wrapper(
-    function: Callable[..., Any], label: HookLabel, classes: tuple[type, ...], firstresult: bool
+    function: Callable[..., Any], label: HookLabel, classes: tuple[type, ...], firstresult: bool,
+    check: BoundCheck | None,
 ) -> Callable[..., Generator[Any, Any, Any]]:
     def guarded(*args: Any) -> Generator[Any, Any, Any]:
         generator = function(*args)
@@ -150,6 +169,8 @@ def _guard_wrapper(
             )
         if result is not None and firstresult and classes and not isinstance(result, classes):
             raise label.wrong_answer(result, classes, True)
+        if result is not None and firstresult and check is not None:
+            result = check(args, result)
         return result
 
     return guarded

@@ -58,6 +58,7 @@ def plan_precision(device: Device, precision: str, *, bf16: bool | None = None) 
         convert_module=plan.convert_module,
         optimizer_step_context=plan.optimizer_step_context,
         description=description,
+        no_scaler_reason=plan.no_scaler_reason,
     )
 
 

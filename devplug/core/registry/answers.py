@@ -1,0 +1,74 @@
+"""Checks on the values of hook answers, applied by the guard where the core receives each answer.
+
+The guard (:mod:`devplug.core.registry.guard`) checks an answer's type for every hook; the hooks below have
+rules on the value as well. Each check gets the hook's label, the hook's arguments by name and the answer
+(never ``None``), and returns the answer the core takes, or raises a :class:`PluginError` naming the plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import attrs
+import torch
+
+from devplug.core.contract.answers import peak_flops_problem
+from devplug.core.contract.records import OptimizerChoice
+from devplug.core.errors import PluginError
+
+
+class HookLabel(Protocol):
+    """Who answered (:class:`devplug.core.registry.guard.HookLabel`): its text prefixes every message."""
+
+    hook: str
+    plugin_name: str
+    distribution: str
+
+
+AnswerCheck = Callable[[HookLabel, Mapping[str, Any], Any], Any]
+
+
+def moved_module(label: HookLabel, arguments: Mapping[str, Any], answer: Any) -> Any:
+    """``devplug_to_device`` returns the very module it was given (moved in place), as ``Module.to`` does.
+
+    The Trainer keeps that object: the optimizers hold its parameters and checkpoints read its state, so a
+    copy, a wrapper or an unrelated object would leave them behind.
+    """
+    module = arguments.get("obj")
+    if isinstance(module, torch.nn.Module) and answer is not module:
+        what = "another object" if not isinstance(answer, torch.nn.Module) else (
+            f"another module ({type(answer).__qualname__})")
+        raise PluginError(
+            f"{label} returned {what} for the {type(module).__qualname__} it was asked to move; a module must be "
+            f"moved in place and returned itself (as module.to(device) does), so the optimizers and checkpoints "
+            f"that hold it stay valid; report this to the maintainers of {label.distribution}")
+    return answer
+
+
+def peak_flops(label: HookLabel, arguments: Mapping[str, Any], answer: Any) -> Any:
+    """A peak FLOP/s is a positive, finite number (or ``None``, unknown): anything else is refused, naming the plugin.
+
+    The Trainer asks for it only to report MFU: it turns this error into one warning and reports no MFU,
+    and training goes on.
+    """
+    problem = peak_flops_problem(answer)
+    if problem:
+        raise PluginError(f"{label} returned an unusable peak: {problem}; a peak is a positive, finite FLOP/s figure, "
+                          f"or None when unknown; report this to the maintainers of {label.distribution}")
+    return answer
+
+
+def optimizer_builder(label: HookLabel, arguments: Mapping[str, Any], answer: Any) -> Any:
+    """The choice with ``built_by`` set to the plugin that answered, for errors about its optimizer state."""
+    if isinstance(answer, OptimizerChoice) and not answer.built_by:
+        return attrs.evolve(answer, built_by=f"plugin {label.plugin_name!r} ({label.distribution})")
+    return answer
+
+
+#: The hooks whose answers have rules on their value, and the check of each.
+ANSWER_CHECKS: dict[str, AnswerCheck] = {
+    "devplug_to_device": moved_module,
+    "devplug_peak_flops": peak_flops,
+    "devplug_optimizer": optimizer_builder,
+}
