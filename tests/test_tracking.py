@@ -127,7 +127,7 @@ def test_hparams_reach_tensorboard_csv_jsonl_and_mlflow(tmp_path, monkeypatch):
 
 
 def test_hparams_must_be_a_mapping():
-    with pytest.raises(devplug.ConfigError, match="hparams"):
+    with pytest.raises(devplug.ConfigError, match=r"^invalid Trainer configuration: .*'hparams' must be"):
         devplug.Trainer(device="cpu", progress=False, hparams=[1, 2])
 
 

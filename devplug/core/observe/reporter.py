@@ -145,12 +145,13 @@ class Reporter:
             for key, lr in learning_rates.items():
                 if isinstance(lr, (int, float)):
                     values[f"lr/{key}"] = float(lr)
+        shown = values if stepped else {**self.last_metrics, **values}  # the bar keeps the last rates
         self.last_metrics = values
         if self.is_main:
             self.emit(LogPoint(step=step, values=dict(values), log_dir=self.log_dir))
             if self.progress_bar is not None:
                 self.progress_bar.n = step
-                self.progress_bar.set_postfix_str(progress_postfix(values), refresh=False)
+                self.progress_bar.set_postfix_str(progress_postfix(shown), refresh=False)
                 self.progress_bar.refresh()
         return values
 
