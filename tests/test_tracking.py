@@ -319,3 +319,19 @@ def test_progress_postfix_is_short():
               "mfu": 0.4123, "flops_per_sample": 1.2e9, "samples_per_dollar": 2.2e7, "lr/generator": 2e-4}
     assert progress_postfix(values) == "12.3k/s wait 3.4% mfu 41% loss_D 0.123 loss_G 2.35"
     assert progress_postfix({"val_loss": 0.5}) == "val_loss 0.5"
+
+
+def test_an_evaluation_only_point_keeps_the_last_rates_on_the_bar():
+    from devplug.core.observe.reporter import Reporter
+
+    reporter = Reporter(log_dir=None, progress=True, nonfinite="raise", is_main=True, world_size=1)
+    reporter.open_progress(10, 0)
+    reporter.metrics.add("loss", 0.5)
+    reporter.throughput.add(4)
+    reporter.throughput.add(4, 0.01)
+    reporter.flush(2, synchronize=lambda: None, learning_rates={})
+    reporter.metrics.add("val_loss", 0.25)
+    reporter.flush(2, synchronize=lambda: None, learning_rates={})
+    postfix = reporter.progress_bar.postfix
+    reporter.close(2)
+    assert "/s wait " in postfix and postfix.endswith("loss 0.5 val_loss 0.25"), postfix

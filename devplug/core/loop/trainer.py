@@ -644,7 +644,7 @@ class Trainer:
         self._stop.request_stop(reason)
 
     def close(self) -> None:
-        """Flush and close the loggers (their final point) and the progress bar.
+        """Flush and close the loggers (their final point, with the run's summary) and the progress bar.
 
         The process group stays joined (other trainers in the process may use it); call
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
