@@ -43,8 +43,11 @@ from devplug.core.errors import (
 from devplug.core.loop.config import TrainerConfig
 from devplug.core.loop.early_stopping import EarlyStopping
 from devplug.core.loop.trainer import Trainer
-from devplug.core.observe.loggers import CSVLogger, JSONLinesLogger, Logger, TensorBoardLogger
+from devplug.core.observe.loggers import CSVLogger, JSONLinesLogger, Logger
 from devplug.core.observe.mlflow import MLflowLogger
+from devplug.core.observe.summary import RunSummary
+from devplug.core.observe.tensorboard import TensorBoardLogger
+from devplug.core.observe.wandb import WandbLogger
 from devplug.core.optim.schedules import DECAYS, LR_SCALING_RULES, LRSchedule, scale_lr
 from devplug.core.registry.manager import create_plugin_manager, reset_plugin_manager
 
@@ -83,10 +86,12 @@ __all__ = [
     "PluginError",
     "PrecisionError",
     "PrecisionPlan",
+    "RunSummary",
     "TensorBoardLogger",
     "Trainer",
     "TrainerConfig",
     "UnknownDeviceError",
+    "WandbLogger",
     "__version__",
     "create_plugin_manager",
     "detect_launch",

@@ -237,8 +237,10 @@ def test_tensorboard_scalars(tmp_path):
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
     scalars = set(events.Tags()["scalars"])
-    assert {"loss_D", "loss_G", "D_x", "D_G_z", "lr", "images_per_sec"} <= scalars
-    assert [e.step for e in events.Scalars("loss_D")] == [2, 4]
+    assert {"train/loss_D", "train/loss_G", "train/D_x", "train/D_G_z", "perf/samples_per_sec"} <= scalars
+    assert {tag for tag in scalars if tag.startswith("lr/")} == {"lr/generator", "lr/discriminator"}
+    assert not {"lr", "images_per_sec", "train/lr"} & scalars  # one tag per figure: no duplicates
+    assert [e.step for e in events.Scalars("train/loss_D")] == [2, 4]
     assert "samples" in events.Tags()["images"]
 
 

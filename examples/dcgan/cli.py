@@ -45,7 +45,8 @@ pytorch/examples' DCGAN sizes, tiny-32 learns the embedded data in minutes on a 
   safe-64   nz 256, ngf 256, ndf 64,  64x64     G 52,448,768  D 2,765,568
   safe-128  nz 256, ngf 256, ndf 128, 128x128   G 195,063,296 D 44,611,072
 
-outputs under --out: tensorboard/ (loss_D, loss_G, D_x, D_G_z, lr, images_per_sec, samples),
+outputs under --out: tensorboard/ (train/loss_D, train/loss_G, train/D_x, train/D_G_z, lr/<optimizer>,
+perf/samples_per_sec = images/s, samples),
 samples/step_NNNNNNN.png, checkpoints/step_NNNNNNN.pt, summary.json.
 Exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted (summary still printed).
 """

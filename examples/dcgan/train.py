@@ -197,7 +197,7 @@ def train_loop(run: Run) -> Progress:
                 real = to_unit_range(real)
                 scalars = train_step(real)
                 # Values stay on the device; the Trainer reads them back every --log-every steps only.
-                values = trainer.log(**scalars, lr=train_step.opt_g.param_groups[0]["lr"])
+                values = trainer.log(**scalars)  # the Trainer adds lr/<optimizer> and samples/s itself
                 step = trainer.global_step
                 if values is not None:
                     report_log_point(trainer, values, settings, step)
@@ -224,10 +224,8 @@ def train_loop(run: Run) -> Progress:
 
 
 def report_log_point(trainer: devplug.Trainer, values: dict[str, float], settings: cli.Settings, step: int) -> None:
-    """At a log point: images/s to TensorBoard, and a console line when there is no progress bar."""
+    """At a log point: a console line when there is no progress bar (the loggers have every value)."""
     rate = values.get("samples_per_sec", 0.0)
-    if trainer.writer is not None:
-        trainer.writer.add_scalar("images_per_sec", rate, step)
     if settings.args.no_progress and trainer.is_main_process:
         total = f"/{settings.steps}" if settings.steps else ""
         print(f"step {step}{total}  loss_D {values['loss_D']:.3f}  loss_G {values['loss_G']:.3f}  "

@@ -251,13 +251,24 @@ def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, 
 
 @hookspec
 def devplug_log(device: Device, point: LogPoint) -> None:
-    """Receive the values of a log point, images, or the end of the run (rank 0 only).
+    """Receive the values of a log point, images, facts about the run, or its end (rank 0 only).
 
     Called on the main process at every log point with ``point.values`` (host floats, averaged since the
     previous point and reduced across ranks: reading them costs no device synchronisation), at every
-    ``Trainer.log_images`` with ``point.images``, and once with ``point.final=True`` when the Trainer closes.
-    The place for a device-neutral experiment tracker (W&B, a dashboard); the Trainer's own loggers
-    (``loggers=``) receive the same points. Returns nothing. Not first-result: every implementation runs.
+    ``Trainer.log_images`` with ``point.images`` (and ``point.files``, the PNG it wrote, when given a path),
+    and once with ``point.final=True`` when the Trainer closes (``point.summary``: the run's summary as
+    plain data). Samples/s, data wait, MFU and learning rates come only with a point that follows at least
+    one training step, so a point of evaluation values logged at the same step carries those values alone.
+
+    Since contract 1.4 the run's facts come on points of their own, with empty ``values``:
+    ``point.hparams`` (from ``Trainer(hparams=...)`` when the Trainer is built, and from each
+    ``Trainer.log_hparams`` call) and ``point.tags`` (device, device plugin, precision and devplug version
+    when the Trainer is built; ``optimizer/<name>`` when an optimizer is built). An implementation written
+    for an older contract skips points without values and keeps working.
+
+    The place for a device-neutral experiment tracker (a dashboard, a tracker devplug has no logger for);
+    the Trainer's own loggers (``loggers=``) receive the same points. Returns nothing. Not first-result:
+    every implementation runs.
     """
 
 

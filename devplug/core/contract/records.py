@@ -368,12 +368,27 @@ class MemoryStats:
 
 @attrs.frozen
 class LogPoint:
-    """What a logger receives (rank 0 only): the values of one log point, images, or the run's end.
+    """What a logger receives (rank 0 only): the values of one log point, images, facts about the run, or its end.
 
     ``values`` are host floats, already averaged since the previous log point and reduced across ranks
     (empty when the point carries only ``images``); ``images`` maps a tag to an image grid (a C×H×W CPU
     float tensor in [0, 1]); ``log_dir`` is the Trainer's ``log_dir`` (``None``: write nowhere on disk);
     ``final`` is True once, when the Trainer closes: flush and close files there.
+
+    Since contract 1.4 a point may instead (with empty ``values``) carry facts about the run, each on a
+    point of its own when it becomes known:
+
+    - ``hparams``: hyperparameters (``Trainer(hparams=...)``, ``Trainer.log_hparams``), flat names to
+      ``bool``/``int``/``float``/``str`` (nested mappings flattened with ``"."``); only those given in one
+      call, so a logger that needs them all merges them;
+    - ``tags``: strings describing the run (``device``, ``device_plugin``, ``precision``,
+      ``devplug_version``, ``optimizer/<name>``);
+    - ``files``: a tag to a file the Trainer wrote (the PNG of ``log_images(..., path=...)``, on the
+      same point as its image);
+    - ``summary``: on the final point, the run's summary (``Trainer.summary().to_dict()``, JSON-serialisable).
+
+    A logger written before 1.4 ignores these fields and keeps working: it already skips points with
+    empty ``values``.
     """
 
     step: int
@@ -381,6 +396,10 @@ class LogPoint:
     images: Mapping[str, torch.Tensor] = attrs.field(factory=dict)
     log_dir: str | None = None
     final: bool = False
+    hparams: Mapping[str, bool | int | float | str] = attrs.field(factory=dict, kw_only=True)
+    tags: Mapping[str, str] = attrs.field(factory=dict, kw_only=True)
+    files: Mapping[str, str] = attrs.field(factory=dict, kw_only=True)
+    summary: Mapping[str, Any] = attrs.field(factory=dict, kw_only=True)
 
 
 def _string_tuple(value: Iterable[str]) -> tuple[str, ...]:

@@ -37,6 +37,11 @@ def _positive(attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
 
 
+def _mapping(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"'{attribute.name}' must be a mapping (a dict), got {type(value).__name__}")
+
+
 def _optional_bool(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None:
         _bool(inst, attribute, value)
@@ -50,8 +55,10 @@ class TrainerConfig:
     - ``precision``: ``"auto"``, ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, or a name a plugin knows.
     - ``log_dir``: directory the loggers write into (nothing is written when ``None``).
     - ``loggers``: where log points go (rank 0): names (``"tensorboard"``, ``"csv"``, ``"jsonl"``, ``"mlflow"``,
-      written under ``log_dir``) and logger objects (a ``devplug_log(point)`` method); default TensorBoard
+      ``"wandb"``, written under ``log_dir``) and logger objects (a ``devplug_log(point)`` method); default TensorBoard
       when ``log_dir`` is set. Device-neutral plugins implementing ``devplug_log`` receive the points too.
+    - ``hparams``: the run's hyperparameters, handed to every logger when the Trainer is built (TensorBoard's
+      hparams dashboard, MLflow params, W&B config, ``metrics.hparams.json``, a JSON Lines record).
     - ``profile``: a profiler window, ``"steps 10-15"``: ``torch.profiler`` over those steps (data wait
       included), a trace under ``log_dir/profiler`` for TensorBoard or Perfetto.
     - ``price_per_hour``: what the whole job costs per hour (any currency): samples per dollar in logs and summary.
@@ -80,6 +87,7 @@ class TrainerConfig:
         default=None, converter=lambda v: None if v is None else (v,) if isinstance(v, str) or hasattr(v, "devplug_log")
         else tuple(v),
         validator=_optional(attrs.validators.deep_iterable(lambda _i, _a, v: check_logger(v))))
+    hparams: Mapping[str, Any] = attrs.field(factory=dict, validator=_mapping)
     profile: str | None = attrs.field(default=None, validator=_optional(lambda _i, _a, v: parse_window(v)))
     price_per_hour: float | None = attrs.field(default=None, validator=_optional(lambda _i, a, v: _positive(a, v)))
     count_flops: bool = attrs.field(default=True, validator=_bool)

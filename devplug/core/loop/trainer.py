@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +36,11 @@ from devplug.core.loop.signals import StopRequest
 from devplug.core.loop.step import NO_REGION, Regioned, StepRoute, parameters_with_grad
 from devplug.core.loop.trainer_state import TrainerState
 from devplug.core.observe.flops import FlopMeter
+from devplug.core.observe.hparams import flatten_hparams, run_tags
 from devplug.core.observe.loggers import build_loggers
 from devplug.core.observe.profiling import StepProfiler
 from devplug.core.observe.reporter import Reporter
+from devplug.core.observe.summary import RunSummary
 from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
 from devplug.core.registry.bounded import call_with_limit
 from devplug.core.registry.devices import DeviceRegistry
@@ -110,6 +112,8 @@ class Trainer:
             peak=lambda: self._hooks(spec.devplug_peak_flops, precision=self.precision.name),
             exclude=self.throughput.exclude, price_per_hour=self._config.price_per_hour,
             enabled=self._config.count_flops)
+        self._reporter.log_run(self.global_step, hparams=flatten_hparams(self._config.hparams), tags=run_tags(
+            device=str(self.device), device_plugin=self.device.plugin_name, precision=self.precision.name))
         self.profiler = StepProfiler(self._config.profile, self._config.log_dir, lambda: self._hooks(
             spec.devplug_profiler_activities), lambda: self._position.global_step, rank=self.rank)
         self._route = StepRoute(self._hooks, self.profiler, FALLBACK_NAME)
@@ -233,6 +237,7 @@ class Trainer:
         choice = build_choice(algo, own_class, params, options, lambda: self._hooks(
             spec.devplug_optimizer, name=algo, params=params, options=dict(options)), str(self.device))
         self._optimizers[key] = choice
+        self._reporter.log_run(self.global_step, tags={f"optimizer/{key}": choice.implementation})
         if choice.reason:
             log.info("optimizer %s: %s (%s)", key, choice.implementation, choice.reason)
         return choice.optimizer
@@ -516,8 +521,19 @@ class Trainer:
                                    across_ranks=across_ranks)
 
     def log_images(self, tag: str, images: torch.Tensor, *, nrow: int = 8, path: str | None = None) -> None:
-        """Write a grid of images (N×C×H×W in [-1, 1]) to TensorBoard and optionally a PNG file (rank 0)."""
+        """Write a grid of images (N×C×H×W in [-1, 1]) to the loggers and optionally a PNG file (rank 0).
+
+        The PNG written to ``path`` reaches the loggers too (an MLflow artifact under ``images/``).
+        """
         self._reporter.log_images(tag, images, self.global_step, nrow=nrow, path=path)
+
+    def log_hparams(self, hparams: Mapping[str, Any]) -> None:
+        """Hand hyperparameters to every logger now (rank 0), as ``Trainer(hparams=...)`` does when it is built.
+
+        Nested mappings are flattened (``{"opt": {"lr": 1e-3}}`` → ``opt.lr``); values other than
+        bool/int/float/str are stored as text. Call it again to add more.
+        """
+        self._reporter.log_run(self.global_step, hparams=flatten_hparams(hparams))
 
     # ---- measurements ------------------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -528,13 +544,14 @@ class Trainer:
         """The device plugin's memory statistics record, or ``None``."""
         return self._hooks(spec.devplug_memory_stats)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary:
         """Device, precision, optimizers, loaders, steps, throughput, efficiency and memory of this run.
 
         Throughput and efficiency come from the reporter: ``samples_per_sec``, ``samples_per_hour``,
         ``data_wait``, ``input_bound``, and where known ``flops_per_sample``, ``mfu`` and ``samples_per_dollar``.
+        A read-only mapping (``summary()["steps"]``) that prints as a table; ``to_dict()`` for JSON.
         """
-        return {
+        return RunSummary({
             "device": str(self.device),
             "device_plugin": self.device.plugin_name,
             "world_size": self.world_size,
@@ -549,7 +566,7 @@ class Trainer:
             "stop_reason": self._stop.reason,
             "last_checkpoint": str(self._checkpoints.last_path) if self._checkpoints and self._checkpoints.last_path
             else None,
-        }
+        })
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -663,13 +680,19 @@ class Trainer:
         self._stop.request_stop(reason)
 
     def close(self) -> None:
-        """Flush and close the loggers (their final point) and the progress bar.
+        """Flush and close the loggers (their final point, with the run's summary) and the progress bar.
 
         The process group stays joined (other trainers in the process may use it); call
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
         """
         self.profiler.stop()
-        self._reporter.close(self.global_step)
+        summary: dict[str, Any] = {}
+        if self.is_main_process and not self._reporter.closed:
+            try:
+                summary = self.summary().to_dict()
+            except Exception as exc:  # close() may run while an exception unwinds: do not mask it
+                log.warning("the run's summary was not handed to the loggers: %s", exc)
+        self._reporter.close(self.global_step, summary)
 
     def __enter__(self) -> Trainer:
         return self

@@ -3,8 +3,10 @@
 A logger is any object with a ``devplug_log(point)`` method taking a :class:`~devplug.core.contract.records.LogPoint`,
 the same signature as the ``devplug_log`` hook, so a logger can be given to one Trainer
 (``Trainer(loggers=[...])``) or registered as a device-neutral plugin for every Trainer. Built in:
-TensorBoard, CSV and JSON Lines (and MLflow, :mod:`devplug.core.observe.mlflow`, with the ``mlflow``
-extra). Loggers receive host floats read once at the log point: they never touch the device.
+TensorBoard (:mod:`devplug.core.observe.tensorboard`), CSV and JSON Lines, MLflow
+(:mod:`devplug.core.observe.mlflow`, with the ``mlflow`` extra) and Weights & Biases
+(:mod:`devplug.core.observe.wandb`, with the ``wandb`` extra). Loggers receive host floats read once at the
+log point: they never touch the device.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from devplug.core.contract.hookimpl import hookimpl
 from devplug.core.contract.records import LogPoint
+from devplug.core.observe.tensorboard import TensorBoardLogger
 
 
 @runtime_checkable
@@ -27,54 +30,35 @@ class Logger(Protocol):
         """Write ``point``; on ``point.final``, flush and close."""
 
 
-class TensorBoardLogger:
-    """Scalars and images to a TensorBoard event file under ``log_dir`` (the writer is created on first use)."""
-
-    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
-        self.log_dir = os.fspath(log_dir)
-        self._writer: Any = None
-
-    @property
-    def writer(self) -> Any:
-        """The ``SummaryWriter``, created on first use (tensorboard is imported only then)."""
-        if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy
-
-            self._writer = SummaryWriter(self.log_dir)
-        return self._writer
-
-    @hookimpl
-    def devplug_log(self, point: LogPoint) -> None:
-        """``add_scalar`` per value, ``add_image`` per image; closes the writer on the final point."""
-        if point.final:
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-            return
-        for name, value in point.values.items():
-            self.writer.add_scalar(name, value, point.step)
-        for tag, image in point.images.items():
-            self.writer.add_image(tag, image, point.step)
-
-
 class CSVLogger:
     """One row per value, ``step,name,value``, appended to ``path`` (a header when the file is new).
 
     The long layout keeps every value whatever names appear later in the run; a spreadsheet pivots it.
+    Hyperparameters go to a JSON file beside it, ``metrics.csv`` → ``metrics.hparams.json`` (``hparams_path``),
+    so the CSV stays plain rows any CSV reader loads and the hyperparameters keep their types.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        self.hparams_path = os.path.splitext(self.path)[0] + ".hparams.json"
         self._file: Any = None
+        self._hparams: dict[str, Any] = {}
 
     @hookimpl
     def devplug_log(self, point: LogPoint) -> None:
-        """Append the point's values; flushed at every point, closed on the final one."""
+        """Append the point's values (flushed at every point, closed on the final one); rewrite the
+        hyperparameters' file with all of them so far."""
         if point.final:
             if self._file is not None:
                 self._file.close()
                 self._file = None
             return
+        if point.hparams:
+            self._hparams.update(point.hparams)
+            os.makedirs(os.path.dirname(os.path.abspath(self.hparams_path)), exist_ok=True)
+            with open(self.hparams_path, "w", encoding="utf-8") as file:
+                json.dump(self._hparams, file, indent=2)
+                file.write("\n")
         if not point.values:
             return
         if self._file is None:
@@ -90,20 +74,31 @@ class CSVLogger:
 
 
 class JSONLinesLogger:
-    """One JSON object per log point, ``{"step": 10, "loss": 0.3, ...}``, appended to ``path``."""
+    """One JSON object per log point, ``{"step": 10, "loss": 0.3, ...}``, appended to ``path``.
+
+    Hyperparameters are a record of their own, ``{"hparams": {"lr": 0.001, ...}}``: the first line when
+    they are given to the Trainer, a later one for each ``Trainer.log_hparams`` call. Value records always
+    have a ``"step"``; a reader tells the two apart by that key.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
 
     @hookimpl
     def devplug_log(self, point: LogPoint) -> None:
-        """Append one line with the point's step and values (non-finite values as strings)."""
-        if point.final or not point.values:
+        """Append one line with the point's step and values (non-finite values as strings), or its hyperparameters."""
+        if point.final:
+            return
+        records: list[dict[str, Any]] = []
+        if point.hparams:
+            records.append({"hparams": dict(point.hparams)})
+        if point.values:
+            records.append({"step": point.step, **{k: _json_number(v) for k, v in point.values.items()}})
+        if not records:
             return
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        record = {"step": point.step, **{k: _json_number(v) for k, v in point.values.items()}}
         with open(self.path, "a", encoding="utf-8") as file:
-            file.write(json.dumps(record) + "\n")
+            file.write("".join(json.dumps(record) + "\n" for record in records))
 
 
 def _json_number(value: float) -> float | str:
@@ -117,12 +112,19 @@ def _mlflow(log_dir: str) -> Logger:
     return MLflowLogger(tracking_uri=os.path.join(log_dir, "mlruns"))
 
 
+def _wandb(log_dir: str) -> Logger:
+    from devplug.core.observe.wandb import WandbLogger
+
+    return WandbLogger(dir=log_dir)
+
+
 #: Loggers named in ``Trainer(loggers=[...])``, each built from the Trainer's ``log_dir``.
 NAMED_LOGGERS: dict[str, Callable[[str], Logger]] = {
     "tensorboard": TensorBoardLogger,
     "csv": lambda log_dir: CSVLogger(os.path.join(log_dir, "metrics.csv")),
     "jsonl": lambda log_dir: JSONLinesLogger(os.path.join(log_dir, "metrics.jsonl")),
     "mlflow": _mlflow,
+    "wandb": _wandb,
 }
 
 

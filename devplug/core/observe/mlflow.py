@@ -1,18 +1,28 @@
 """An MLflow logger (the ``mlflow`` extra: ``pip install 'devplug[mlflow]'``, which installs ``mlflow-skinny``).
 
-Values go to one MLflow run with ``log_batch`` at each log point; the run ends on the final point.
+Values go to one MLflow run with ``log_batch`` at each log point; hyperparameters become the run's params,
+the run's facts (device, precision, optimizers, devplug version) its tags, image files written by
+``Trainer.log_images(..., path=...)`` artifacts under ``images/``, and the final summary the artifact
+``summary.json``; the run ends on the final point.
 ``mlflow`` is imported when the logger is created, never by ``import devplug``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from devplug.core.contract.hookimpl import hookimpl
 from devplug.core.contract.records import LogPoint
 from devplug.core.errors import ConfigError
+
+log = logging.getLogger("devplug")
+
+#: The longest param value every MLflow server accepts; longer hyperparameter values are cut there.
+MAX_PARAM_LENGTH = 500
 
 
 class MLflowLogger:
@@ -44,19 +54,50 @@ class MLflowLogger:
                               f"{first_line} (set MLFLOW_TRACKING_URI, or MLFLOW_ALLOW_FILE_STORE=true "
                               "for a local directory)") from exc
         self.tracking_uri = uri
+        self._params: dict[str, str] = {}
 
     @hookimpl
     def devplug_log(self, point: LogPoint) -> None:
-        """``log_batch`` of the point's values at its step; the run is marked finished on the final point."""
-        if point.final:
-            if self.run_id:
-                self.client.set_terminated(self.run_id)
-                self.run_id = ""
+        """Metrics (``log_batch`` at the point's step), params (hyperparameters), tags, image files and, on
+        the final point, ``summary.json`` as artifacts; the run is then marked finished."""
+        if not self.run_id:
             return
-        if not point.values or not self.run_id:
+        if point.hparams:
+            self._log_params(point.hparams)
+        if point.tags:
+            from mlflow.entities import RunTag
+
+            self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in point.tags.items()])
+        for path in point.files.values():
+            if os.path.exists(path):
+                self.client.log_artifact(self.run_id, path, artifact_path="images")
+        if point.final:
+            if point.summary:
+                self.client.log_dict(self.run_id, dict(point.summary), "summary.json")
+            self.client.set_terminated(self.run_id)
+            self.run_id = ""
+            return
+        if not point.values:
             return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics: list[Any] = [Metric(name, float(value), now, point.step) for name, value in point.values.items()]
         self.client.log_batch(self.run_id, metrics=metrics)
+
+    def _log_params(self, hparams: Mapping[str, Any]) -> None:
+        # MLflow params cannot change once logged: a new value for a logged name is reported and left out
+        from mlflow.entities import Param
+
+        params = []
+        for name, value in hparams.items():
+            text = str(value)[:MAX_PARAM_LENGTH]
+            if name in self._params and self._params[name] != text:
+                log.warning("MLflow keeps the first value of a param: %s stays %s (not %s)",
+                            name, self._params[name], text)
+                continue
+            if name not in self._params:
+                self._params[name] = text
+                params.append(Param(name, text))
+        if params:
+            self.client.log_batch(self.run_id, params=params)

@@ -20,6 +20,7 @@ from devplug.core.errors import NonFiniteLossError
 from devplug.core.observe.flops import FlopMeter
 from devplug.core.observe.loggers import Logger, TensorBoardLogger
 from devplug.core.observe.metrics import MetricBuffer, Throughput, nonfinite
+from devplug.core.observe.progress import BAR_FORMAT, progress_postfix
 
 log = logging.getLogger("devplug")
 
@@ -90,10 +91,17 @@ class Reporter:
         from torchvision.utils import make_grid, save_image
 
         grid = make_grid(images.detach().float().cpu(), nrow=nrow, normalize=True, value_range=(-1, 1))
-        self.emit(LogPoint(step=step, images={tag: grid}, log_dir=self.log_dir))
         if path is not None:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             save_image(grid, path)
+        self.emit(LogPoint(step=step, images={tag: grid}, log_dir=self.log_dir,
+                           files={tag: os.path.abspath(path)} if path is not None else {}))
+
+    def log_run(self, step: int, *, hparams: Mapping[str, Any] | None = None,
+                tags: Mapping[str, str] | None = None) -> None:
+        """Hand hyperparameters and facts about the run (a point with no values) to the loggers (rank 0)."""
+        if self.is_main and (hparams or tags) and not self._closed:
+            self.emit(LogPoint(step=step, log_dir=self.log_dir, hparams=dict(hparams or {}), tags=dict(tags or {})))
 
     # ---- progress -----------------------------------------------------------------------------------
     def open_progress(self, total: int | None, initial: int) -> None:
@@ -103,7 +111,7 @@ class Reporter:
         from tqdm.auto import tqdm
 
         self.progress_bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
-                                 mininterval=5.0, smoothing=0.1)
+                                 mininterval=5.0, smoothing=0.1, bar_format=BAR_FORMAT if total else None)
 
     def close_progress(self) -> None:
         """Close the progress bar, if one is shown."""
@@ -124,24 +132,26 @@ class Reporter:
         if not self.metrics:
             return dict(self.last_metrics) if self.last_metrics else None
         synchronize()
-        rate = self.throughput.lap() if self.throughput.samples_since else 0.0
+        stepped = self.throughput.samples_since > 0  # no training batch since the last point: no rate to report
+        rate = self.throughput.lap() if stepped else 0.0
         values = self.metrics.flush(self.reduce if across_ranks else None)
         bad = nonfinite(values)
         if bad:
             self._on_nonfinite(bad, values, step)
-        values["samples_per_sec"] = rate * self.world_size
-        values["data_wait"] = self.throughput.wait_share
-        values.update(self.flops.figures(rate, rate * self.world_size))
-        for key, lr in learning_rates.items():
-            if isinstance(lr, (int, float)):
-                values[f"lr/{key}"] = float(lr)
+        if stepped:
+            values["samples_per_sec"] = rate * self.world_size
+            values["data_wait"] = self.throughput.wait_share
+            values.update(self.flops.figures(rate, rate * self.world_size))
+            for key, lr in learning_rates.items():
+                if isinstance(lr, (int, float)):
+                    values[f"lr/{key}"] = float(lr)
+        shown = values if stepped else {**self.last_metrics, **values}  # the bar keeps the last rates
         self.last_metrics = values
         if self.is_main:
             self.emit(LogPoint(step=step, values=dict(values), log_dir=self.log_dir))
             if self.progress_bar is not None:
                 self.progress_bar.n = step
-                shown = {k: f"{v:.4g}" for k, v in values.items() if not k.startswith("lr/")}
-                self.progress_bar.set_postfix(shown, refresh=False)
+                self.progress_bar.set_postfix_str(progress_postfix(shown), refresh=False)
                 self.progress_bar.refresh()
         return values
 
@@ -175,10 +185,15 @@ class Reporter:
         return {"samples_per_sec": rate, "samples_per_hour": rate * 3600, "data_wait": wait,
                 "input_bound": input_bound_hint(rate, wait), **self.flops.figures(self.throughput.mean_rate, rate)}
 
-    def close(self, step: int) -> None:
-        """Send the final point to the loggers and plugins (once), and close the progress bar."""
+    @property
+    def closed(self) -> bool:
+        """True once the final point was sent (until another point is)."""
+        return self._closed
+
+    def close(self, step: int, summary: Mapping[str, Any] | None = None) -> None:
+        """Send the final point, with the run's ``summary``, to the loggers and plugins (once); close the bar."""
         if self.is_main and not self._closed:
             self._closed = True
-            self.emit(LogPoint(step=step, log_dir=self.log_dir, final=True))
+            self.emit(LogPoint(step=step, log_dir=self.log_dir, final=True, summary=dict(summary or {})))
         self.close_progress()
 
