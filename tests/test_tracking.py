@@ -270,7 +270,8 @@ def test_summary_is_a_read_only_mapping_that_prints_a_table_and_converts_to_json
     lines = str(summary).splitlines()
     assert not str(summary).startswith("{") and len(lines) >= 8
     # the loaders and the input-bound hint (shown when the loop waited for data) are sentences, not figures
-    assert all(len(line) <= 100 for line in lines if not line.startswith(("precision_detail", "loaders", "input_bound")))
+    sentences = ("precision_detail", "loaders", "input_bound")
+    assert all(len(line) <= 100 for line in lines if not line.startswith(sentences))
     columns = {len(line) - len(line.split("  ", 1)[1].lstrip()) for line in lines}
     assert len(columns) == 1, lines  # every value starts in the same column
     assert any(line.startswith("steps") and line.endswith(" 4") for line in lines)
