@@ -83,9 +83,13 @@ def run_checks(
     introduced in a contract newer than the one the device's plugin declares is ``"advisory"`` when it
     fails (see :attr:`DeviceUnderTest.contract`).
     """
-    dut = open_device(name, plugin_manager, options=options)
     defaults: dict[str, Any] = {"optimizer_names": STANDARD_OPTIMIZERS, "precisions": PRECISIONS,
                                 "training_precision": "auto", "run_compiled": False}
+    unknown = sorted(set(selection) - set(defaults))
+    if unknown:
+        raise TypeError(f"run_checks() got unexpected selection {', '.join(unknown)}; "
+                        f"choose from {', '.join(defaults)}")
+    dut = open_device(name, plugin_manager, options=options)
     results = []
     for check_name, spec, check in _expanded({**defaults, **selection, "phases": list(Phase)}):
         try:

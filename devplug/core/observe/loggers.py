@@ -13,6 +13,7 @@ installed, a Trainer that uses the default writes ``metrics.csv`` instead and sa
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import logging
 import os
@@ -142,12 +143,11 @@ def check_logger(item: Any) -> None:
 
 
 def tensorboard_installed() -> bool:
-    """Whether the ``tensorboard`` package imports here (torch's ``SummaryWriter`` needs it)."""
+    """Whether the ``tensorboard`` package is installed (torch's ``SummaryWriter`` needs it); imports nothing."""
     try:
-        import tensorboard  # noqa: F401  # the top-level package only: light, unlike the writer
-    except ImportError:
+        return importlib.util.find_spec("tensorboard") is not None
+    except (ImportError, ValueError):  # a broken or half-removed installation
         return False
-    return True
 
 
 def build_loggers(items: Iterable[Any], log_dir: str | None, *, default: bool = False) -> list[Logger]:
