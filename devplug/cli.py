@@ -1,8 +1,14 @@
-"""The ``devplug`` command: list device plugins and what they can do here; check a plugin's contract; doctor."""
+"""The ``devplug`` command: list device plugins and what they can do here; check a plugin's contract; doctor.
+
+Every command takes ``--json`` for scripts (the shapes are in docs/getting-started.md). Exit codes:
+0 success, 1 a conformance check failed, 2 an error (unknown device, bad arguments), 3 ``check``'s
+device is not available on this machine (0 with ``--allow-unavailable``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -14,7 +20,7 @@ import attrs
 from devplug._version import __version__
 from devplug.core.contract.records import CONTRACT_VERSION
 from devplug.core.errors import DevplugError
-from devplug.core.observe.doctor import diagnose
+from devplug.core.observe.doctor import Diagnosis, diagnose
 from devplug.core.registry.bounded import time_limit
 from devplug.core.registry.devices import DeviceRegistry
 from devplug.core.registry.manager import (
@@ -25,7 +31,16 @@ from devplug.core.registry.manager import (
     DevplugPluginManager,
     get_plugin_manager,
 )
-from devplug.testing import ConformanceError, run_checks
+from devplug.testing import CheckResult, ConformanceError, open_device, run_checks
+
+#: Exit codes of the ``devplug`` command.
+EXIT_OK = 0
+#: ``devplug check``: at least one check failed.
+EXIT_FAILED = 1
+#: An error: unknown device, bad arguments (argparse's own code for usage errors).
+EXIT_ERROR = 2
+#: ``devplug check``: the device is not available on this machine, so the checks that need it did not run.
+EXIT_UNAVAILABLE = 3
 
 #: How ``devplug devices --verbose`` marks a hook implementation's pluggy options.
 _HOOK_OPTIONS = ("wrapper", "hookwrapper", "tryfirst", "trylast")
@@ -144,14 +159,18 @@ def devices_report(pm: DevplugPluginManager | None = None, *, verbose: bool = Fa
                      entry.distribution))
     lines = _table(rows)
     notes = []
-    for name in registry.names():
+    for name in registry.names():  # one entry per device: its description (verbose), then why it is unavailable
         entry = registry.devices[name]
         availability = entry.availability()
+        why = ""
         if not availability.available:
-            fix = f" Fix: {availability.fix}" if availability.fix else ""
-            notes.append(f"  {name}: {availability.reason}.{fix}")
+            why = f"{availability.reason}." + (f" Fix: {availability.fix}" if availability.fix else "")
         if verbose:
             notes.append(f"  {name}: {entry.spec.description}")
+            if why:
+                notes.append(f"      unavailable: {why}")
+        elif why:
+            notes.append(f"  {name}: {why}")
     if notes:
         lines += ["", "Details:", *notes]
     available = registry.available_names()
@@ -182,6 +201,75 @@ def devices_report(pm: DevplugPluginManager | None = None, *, verbose: bool = Fa
     return "\n".join(lines)
 
 
+def _plugin_data(info: PluginInfo) -> dict[str, Any]:
+    return {"name": info.name, "kind": info.kind, "distribution": info.distribution, "version": info.version,
+            "contract": info.contract, "devices": list(info.devices), "hooks": list(info.hooks),
+            "import_seconds": info.import_seconds}
+
+
+def devices_data(pm: DevplugPluginManager | None = None) -> dict[str, Any]:
+    """What ``devplug devices --json`` prints: the devices, the plugins and the loading problems, as data.
+
+    The keys are stable (docs/getting-started.md lists them); every key is present whether or not its
+    list is empty, and the plugins are always included (``--verbose`` changes only the text).
+    """
+    pm = pm or get_plugin_manager()
+    registry = DeviceRegistry(pm)
+    registry.probe_all()
+    devices = []
+    for name in registry.names():
+        entry = registry.devices[name]
+        availability = entry.availability()
+        devices.append({"name": name, "priority": entry.spec.priority, "available": availability.available,
+                        "count": entry.count(), "plugin": entry.plugin_name, "distribution": entry.distribution,
+                        "description": entry.spec.description, "reason": availability.reason,
+                        "fix": availability.fix})
+    available = registry.available_names()
+    return {
+        "devplug": __version__,
+        "contract": CONTRACT_VERSION,
+        "auto": available[0] if available else None,
+        "devices": devices,
+        "plugins": [_plugin_data(info) for info in plugin_infos(pm, registry)],
+        "blocked": sorted(pm.blocked_names),
+        "autoload": pm.autoload,
+        "conflicts": [str(c) for c in registry.conflicts],
+        "failures": [str(f) for f in pm.failures],
+        "warnings": list(pm.warnings),
+    }
+
+
+def _diagnosed(pm: DevplugPluginManager | None) -> tuple[DevplugPluginManager, DeviceRegistry, Diagnosis]:
+    pm = pm or get_plugin_manager()
+    registry = DeviceRegistry(pm)
+    deadline = time.monotonic() + time_limit()  # the probes and the doctor hooks share one time limit
+    for entry in registry.devices.values():
+        entry.start_probe()
+    diagnosis = diagnose(pm, deadline=deadline)
+    registry.probe_all(deadline)
+    return pm, registry, diagnosis
+
+
+def doctor_data(pm: DevplugPluginManager | None = None) -> dict[str, Any]:
+    """What ``devplug doctor --json`` prints: the report of :func:`doctor_report` as data (stable keys)."""
+    pm, registry, diagnosis = _diagnosed(pm)
+    environment = diagnosis.environment()
+    return {
+        "devplug": __version__,
+        "contract": CONTRACT_VERSION,
+        "versions": {"devplug": __version__, **dict(sorted(diagnosis.versions.items(), key=lambda kv: kv[0].lower()))},
+        "plugins": [_plugin_data(info) for info in plugin_infos(pm, registry)],
+        "devices": [{"name": name, "available": a.available, "reason": a.reason, "fix": a.fix}
+                    for name in registry.names() for a in [registry.devices[name].availability()]],
+        "environment": environment,
+        "unset_patterns": [p for p in diagnosis.env_patterns
+                           if "*" in p and not any(k.startswith(p.rstrip("*")) for k in environment)],
+        "incompatible": [{"plugin": f.plugin, "text": f.text} for f in diagnosis.incompatible],
+        "warnings": [{"plugin": f.plugin, "text": f.text} for f in diagnosis.warnings],
+        "plugin_loading": [str(f) for f in pm.failures] + [str(c) for c in registry.conflicts] + list(pm.warnings),
+    }
+
+
 def doctor_report(pm: DevplugPluginManager | None = None) -> str:
     """The text ``devplug doctor`` prints: what a bug report needs and what commonly goes wrong here.
 
@@ -190,13 +278,7 @@ def doctor_report(pm: DevplugPluginManager | None = None) -> str:
     warnings the plugins found, and plugins that failed to load. Probes and ``devplug_doctor`` hooks
     run under the time limit (``DEVPLUG_PROBE_TIMEOUT``); one that does not answer in time is named.
     """
-    pm = pm or get_plugin_manager()
-    registry = DeviceRegistry(pm)
-    deadline = time.monotonic() + time_limit()  # the probes and the doctor hooks share one time limit
-    for entry in registry.devices.values():
-        entry.start_probe()
-    diagnosis = diagnose(pm, deadline=deadline)
-    registry.probe_all(deadline)
+    pm, registry, diagnosis = _diagnosed(pm)
     lines = ["devplug doctor: paste this whole report into a bug report", "", "Versions:"]
     versions = sorted(diagnosis.versions.items(), key=lambda kv: kv[0].lower())
     lines += _table([("devplug", __version__), *versions], indent="  ")
@@ -223,16 +305,75 @@ def doctor_report(pm: DevplugPluginManager | None = None) -> str:
     return "\n".join(lines)
 
 
-def check_report(device: str, *, run_compiled: bool = False) -> tuple[str, bool]:
-    """Run the conformance kit against ``device``; return the report and whether every check passed."""
+@attrs.frozen
+class CheckRun:
+    """A ``devplug check``: the device, its plugin, whether it is available here, the results, the exit code."""
 
-    results = run_checks(device, get_plugin_manager(), run_compiled=run_compiled)
-    failed = [r for r in results if r.outcome == "failed"]
-    skipped = [r for r in results if r.outcome == "not applicable"]
-    lines = [str(r) for r in results]
-    lines += ["", f"{len(results) - len(failed) - len(skipped)} passed, {len(failed)} failed, "
-                  f"{len(skipped)} not applicable on this machine"]
-    return "\n".join(lines), not failed
+    device: str
+    plugin: str
+    distribution: str
+    contract: str
+    available: bool
+    reason: str
+    results: tuple[CheckResult, ...]
+    allow_unavailable: bool = False
+
+    def count(self, outcome: str) -> int:
+        """How many results have ``outcome``."""
+        return sum(1 for r in self.results if r.outcome == outcome)
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a check failed, else 3 when the device is unavailable here (unless allowed), else 0."""
+        if self.count("failed"):
+            return EXIT_FAILED
+        if not self.available and not self.allow_unavailable:
+            return EXIT_UNAVAILABLE
+        return EXIT_OK
+
+    def data(self) -> dict[str, Any]:
+        """What ``devplug check --json`` prints (stable keys, docs/getting-started.md)."""
+        return {
+            "device": self.device, "plugin": self.plugin, "distribution": self.distribution,
+            "contract": self.contract, "available": self.available, "reason": self.reason,
+            "results": [{"name": r.name, "outcome": r.outcome, "detail": r.detail, "since": r.since}
+                        for r in self.results],
+            "counts": {"passed": self.count("passed"), "failed": self.count("failed"),
+                       "not_applicable": self.count("not applicable"), "advisory": self.count("advisory")},
+            "exit_code": self.exit_code,
+        }
+
+    def report(self) -> str:
+        """The text ``devplug check`` prints: one line per check, the counts, and why the device did not run."""
+        lines = [str(r) for r in self.results]
+        advisory = self.count("advisory")
+        advisory_text = (f"{advisory} advisory (checks of a contract newer than the plugin's {self.contract}), "
+                         if advisory else "")
+        lines += ["", f"{self.count('passed')} passed, {advisory_text}{self.count('failed')} failed, "
+                      f"{self.count('not applicable')} not applicable on this machine"]
+        if not self.available:
+            outcome = ("allowed by --allow-unavailable" if self.allow_unavailable
+                       else f"exit code {EXIT_UNAVAILABLE}; --allow-unavailable accepts it")
+            lines.append(f"device {self.device!r} is not available here ({outcome}): {self.reason}")
+        return "\n".join(lines)
+
+
+def run_check(device: str, *, run_compiled: bool = False, allow_unavailable: bool = False,
+              pm: DevplugPluginManager | None = None) -> CheckRun:
+    """Run the conformance kit against ``device`` (raises :class:`ConformanceError` when nobody registers it)."""
+    pm = pm or get_plugin_manager()
+    dut = open_device(device, pm)
+    availability = dut.availability
+    results = run_checks(device, pm, run_compiled=run_compiled)
+    return CheckRun(device=device, plugin=dut.entry.plugin_name, distribution=dut.entry.distribution,
+                    contract=dut.contract, available=availability.available, reason=availability.reason,
+                    results=tuple(results), allow_unavailable=allow_unavailable)
+
+
+def check_report(device: str, *, run_compiled: bool = False) -> tuple[str, bool]:
+    """Run the conformance kit against ``device``; return the report and whether no check failed."""
+    run = run_check(device, run_compiled=run_compiled)
+    return run.report(), not run.count("failed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -243,12 +384,25 @@ def build_parser() -> argparse.ArgumentParser:
     devices = sub.add_parser("devices", help="list device plugins, availability and why not")
     devices.add_argument("-v", "--verbose", action="store_true",
                          help="also show each plugin's distribution, version, contract, import time and hooks")
-    check = sub.add_parser("check", help="run the plugin conformance checks against a device")
+    check = sub.add_parser(
+        "check", help="run the plugin conformance checks against a device",
+        description="Run the conformance checks against a device. Exit codes: 0 every check passed (or is "
+                    f"advisory), {EXIT_FAILED} a check failed, {EXIT_ERROR} no plugin registers the device, "
+                    f"{EXIT_UNAVAILABLE} the device is not available on this machine (0 with --allow-unavailable).")
     check.add_argument("device", help="a device name as `devplug devices` lists it")
     check.add_argument("--run-compiled", action="store_true",
                        help="also run the module devplug_compile returns (slow with inductor)")
-    sub.add_parser("doctor", help="versions, environment, incompatible pairs and warnings for a bug report")
+    check.add_argument("--allow-unavailable", action="store_true",
+                       help=f"exit 0, not {EXIT_UNAVAILABLE}, when the device is not available on this machine")
+    doctor = sub.add_parser("doctor", help="versions, environment, incompatible pairs and warnings for a bug report")
+    for command in (devices, check, doctor):
+        command.add_argument("--json", action="store_true",
+                             help="print one JSON object instead of text (keys: docs/getting-started.md)")
     return parser
+
+
+def _print_json(data: dict[str, Any]) -> None:
+    print(json.dumps(data, indent=2, default=str))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -261,17 +415,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         if args.command == "devices":
-            print(devices_report(verbose=args.verbose))
+            if args.json:
+                _print_json(devices_data())
+            else:
+                print(devices_report(verbose=args.verbose))
         elif args.command == "doctor":
-            print(doctor_report())
+            if args.json:
+                _print_json(doctor_data())
+            else:
+                print(doctor_report())
         elif args.command == "check":
-            report, ok = check_report(args.device, run_compiled=args.run_compiled)
-            print(report)
-            return 0 if ok else 1
+            run = run_check(args.device, run_compiled=args.run_compiled, allow_unavailable=args.allow_unavailable)
+            if args.json:
+                _print_json(run.data())
+            else:
+                print(run.report())
+            return run.exit_code
     except (DevplugError, ConformanceError) as exc:  # ConformanceError: the device is not registered at all
+        if getattr(args, "json", False):
+            _print_json({"error": str(exc), "exit_code": EXIT_ERROR})
         print(f"devplug: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_ERROR
+    return EXIT_OK
 
 
 if __name__ == "__main__":

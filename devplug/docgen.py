@@ -122,11 +122,11 @@ def render_hook_table() -> str:
 
 def render_check_table() -> str:
     """The table of conformance tests in docs/plugins.md, from the kit's registered checks."""
-    rows = ["| test | hooks | what it checks |", "|---|---|---|"]
+    rows = ["| test | hooks | since | what it checks |", "|---|---|---|---|"]
     for spec in registered_checks():
         name = f"test_{spec.name}" + (f"[{_CASES[spec.over]}]" if spec.over else "")
         hooks = ", ".join(f"`{h}`" for h in spec.hooks) or "end to end"
-        rows.append(f"| `{name}` | {hooks} | {_first_line(spec.function)} |")
+        rows.append(f"| `{name}` | {hooks} | {spec.since} | {_first_line(spec.function)} |")
     return public_names("\n".join(rows) + "\n")
 
 

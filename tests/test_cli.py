@@ -1,6 +1,12 @@
-"""The ``devplug`` command: ``devices`` (plain and verbose) and ``check``."""
+"""The ``devplug`` command: ``devices`` (plain, verbose, JSON), ``check`` and ``doctor``, exit codes, ``python -m``."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +15,8 @@ import devplug
 from devplug import cli
 from devplug.core.registry import manager
 from devplug.core.registry.manager import create_plugin_manager
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Toy:
@@ -133,3 +141,138 @@ def test_check_of_an_unknown_device_is_an_error(capsys, process_manager):
     process_manager(create_plugin_manager(autoload=False, blocked=["generic"]))
     assert cli.main(["check", "nosuch"]) == 2
     assert "no loaded plugin registers device 'nosuch'. Registered devices: hpu, cuda, cpu" in capsys.readouterr().err
+
+
+# ---- scripting: --json, exit codes, python -m devplug ------------------------------------------------------
+class Absent:
+    """A device plugin whose device is not on this machine."""
+
+    DEVPLUG_CONTRACT = "1.0"
+
+    @devplug.hookimpl
+    def devplug_register_devices(self):
+        return devplug.DeviceSpec(name="absent", description="a card this machine lacks", priority=1,
+                                  torch_type="cpu", probe=lambda: devplug.Availability.no("no absent card", "buy one"))
+
+
+def test_verbose_details_name_each_device_once(capsys, process_manager):
+    process_manager(create_plugin_manager(autoload=False, extra_plugins=[("absent", Absent())]))
+    assert cli.main(["devices", "--verbose"]) == 0
+    details = capsys.readouterr().out.split("Details:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    names = [line.split(":", 1)[0].strip() for line in details if not line.startswith("      ")]
+    assert len(names) == len(set(names)), details
+    at = details.index("  absent: a card this machine lacks")
+    assert details[at + 1] == "      unavailable: no absent card. Fix: buy one"
+
+
+def test_devices_json_has_stable_keys(capsys, process_manager):
+    process_manager(create_plugin_manager(autoload=False, extra_plugins=[("absent", Absent())], blocked=["hpu"]))
+    assert cli.main(["devices", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"devplug", "contract", "auto", "devices", "plugins", "blocked", "autoload", "conflicts",
+                         "failures", "warnings"}
+    assert data["auto"] == "cpu" and data["contract"] == devplug.CONTRACT_VERSION and data["blocked"] == ["hpu"]
+    devices = {d["name"]: d for d in data["devices"]}
+    assert devices["absent"] == {"name": "absent", "priority": 1, "available": False, "count": 0, "plugin": "absent",
+                                 "distribution": "registered at run time", "description": "a card this machine lacks",
+                                 "reason": "no absent card", "fix": "buy one"}
+    assert devices["cpu"]["available"] is True and devices["cpu"]["count"] == 1
+    plugin = next(p for p in data["plugins"] if p["name"] == "absent")
+    assert set(plugin) == {"name", "kind", "distribution", "version", "contract", "devices", "hooks", "import_seconds"}
+    assert plugin["contract"] == "1.0" and plugin["devices"] == ["absent"]
+
+
+def test_doctor_json_has_stable_keys(capsys, process_manager):
+    process_manager(create_plugin_manager(autoload=False))
+    assert cli.main(["doctor", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"devplug", "contract", "versions", "plugins", "devices", "environment", "unset_patterns",
+                         "incompatible", "warnings", "plugin_loading"}
+    assert data["versions"]["devplug"] == devplug.__version__ and "torch" in data["versions"]
+    assert {"name": "cpu", "available": True, "reason": "", "fix": ""} in data["devices"]
+    assert all(set(f) == {"plugin", "text"} for f in data["incompatible"] + data["warnings"])
+
+
+def test_check_json_reports_each_result_and_exits_1_on_a_failure(capsys, process_manager):
+    process_manager(create_plugin_manager(autoload=False, extra_plugins=[("toy", Toy())]))
+    assert cli.main(["check", "toy", "--json"]) == cli.EXIT_FAILED == 1
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"device", "plugin", "distribution", "contract", "available", "reason", "results", "counts",
+                         "exit_code"}
+    assert (data["device"], data["plugin"], data["contract"], data["available"]) == ("toy", "toy", "1.0", True)
+    results = {r["name"]: r for r in data["results"]}
+    assert results["optimizer[adam]"]["outcome"] == "failed"
+    assert set(results["probe"]) == {"name", "outcome", "detail", "since"}
+    assert data["counts"]["failed"] >= 1 and data["exit_code"] == 1
+    assert set(data["counts"]) == {"passed", "failed", "not_applicable", "advisory"}
+
+
+def test_check_of_an_unavailable_device_exits_3_unless_allowed(capsys, process_manager):
+    process_manager(create_plugin_manager(autoload=False, extra_plugins=[("absent", Absent())]))
+    assert cli.main(["check", "absent"]) == cli.EXIT_UNAVAILABLE == 3
+    out = capsys.readouterr().out
+    assert "0 failed" in out
+    assert "device 'absent' is not available here (exit code 3; --allow-unavailable accepts it): no absent card" in out
+    assert cli.main(["check", "absent", "--allow-unavailable", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["available"], data["reason"], data["exit_code"]) == (False, "no absent card", 0)
+    assert data["counts"]["not_applicable"] > 0 and data["counts"]["failed"] == 0
+
+
+def test_check_json_of_an_unknown_device_is_an_error_object(capsys, process_manager):
+    process_manager(create_plugin_manager(autoload=False))
+    assert cli.main(["check", "nosuch", "--json"]) == cli.EXIT_ERROR == 2
+    data = json.loads(capsys.readouterr().out)
+    assert data["exit_code"] == 2 and "no loaded plugin registers device 'nosuch'" in data["error"]
+
+
+def test_python_m_devplug_runs_the_command():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["DEVPLUG_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    result = subprocess.run([sys.executable, "-m", "devplug", "devices", "--json"], capture_output=True, text=True,
+                            env=env, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["auto"] == "cpu"
+
+
+# ---- a passing check prints only its results ---------------------------------------------------------------
+PROFILE_CHECK = """
+from devplug.core.registry.manager import create_plugin_manager
+from devplug.testing import open_device
+from devplug.testing.checks.observing import check_profiler_activities
+print(check_profiler_activities(open_device("cpu", create_plugin_manager(autoload=False))))
+"""
+
+
+def test_a_passing_profiler_check_prints_no_profiler_lines():
+    """The profiler's native library prints start/stop lines (and "ERROR: ... gpuGetDeviceCount failed" on a
+    machine without the GPU torch was built for) on the process's stderr: a passing check holds them back."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", PROFILE_CHECK], capture_output=True, text=True, env=env,
+                            timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "activities: CPU"
+    assert result.stderr == ""
+
+
+def test_a_failing_profile_shows_what_the_profiler_printed(monkeypatch):
+    from devplug.testing import ConformanceError, open_device
+    from devplug.testing.checks.observing import check_profiler_activities
+
+    class BrokenProfile:
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            os.write(2, b"ERROR: the profiler could not start its session\n")
+            raise RuntimeError("no profiler session")
+
+        def __exit__(self, *exc_info):
+            return False
+
+    monkeypatch.setattr(torch.profiler, "profile", BrokenProfile)
+    with pytest.raises(ConformanceError) as info:
+        check_profiler_activities(open_device("cpu", create_plugin_manager(autoload=False)))
+    assert "raised RuntimeError: no profiler session; the profiler printed: ERROR: the profiler could not start " \
+           "its session" in str(info.value)

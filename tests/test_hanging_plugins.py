@@ -136,8 +136,11 @@ def test_devices_prints_what_finished_and_names_the_probes_that_did_not_within_o
     lines = out.splitlines()
     assert any(line.split()[:3] == ["cpu", "0", "available"] for line in lines)
     assert any(line.split()[:3] == ["sleepy", "500", "unavailable"] for line in lines)
-    assert "  sleepy: probe timed out after 0.5 s (plugin 'sleepy' (registered at run time))." in out
-    assert "  drowsy: probe timed out after 0.5 s (plugin 'drowsy' (registered at run time))." in out
+    for name in ("sleepy", "drowsy"):  # verbose: the device's description, then why it is unavailable
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"  {name}: "))
+        assert lines[at] == f"  {name}: {name} on the CPU"
+        assert lines[at + 1].startswith(
+            f"      unavailable: probe timed out after 0.5 s (plugin {name!r} (registered at run time)). Fix: ")
     assert "'auto' selects: cpu" in out
 
 

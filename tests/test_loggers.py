@@ -194,3 +194,24 @@ def test_mlflow_logger_that_cannot_start_is_one_clear_line(tmp_path, monkeypatch
     with pytest.raises(devplug.ConfigError, match="the mlflow logger cannot start a run") as info:
         devplug.Trainer(device="cpu", progress=False, log_dir=str(tmp_path), loggers=["mlflow"])
     assert "\n" not in str(info.value)
+
+
+def test_without_tensorboard_the_default_logger_is_csv_with_a_one_line_note(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # hides it: import tensorboard raises ImportError
+    log_dir = tmp_path / "run"
+    with caplog.at_level("WARNING", logger="devplug"):
+        trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_every=2,
+                                  log_dir=str(log_dir))
+    notes = [r.getMessage() for r in caplog.records if "tensorboard" in r.getMessage()]
+    assert notes == [f"tensorboard is not installed: logging to {log_dir / 'metrics.csv'} instead "
+                     "(pip install 'devplug[tensorboard]' for TensorBoard)"]
+    _train(trainer)
+    assert {step for step, _ in _csv(log_dir / "metrics.csv")} == {2, 4, 6}
+    assert not list(log_dir.glob("events.out.tfevents.*"))
+
+
+def test_tensorboard_asked_for_by_name_is_not_replaced(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_dir=str(tmp_path),
+                              loggers=["tensorboard"])
+    assert [type(logger).__name__ for logger in trainer._reporter.loggers] == ["TensorBoardLogger"]

@@ -10,8 +10,10 @@
 Every check of :mod:`devplug.testing.checks` becomes one test, ``test_<check>`` (optimizers,
 precisions and phases parametrised), in the order ``devplug check`` runs them, so a check added to
 the kit is a test in every plugin's suite.
-Tests that need the device skip, with the probe's reason, where it is not available, unless
-``require_available = True`` (set it on CI machines that have the hardware).
+A check introduced in a contract newer than the one the plugin declares skips, as "advisory", when it
+fails (a plugin written for 1.0 keeps working with every later 1.x). Tests that need the device skip,
+with the probe's reason, where it is not available, unless ``require_available = True`` (set it on CI
+machines that have the hardware).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, ClassVar
 import pytest
 
 from devplug.core.contract.records import PRECISIONS, Phase
+from devplug.core.errors import DevplugError
 from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
 from devplug.testing.checks import registered_checks
 from devplug.testing.kit import STANDARD_OPTIMIZERS, CheckSpec, DeviceUnderTest, NotApplicable, open_device
@@ -100,7 +103,13 @@ def _generated_test(spec: CheckSpec) -> Callable[..., None]:
 
     def run(self: DeviceConformance, request: pytest.FixtureRequest, *case: Any) -> None:
         kwargs = {arg: self._selection()[key] for arg, key in spec.options.items()}
-        self._run(spec.function, request.getfixturevalue(fixture), *case, **kwargs)
+        dut = request.getfixturevalue(fixture)
+        try:
+            self._run(spec.function, dut, *case, **kwargs)
+        except (AssertionError, DevplugError) as exc:
+            if dut.holds_to(spec.since):
+                raise
+            pytest.skip(f"advisory (introduced in contract {spec.since}; the plugin declares {dut.contract}): {exc}")
 
     def plain(self: DeviceConformance, request: pytest.FixtureRequest) -> None:
         run(self, request)

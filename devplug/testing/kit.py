@@ -8,6 +8,10 @@ it, and either returns a short description of what it saw or raises :class:`Conf
 cannot run here (the device is not available on this machine, ``torch.distributed`` is missing)
 raises :class:`NotApplicable` instead.
 
+Each check names the contract version that introduced what it checks (``since``). A plugin is held to
+the contract it declares (``DEVPLUG_CONTRACT``): a check introduced in a later minor version still runs
+for it, but its failure is advisory, because a plugin written for 1.0 keeps working with every later 1.x.
+
 This module imports no check: :mod:`devplug.testing.checks` imports them all, so ask it, not
 :data:`CHECKS`, for the complete list.
 """
@@ -19,9 +23,11 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 import torch
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from devplug.core.contract import hookspecs
-from devplug.core.contract.records import Availability, Device
+from devplug.core.contract.records import CONTRACT_VERSION, Availability, Device
 from devplug.core.errors import PluginError
 from devplug.core.registry.devices import DeviceHooks, DeviceRegistry, RegisteredDevice
 from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
@@ -51,7 +57,9 @@ class CheckSpec:
 
     ``over`` names a selection (``"optimizer_names"``, ``"precisions"``, ``"phases"``) with one case per
     value; ``options`` maps a keyword argument of the check to a selection value (``run`` →
-    ``run_compiled``); ``needs_device`` is False for checks that run without the device available.
+    ``run_compiled``); ``needs_device`` is False for checks that run without the device available;
+    ``since`` is the contract version that introduced what the check asks for (a plugin declaring an
+    older contract gets an advisory result, not a failure).
     """
 
     name: str
@@ -60,6 +68,7 @@ class CheckSpec:
     over: str | None = None
     options: Mapping[str, str] = attrs.field(factory=dict)
     needs_device: bool = True
+    since: str = "1.0"
 
     @property
     def position(self) -> int:
@@ -73,15 +82,21 @@ CHECKS: list[CheckSpec] = []
 
 
 def conformance_check(*hooks: str, over: str | None = None, options: Mapping[str, str] | None = None,
-                      needs_device: bool = True) -> Callable[[Callable[..., str]], Callable[..., str]]:
-    """Register a ``check_<name>`` function as the check of ``hooks`` (none: an end-to-end check)."""
+                      needs_device: bool = True,
+                      since: str = "1.0") -> Callable[[Callable[..., str]], Callable[..., str]]:
+    """Register a ``check_<name>`` function as the check of ``hooks`` (none: an end-to-end check).
+
+    ``since``: the contract version that introduced what the check asks for (default ``"1.0"``).
+    """
     unknown = set(hooks) - {fn.__name__ for fn in hookspecs.HOOKS}
     if unknown:
         raise ValueError(f"conformance_check names unknown hooks {sorted(unknown)}")
+    if Version(since) > Version(CONTRACT_VERSION):
+        raise ValueError(f"conformance_check(since={since!r}) is newer than the contract {CONTRACT_VERSION}")
 
     def register(function: Callable[..., str]) -> Callable[..., str]:
         name = function.__name__.removeprefix("check_")
-        CHECKS.append(CheckSpec(name, function, hooks, over, dict(options or {}), needs_device))
+        CHECKS.append(CheckSpec(name, function, hooks, over, dict(options or {}), needs_device, since))
         return function
 
     return register
@@ -138,6 +153,19 @@ class DeviceUnderTest:
     def availability(self) -> Availability:
         """The probe's answer, as devplug sees it (a raising probe reads as unavailable)."""
         return self.entry.availability()
+
+    @property
+    def contract(self) -> str:
+        """The contract version the device's plugin is held to: the ``MAJOR.MINOR`` it declares.
+
+        A range (``">=1.0,<3"``) promises every contract in it, this devplug's among them, and a plugin
+        that declares nothing is assumed current: both are held to :data:`devplug.CONTRACT_VERSION`.
+        """
+        return declared_contract(self.plugin_manager.get_plugin(self.entry.plugin_name))
+
+    def holds_to(self, since: str) -> bool:
+        """Whether the plugin must pass a check introduced in contract ``since`` (else the check is advisory)."""
+        return Version(self.contract) >= Version(since)
 
     def require_available(self) -> None:
         """Raise :class:`NotApplicable` when the device cannot be used on this machine."""
@@ -197,6 +225,25 @@ def open_device(
             "installed (pip install -e .) with an entry point in the 'devplug' group, and not blocked?"
         )
     return DeviceUnderTest(name=name, plugin_manager=pm, registry=registry, entry=entry, options=dict(options or {}))
+
+
+def declared_contract(plugin: object) -> str:
+    """The contract version ``plugin`` is held to (see :attr:`DeviceUnderTest.contract`)."""
+    declared = getattr(plugin, "DEVPLUG_CONTRACT", None)
+    if declared is None:
+        return CONTRACT_VERSION
+    text = str(declared).strip()
+    try:
+        if any(op in text for op in "<>=!~,"):
+            SpecifierSet(text)
+            return CONTRACT_VERSION
+        version = Version(text)
+    except (InvalidSpecifier, InvalidVersion):
+        return CONTRACT_VERSION
+    current = Version(CONTRACT_VERSION)
+    if version.major != current.major or version > current:
+        return CONTRACT_VERSION  # the manager does not load such a plugin; hold it to the current contract
+    return f"{version.major}.{version.minor}"
 
 
 # ---- what several checks share ---------------------------------------------------------------------------

@@ -119,7 +119,7 @@ class TrainerConfig:
 
     @property
     def logger_items(self) -> tuple[Any, ...]:
-        """The loggers to build: ``loggers``, or TensorBoard when it is not set."""
+        """The loggers to build: ``loggers``, or TensorBoard when it is not set (CSV where tensorboard is missing)."""
         return self.loggers if self.loggers is not None else ("tensorboard",)
 
     @classmethod

@@ -101,7 +101,8 @@ class Trainer:
         self._state = TrainerState(device=self.device, precision=self.precision, modules=self._modules,
                                   optimizers=self._optimizers, loaders=self._loaders, position=self._position,
                                   world_size=self.world_size)
-        loggers = build_loggers(self._config.logger_items, self._config.log_dir) if self.is_main_process else []
+        loggers = build_loggers(self._config.logger_items, self._config.log_dir,
+                                default=self._config.loggers is None) if self.is_main_process else []
         self._reporter = Reporter(log_dir=self._config.log_dir, progress=self._config.progress,
                                  nonfinite=self._config.nonfinite, is_main=self.is_main_process,
                                  world_size=self.world_size, reduce=reduce, loggers=loggers,

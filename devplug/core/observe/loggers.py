@@ -7,12 +7,17 @@ TensorBoard (:mod:`devplug.core.observe.tensorboard`), CSV and JSON Lines, MLflo
 (:mod:`devplug.core.observe.mlflow`, with the ``mlflow`` extra) and Weights & Biases
 (:mod:`devplug.core.observe.wandb`, with the ``wandb`` extra). Loggers receive host floats read once at the
 log point: they never touch the device.
+
+TensorBoard is the default logger and an optional dependency (the ``tensorboard`` extra): where it is not
+installed, a Trainer that uses the default writes ``metrics.csv`` instead and says so in one line.
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
+import logging
 import os
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
@@ -20,6 +25,8 @@ from typing import Any, Protocol, runtime_checkable
 from devplug.core.contract.hookimpl import hookimpl
 from devplug.core.contract.records import LogPoint
 from devplug.core.observe.tensorboard import TensorBoardLogger
+
+log = logging.getLogger("devplug")
 
 
 @runtime_checkable
@@ -137,12 +144,29 @@ def check_logger(item: Any) -> None:
         raise ValueError(f"logger {item!r} has no devplug_log(point) method (see docs/trainer.md#loggers)")
 
 
-def build_loggers(items: Iterable[Any], log_dir: str | None) -> list[Logger]:
-    """Logger objects for ``items``: names are built under ``log_dir`` (skipped without one), objects kept."""
+def tensorboard_installed() -> bool:
+    """Whether the ``tensorboard`` package is installed (torch's ``SummaryWriter`` needs it); imports nothing."""
+    try:
+        return importlib.util.find_spec("tensorboard") is not None
+    except (ImportError, ValueError):  # a broken or half-removed installation
+        return False
+
+
+def build_loggers(items: Iterable[Any], log_dir: str | None, *, default: bool = False) -> list[Logger]:
+    """Logger objects for ``items``: names are built under ``log_dir`` (skipped without one), objects kept.
+
+    ``default``: ``items`` is the Trainer's default, not the author's choice, so TensorBoard falls back to
+    CSV where tensorboard is not installed (with a one-line note) instead of failing at the first log point.
+    """
     loggers: list[Logger] = []
     for item in items:
         if isinstance(item, str):
             if log_dir:
+                if default and item == "tensorboard" and not tensorboard_installed():
+                    item = "csv"
+                    log.warning("tensorboard is not installed: logging to %s instead "
+                                "(pip install 'devplug[tensorboard]' for TensorBoard)",
+                                os.path.join(log_dir, "metrics.csv"))
                 loggers.append(NAMED_LOGGERS[item](log_dir))
         else:
             loggers.append(item)

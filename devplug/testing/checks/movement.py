@@ -60,12 +60,12 @@ def check_to_device(dut: DeviceUnderTest) -> str:
         raise dut.fail(f"devplug_to_device(nested batch) left tensors on {', '.join(stray_leaves) or '?'}")
     if out["pair"][0].dtype != torch.long or not torch.equal(out["pair"][1][0].cpu(), torch.full((1,), 7.0)):
         raise dut.fail("devplug_to_device(nested batch) changed tensor values or dtypes")
-    _check_channels_last(dut)
-    return f"module, tensor and nested batch moved to {device.torch_device}; channels_last honoured"
+    return f"module, tensor and nested batch moved to {device.torch_device}"
 
 
-def _check_channels_last(dut: DeviceUnderTest) -> None:
-    """With ``Trainer(channels_last=True)`` conv weights and 4-D batches arrive channels_last."""
+@conformance_check("devplug_to_device", since="1.1")
+def check_to_device_channels_last(dut: DeviceUnderTest) -> str:
+    """With ``Trainer(channels_last=True)`` conv weights and 4-D batches arrive channels_last (contract 1.1)."""
     device = attrs.evolve(dut.device, channels_last=True)
     hooks = KitHooks(dut.registry, device, dut.label)
     conv = hooks(hookspecs.devplug_to_device, obj=torch.nn.Conv2d(3, 4, 3))
@@ -75,3 +75,4 @@ def _check_channels_last(dut: DeviceUnderTest) -> None:
                        "move modules with memory_format=device.memory_format (devplug.toolkit.move_to does)")
     if not images.is_contiguous(memory_format=torch.channels_last) or labels.dim() != 1:
         raise dut.fail("with channels_last=True, devplug_to_device(batch) did not make 4-D tensors channels_last")
+    return "channels_last honoured (conv weights and 4-D batches)"

@@ -102,7 +102,7 @@ def check_device_setup(dut: DeviceUnderTest) -> str:
     return f"set up {dut.device} (torch device {dut.device.torch_device})"
 
 
-@conformance_check("devplug_doctor", needs_device=False)
+@conformance_check("devplug_doctor", needs_device=False, since="1.2")
 def check_doctor(dut: DeviceUnderTest) -> str:
     """``devplug_doctor`` of the device's plugin (and its distribution's others) gives a DoctorReport or ``None``."""
     pm = dut.plugin_manager

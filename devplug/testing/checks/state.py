@@ -56,7 +56,7 @@ def _layout_problem(got: dict[str, Any], want: dict[str, Any]) -> str:
     return ""
 
 
-@conformance_check("devplug_optimizer", over="optimizer_names")
+@conformance_check("devplug_optimizer", over="optimizer_names", since="1.1")
 def check_optimizer_state(dut: DeviceUnderTest, name: str) -> str:
     """The optimizer's state converts to the canonical form (torch.optim's layout) and back, losing nothing.
 
