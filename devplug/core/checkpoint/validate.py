@@ -2,7 +2,7 @@
 
 Every module key and tensor shape, every optimizer's algorithm, layout, parameter groups and state tensor
 shapes, the counters (non-negative integers), the loader positions, the RNG states and the grad scaler:
-all problems are collected and raised as one :class:`CheckpointError` line, and nothing has changed.
+all problems are collected and raised as one `CheckpointError` line, and nothing has changed.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def counter_problems(state: Mapping[str, Any]) -> list[str]:
 
 
 def rng_problems(saved: Any) -> list[str]:
-    """Why ``saved`` is not an RNG state :func:`devplug.core.checkpoint.rng.rng_state` wrote ([] when it is)."""
+    """Why ``saved`` is not an RNG state `devplug.core.checkpoint.rng.rng_state` wrote ([] when it is)."""
     if not isinstance(saved, Mapping) or "python" not in saved or "torch" not in saved:
         return ["its RNG state is incomplete"]
     python = saved["python"]

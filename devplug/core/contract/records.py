@@ -1,6 +1,6 @@
 """Typed records that hooks return and receive.
 
-Every hook in :mod:`devplug.core.contract.hookspecs` speaks in these small attrs classes rather than loose
+Every hook in `devplug.core.contract.hookspecs` speaks in these small attrs classes rather than loose
 tuples or dicts, so a plugin author gets a named field (and a validation error naming it) instead
 of a positional surprise.
 """
@@ -20,6 +20,7 @@ import torch
 #: A plugin declares what it needs with ``DEVPLUG_CONTRACT``: ``"1.1"`` (that minor or newer, same major)
 #: or a range such as ``">=1.0,<3"``; a plugin this devplug cannot serve is reported and skipped.
 CONTRACT_VERSION = "1.3"
+"""The hook contract this devplug speaks; a plugin declares the one it was written for in ``DEVPLUG_CONTRACT``."""
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -294,7 +295,7 @@ class LoaderOptions:
     working loader: ``num_workers`` and ``prefetch_factor`` left out by the author hold the Trainer's
     defaults (CPU cores − 1 at most 8, and 2); ``pin_memory`` left out is ``None`` (the device plugin
     decides). ``automatic`` (contract 1.3) names the options the author left to devplug, so a plugin
-    can tune those (:func:`devplug.toolkit.tune_loader`) and must keep the others exactly as given: the
+    can tune those (`devplug.toolkit.tune_loader`) and must keep the others exactly as given: the
     author's explicit settings always win.
     """
 

@@ -39,7 +39,7 @@ def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None)
 
 
 def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:
-    """:func:`autocast_plan`, with ``"auto"`` resolved from what torch reports for the device type, and why.
+    """`autocast_plan`, with ``"auto"`` resolved from what torch reports for the device type, and why.
 
     ``"auto"`` is ``"bf16-mixed"`` where torch has autocast for the type
     (``torch.amp.is_autocast_available``) and the type's module reports native bf16

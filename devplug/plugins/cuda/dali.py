@@ -1,7 +1,7 @@
 """NVIDIA DALI loader for image folders: decode on the GPU, resize, crop, normalize, batches on the device.
 
-The pipeline reads the same files with the same labels as :class:`devplug.toolkit.ImageFolderDataset`
-(both list them with :func:`devplug.toolkit.list_images`) and applies the same transform (resize the
+The pipeline reads the same files with the same labels as `devplug.toolkit.ImageFolderDataset`
+(both list them with `devplug.toolkit.list_images`) and applies the same transform (resize the
 short side, center crop, normalize with the source's mean/std), so switching loaders does not change
 what the model sees beyond decoder and resampling rounding.
 
@@ -100,7 +100,7 @@ def build_dali_pipeline(
 ) -> Any:
     """A built DALI pipeline yielding ``(images, labels)`` for ``source``, sharded by rank.
 
-    ``fn.readers.file`` (this rank's :func:`shard_items`, reshuffled every epoch when ``options.shuffle``) →
+    ``fn.readers.file`` (this rank's `shard_items`, reshuffled every epoch when ``options.shuffle``) →
     ``fn.decoders.image`` (``"mixed"``: on the GPU ``device_id``; ``"cpu"`` when ``device_id`` is
     ``None``) → ``fn.resize`` (short side to ``image_size``, antialiased linear) →
     ``fn.crop_mirror_normalize`` (center crop, ``(x/255 - mean) / std``, float32, CHW; HWC when
@@ -211,7 +211,7 @@ def build_dali_loader(
     *,
     channels_last: bool = False,
 ) -> LoaderChoice:
-    """A :class:`LoaderChoice` wrapping a DALI pipeline over ``source`` (see :func:`build_dali_pipeline`).
+    """A `LoaderChoice` wrapping a DALI pipeline over ``source`` (see `build_dali_pipeline`).
 
     ``options.drop_last`` drops an incomplete last batch, else it is returned short. Batches are on GPU
     ``device_id`` (``on_device=True``), or on the CPU in CPU-only mode (``device_id=None``).

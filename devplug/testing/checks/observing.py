@@ -78,7 +78,7 @@ def check_peak_flops(dut: DeviceUnderTest) -> str:
 
 @conformance_check("devplug_synchronize", "devplug_memory_stats")
 def check_synchronize_and_memory(dut: DeviceUnderTest) -> str:
-    """``devplug_synchronize`` returns; ``devplug_memory_stats`` gives :class:`MemoryStats` or ``None``."""
+    """``devplug_synchronize`` returns; ``devplug_memory_stats`` gives `MemoryStats` or ``None``."""
     hooks = dut.hooks
     hooks(hookspecs.devplug_to_device, obj=torch.ones(8)).sum()
     hooks(hookspecs.devplug_synchronize)
