@@ -39,7 +39,7 @@ def run_twice(script: str, tmp_path: Path) -> tuple[str, str]:
     """Run ``script`` in ``tmp_path`` twice (the second run resumes); the two outputs."""
     path = tmp_path / "train.py"
     path.write_text(script)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "DEVPLUG_DEVICE": "cpu",
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "",
            "PYTHONWARNINGS": "ignore"}
     outputs = []
     for _ in range(2):
@@ -98,3 +98,17 @@ def test_the_table_maps_the_calls_readers_look_for():
         table = (GUIDES / page).read_text().split("## Call by call")[1].split("\n## ")[0]
         for name in names:
             assert name in table, f"{page}'s table lost {name}"
+
+
+@pytest.mark.slow
+def test_the_devplug_version_runs_under_torchrun_unchanged(tmp_path):
+    """Two CPU processes: each rank trains on its half (28 steps), rank 0 alone prints the combined accuracy."""
+    (tmp_path / "train.py").write_text(guide_block("pytorch.md", "common") + "\n\n"
+                                       + guide_block("pytorch.md", "devplug"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = RESULT.findall(result.stdout)
+    assert len(found) == 1, result.stdout
+    assert int(found[0][0]) == STEPS // 2 and float(found[0][1]) >= 0.8
