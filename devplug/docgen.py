@@ -178,8 +178,8 @@ def current_versions(text: str) -> str:
     text = re.sub(r'`DEVPLUG_CONTRACT = "\d+\.\d+"`', f'`DEVPLUG_CONTRACT = "{CONTRACT_VERSION}"`', text)
     text = re.sub(r'currently `"\d+\.\d+"`', f'currently `"{CONTRACT_VERSION}"`', text)
     text = re.sub(r"devplug>=\d+\.\d+,<\d+", release_pin(), text)
-    text = re.sub(r"devplug \d+\.\d+\.\d+ \(contract \d+\.\d+\)", f"devplug {__version__} (contract {CONTRACT_VERSION})",
-                  text)
+    text = re.sub(r"devplug \d+\.\d+\.\d+ \(contract \d+\.\d+\)",
+                  f"devplug {__version__} (contract {CONTRACT_VERSION})", text)
     return re.sub(r"devplug \d+\.\d+\.\d+ speaks \d+\.\d+", f"devplug {__version__} speaks {CONTRACT_VERSION}", text)
 
 
