@@ -112,3 +112,10 @@ def test_the_devplug_version_runs_under_torchrun_unchanged(tmp_path):
     found = RESULT.findall(result.stdout)
     assert len(found) == 1, result.stdout
     assert int(found[0][0]) == STEPS // 2 and float(found[0][1]) >= 0.8
+
+
+def test_a_missing_peer_is_skipped_with_the_reason(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    with pytest.raises(pytest.skip.Exception, match=r"accelerate is not installed \(pip install accelerate"):
+        test_the_peer_version_runs(tmp_path, "accelerate")

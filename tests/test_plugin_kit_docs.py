@@ -128,3 +128,11 @@ def test_a_16_mixed_plan_without_a_scaler_is_what_the_guide_forbids():
     assert autocast_plan(device, "16-mixed").scaler is not None
     assert autocast_plan(device, "bf16-mixed").scaler is None
     assert autocast_plan(device, "32-true").scaler is None
+
+
+def test_the_template_readme_describes_every_hook_it_implements():
+    from devplug import docgen
+
+    readme = (docgen.TEMPLATE / "README.md").read_text()
+    rows = set(re.findall(r"^\| `(devplug_\w+)` \|", readme, re.M))
+    assert rows == set(docgen.template_hooks()) == {fn.__name__ for fn in hookspecs.HOOKS}
