@@ -31,7 +31,7 @@ def before_decoder(image_size: int) -> Callable[[str | Path], torch.Tensor]:
 
 
 class BeforeImageFolder(Dataset):
-    """``(image, label)`` for every image under ``root``, decoded by :func:`before_decoder`."""
+    """``(image, label)`` for every image under ``root``, decoded by `before_decoder`."""
 
     def __init__(self, root: str | Path, image_size: int) -> None:
         self.items = list_images(root)

@@ -45,7 +45,7 @@ class EpochDriver:
 
     A Trainer loader counts the batches of the current epoch and, when iterated again, skips that many
     (to resume mid-epoch); only ``trainer.epochs()`` resets the count. Reading loaders outside that loop
-    therefore needs the epoch advanced at every epoch end, which :class:`BatchStream` does through this.
+    therefore needs the epoch advanced at every epoch end, which `BatchStream` does through this.
     """
 
     def __init__(self, trainer: devplug.Trainer) -> None:

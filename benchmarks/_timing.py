@@ -15,7 +15,7 @@ def interleaved(
     warmup: int = 1,
     after: Mapping[str, Callable[[], None]] | None = None,
 ) -> dict[str, float]:
-    """Median seconds per call of each variant, timed by :func:`interleaved_samples`."""
+    """Median seconds per call of each variant, timed by `interleaved_samples`."""
     samples = interleaved_samples(variants, rounds=rounds, warmup=warmup, after=after)
     return {name: statistics.median(times) for name, times in samples.items()}
 

@@ -1,8 +1,8 @@
 """devplug: write a PyTorch training loop once; device plugins make it fast on CPU, CUDA, Gaudi and more.
 
-Public API: :class:`Trainer` and its :class:`TrainerConfig`, the ``hookimpl`` marker for plugins, the
-records hooks exchange, the built-in loggers, the errors devplug raises, and :func:`create_plugin_manager` /
-:func:`reset_plugin_manager` to choose plugins in code. Importing this package imports torch but no
+Public API: `Trainer` and its `TrainerConfig`, the ``hookimpl`` marker for plugins, the
+records hooks exchange, the built-in loggers, the errors devplug raises, and `create_plugin_manager` /
+`reset_plugin_manager` to choose plugins in code. Importing this package imports torch but no
 vendor stack and not TensorBoard.
 """
 

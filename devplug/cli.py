@@ -251,7 +251,7 @@ def _diagnosed(pm: DevplugPluginManager | None) -> tuple[DevplugPluginManager, D
 
 
 def doctor_data(pm: DevplugPluginManager | None = None) -> dict[str, Any]:
-    """What ``devplug doctor --json`` prints: the report of :func:`doctor_report` as data (stable keys)."""
+    """What ``devplug doctor --json`` prints: the report of `doctor_report` as data (stable keys)."""
     pm, registry, diagnosis = _diagnosed(pm)
     environment = diagnosis.environment()
     return {
@@ -360,7 +360,7 @@ class CheckRun:
 
 def run_check(device: str, *, run_compiled: bool = False, allow_unavailable: bool = False,
               pm: DevplugPluginManager | None = None) -> CheckRun:
-    """Run the conformance kit against ``device`` (raises :class:`ConformanceError` when nobody registers it)."""
+    """Run the conformance kit against ``device`` (raises `ConformanceError` when nobody registers it)."""
     pm = pm or get_plugin_manager()
     dut = open_device(device, pm)
     availability = dut.availability

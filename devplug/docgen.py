@@ -2,8 +2,12 @@
 
 - ``docs/hooks.md``: the hook reference, from the hookspec docstrings;
 - the tables between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->`` in
-  ``docs/plugins.md``: every hook (first-result, routing, expected answer, what the core fallback does)
-  and every conformance check (from the kit's registered checks).
+  ``docs/plugins.md``: every hook (first-result, routing, expected answer, what the core fallback does),
+  every conformance check (from the kit's registered checks) and the hooks the template plugin implements;
+- the versions a plugin author copies, in ``docs/plugins.md`` and the template plugin
+  (``examples/template_plugin``): ``DEVPLUG_CONTRACT = "..."`` (``devplug.CONTRACT_VERSION``), the
+  dependency pin ``devplug>=...,<...`` (from the release) and the messages quoting "devplug X (contract Y)"
+  or "devplug X speaks Y".
 
 Readers see public names only: a private path in a docstring (``devplug.core.contract.records.Device``)
 is written as the name devplug exports the same object under (``devplug.Device``, from ``devplug``,
@@ -27,14 +31,17 @@ import typing
 from collections.abc import Callable
 from pathlib import Path
 
+from devplug._version import __version__
 from devplug.core.contract import hookspecs
-from devplug.core.contract.records import PRECISIONS, Phase
+from devplug.core.contract.records import CONTRACT_VERSION, PRECISIONS, Phase
 from devplug.core.fallback import plugin as fallback
 from devplug.core.registry.guard import describe_types, expected_types
 from devplug.testing import STANDARD_OPTIMIZERS
 from devplug.testing.checks import registered_checks
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+TEMPLATE = DOCS.parent / "examples" / "template_plugin"
+TEMPLATE_MODULE = "devplug_template_device.device"
 
 PUBLIC_MODULES = ("devplug", "devplug.toolkit", "devplug.testing")
 _PRIVATE_NAME = re.compile(r"devplug\.core(?:\.\w+)+")
@@ -42,7 +49,7 @@ _PRIVATE_NAME = re.compile(r"devplug\.core(?:\.\w+)+")
 
 def public_name(path: str) -> str:
     """The public name of the object at the private ``path``: ``devplug.core.contract.records.Device`` ->
-    ``devplug.Device``; :class:`ValueError` when no public module exports it."""
+    ``devplug.Device``; `ValueError` when no public module exports it."""
     module_name, _, name = path.rpartition(".")
     try:
         obj = getattr(importlib.import_module(module_name), name)
@@ -130,7 +137,55 @@ def render_check_table() -> str:
     return public_names("\n".join(rows) + "\n")
 
 
-GENERATED_TABLES = {"hook-table": render_hook_table, "check-table": render_check_table}
+def template_hooks(template: Path = TEMPLATE) -> list[str]:
+    """The hooks the template's device plugin implements, in the contract's order."""
+    source = (template / "src" / Path(*TEMPLATE_MODULE.split("."))).with_suffix(".py").read_text()
+    defined = set(re.findall(r"^@devplug\.hookimpl(?:\(.*\))?\ndef (devplug_\w+)\(", source, re.M))
+    return [fn.__name__ for fn in hookspecs.HOOKS if fn.__name__ in defined]
+
+
+def render_template_hooks() -> str:
+    """The sentence of docs/plugins.md saying which hooks the template plugin implements."""
+    path = f"examples/template_plugin/src/{TEMPLATE_MODULE.replace('.', '/')}.py"
+    implemented, every = template_hooks(), [fn.__name__ for fn in hookspecs.HOOKS]
+    names = ", ".join(f"`{name}`" for name in implemented)
+    if implemented == every:
+        head = f"`{path}` implements all {len(every)} hooks of contract {CONTRACT_VERSION} ({names})"
+    else:
+        left = ", ".join(f"`{name}`" for name in every if name not in implemented)
+        head = (f"`{path}` implements {len(implemented)} of the {len(every)} hooks of contract {CONTRACT_VERSION} "
+                f"({names}; the core fallback answers {left})")
+    return head + ", each with a note on what a real accelerator does there.\n"
+
+
+GENERATED_TABLES = {"hook-table": render_hook_table, "check-table": render_check_table,
+                    "template-hooks": render_template_hooks}
+
+
+def release_pin(version: str = __version__) -> str:
+    """The dependency a plugin for this release's contract declares: ``devplug>=0.2,<1`` for 0.2.x."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return f"devplug>={major}.{minor},<{major + 1}"
+
+
+def current_versions(text: str) -> str:
+    """``text`` with the contract, the pin and the quoted release in their current values.
+
+    An older contract shown on purpose (``DEVPLUG_CONTRACT = "1.1"  # written for 1.1 ...``) is kept.
+    """
+    text = re.sub(r'^(\s*DEVPLUG_CONTRACT = )"\d+\.\d+"(?!\s*# written for)', rf'\1"{CONTRACT_VERSION}"', text,
+                  flags=re.M)
+    text = re.sub(r'`DEVPLUG_CONTRACT = "\d+\.\d+"`', f'`DEVPLUG_CONTRACT = "{CONTRACT_VERSION}"`', text)
+    text = re.sub(r'currently `"\d+\.\d+"`', f'currently `"{CONTRACT_VERSION}"`', text)
+    text = re.sub(r"devplug>=\d+\.\d+,<\d+", release_pin(), text)
+    text = re.sub(r"devplug \d+\.\d+\.\d+ \(contract \d+\.\d+\)",
+                  f"devplug {__version__} (contract {CONTRACT_VERSION})", text)
+    return re.sub(r"devplug \d+\.\d+\.\d+ speaks \d+\.\d+", f"devplug {__version__} speaks {CONTRACT_VERSION}", text)
+
+
+def template_files(template: Path = TEMPLATE) -> list[Path]:
+    """The template plugin's files that quote the contract or the pin."""
+    return [template / "pyproject.toml", template / "README.md", *sorted((template / "src").rglob("*.py"))]
 
 
 def _splice(render: Callable[[], str], match: re.Match[str]) -> str:
@@ -150,7 +205,12 @@ def fill_generated(text: str) -> str:
 def outputs(docs: Path = DOCS) -> dict[Path, str]:
     """Every generated file with the content it should have."""
     plugins = docs / "plugins.md"
-    return {docs / "hooks.md": render_hook_reference(), plugins: fill_generated(plugins.read_text())}
+    generated = {docs / "hooks.md": render_hook_reference(),
+                 plugins: current_versions(fill_generated(plugins.read_text()))}
+    template = docs.parent / "examples" / "template_plugin"
+    if template.is_dir():
+        generated.update({path: current_versions(path.read_text()) for path in template_files(template)})
+    return generated
 
 
 def main(argv: typing.Sequence[str] | None = None) -> int:

@@ -2,44 +2,44 @@
 
 A device plugin usually differs from plain PyTorch in a few places; these let it reuse the rest:
 
-- :func:`move_to`, :func:`map_tensors` — move modules, tensors and nested batches;
-- :func:`autocast_plan` — a precision plan from ``torch.autocast`` and ``torch.amp.GradScaler``;
-- :data:`TORCH_OPTIMIZERS`, :func:`torch_optimizer_class`, :func:`torch_optimizer_defaults` — standard
+- `move_to`, `map_tensors` — move modules, tensors and nested batches;
+- `autocast_plan` — a precision plan from ``torch.autocast`` and ``torch.amp.GradScaler``;
+- `TORCH_OPTIMIZERS`, `torch_optimizer_class`, `torch_optimizer_defaults` — standard
   optimizer names, their torch classes and defaults, to map an author's options faithfully onto a
   vendor optimizer;
-- :func:`torch_dataloader`, :func:`make_sampler`, :func:`image_transform`, :class:`ImageFolderDataset`,
-  :func:`list_images`, :data:`IMAGE_EXTENSIONS`, :func:`load_rgb` — the tuned torch loader to fall back to
+- `torch_dataloader`, `make_sampler`, `image_transform`, `ImageFolderDataset`,
+  `list_images`, `IMAGE_EXTENSIONS`, `load_rgb` — the tuned torch loader to fall back to
   when a faster loader does not apply, and the image pipeline every loader of an ``ImageFolderSource``
   must match (any pixel format to 8-bit RGB, EXIF orientation, reduced-scale JPEG decoding);
-  :func:`evaluation_shard`, :class:`EvaluationSampler` — how an evaluation loader (``options.evaluation``)
+  `evaluation_shard`, `EvaluationSampler` — how an evaluation loader (``options.evaluation``)
   splits its dataset over ranks: every sample on exactly one rank, no padding;
-- :func:`tune_loader` — the worker processes for the loader options the author left to devplug
+- `tune_loader` — the worker processes for the loader options the author left to devplug
   (``LoaderOptions.automatic``), chosen from the device (does compute share the host's cores?) and a
   measurement of the source; ``torch_dataloader(..., compute_competes=...)`` calls it;
-  :func:`available_cpus` — the cores this process may run on (its affinity mask), what it counts with;
-- :func:`display_path`, :func:`printable` — file names and messages shown readably (names that are not
+  `available_cpus` — the cores this process may run on (its affinity mask), what it counts with;
+- `display_path`, `printable` — file names and messages shown readably (names that are not
   UTF-8 included);
-- :func:`process_memory_stats` — the host process's memory figure;
-- :func:`measured_matmul_flops` — a device's measured matmul FLOP/s, a peak for MFU where none is published;
+- `process_memory_stats` — the host process's memory figure;
+- `measured_matmul_flops` — a device's measured matmul FLOP/s, a peak for MFU where none is published;
 - PyTorch's device-generic API, as the core fallback uses it for any device type:
-  :func:`device_module`, :func:`current_accelerator_type`, :func:`device_available`, :func:`device_count`,
-  :func:`select_device`, :func:`synchronize`, :func:`memory_stats`, :func:`collective_backend`,
-  :func:`native_bf16`;
-  :func:`fastest_torch_optimizer` / :func:`torch_kernel` (torch's ``fused`` or ``foreach`` kernel where
-  the device type has one) and :func:`torch_precision_plan` (``"auto"`` from what torch reports) — the
+  `device_module`, `current_accelerator_type`, `device_available`, `device_count`,
+  `select_device`, `synchronize`, `memory_stats`, `collective_backend`,
+  `native_bf16`;
+  `fastest_torch_optimizer` / `torch_kernel` (torch's ``fused`` or ``foreach`` kernel where
+  the device type has one) and `torch_precision_plan` (``"auto"`` from what torch reports) — the
   fallback's answers, to adjust rather than restate;
-- :func:`steps_to_params`, :func:`steps_to_groups`, :func:`native_groups`, :func:`bias_corrected_to_canonical`,
-  :func:`momentum_to_canonical`, :func:`momentum_from_canonical` — for an optimizer whose state is not in
+- `steps_to_params`, `steps_to_groups`, `native_groups`, `bias_corrected_to_canonical`,
+  `momentum_to_canonical`, `momentum_from_canonical` — for an optimizer whose state is not in
   torch.optim's layout: the pieces of its ``OptimizerChoice.to_canonical``/``from_canonical`` converters
   (step counts per group or per parameter, the hyperparameters each side has, fused Adam and SGD layouts);
-- :func:`remove_stale_temp_files` — delete the temporary files of checkpoint saves whose process is gone
+- `remove_stale_temp_files` — delete the temporary files of checkpoint saves whose process is gone
   (``Trainer.save`` does it itself; call it at start to tidy a checkpoint folder at once);
-- :func:`log_once` — say something (a fallback and its reason) once per process (:func:`forget_logged`
+- `log_once` — say something (a fallback and its reason) once per process (`forget_logged`
   resets it in tests);
-- :func:`environment_changes` — the environment variables a plugin changed while loading (each an
+- `environment_changes` — the environment variables a plugin changed while loading (each an
   ``EnvironmentChange``: ``variable``, ``before``, ``after``, ``plugin``, ``distribution``), so a probe
   that finds a variable hiding its device can name the plugin that set it instead of blaming the user;
-- :func:`builtin_plugin` — a built-in device plugin, to delegate to its hooks (build on ``cpu`` or
+- `builtin_plugin` — a built-in device plugin, to delegate to its hooks (build on ``cpu`` or
   ``generic`` rather than restate it).
 """
 

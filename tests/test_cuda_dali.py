@@ -1,7 +1,7 @@
 """The CUDA plugin's DALI image-folder loader, run for real in DALI's CPU-only mode (``device_id=None``).
 
 The same pipeline decodes on the GPU ("mixed") when given a device id; here it decodes on the CPU, which
-needs no GPU. Batches are compared with the torch loader's (:class:`devplug.core.data.torch_loader.ImageFolderDataset`).
+needs no GPU. Batches are compared with the torch loader's (`devplug.core.data.torch_loader.ImageFolderDataset`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The CUDA plugin: probe reasons, optimizer choice (apex stand-in or torch), precision plans, TF32, hooks.
 
-Most tests call the plugin's hook functions directly with a :class:`devplug.Device` record, so they run
+Most tests call the plugin's hook functions directly with a `devplug.Device` record, so they run
 on this GPU-less machine with the real torch APIs that work without a device. Tests marked ``cuda``
 need a GPU and skip without one; they run unchanged on a GPU machine.
 """

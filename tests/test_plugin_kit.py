@@ -7,6 +7,7 @@ through ``PYTHONPATH``, in-process tests by putting the target on ``sys.path`` f
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from distributions import pip_install
 import devplug
 from devplug import cli
 from devplug.cli import devices_report
+from devplug.core.contract import hookspecs
 from devplug.core.registry.devices import DeviceRegistry
 from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
 from devplug.testing import DeviceConformance
@@ -27,15 +29,48 @@ REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "examples" / "template_plugin"
 DISTRIBUTION = "devplug-template-device 0.1.0"
 PACKAGE = "devplug_template_device"
+GUIDE = REPO / "docs" / "plugins.md"
+
+
+def documented_console(command: str) -> list[str]:
+    """The lines of the console excerpt of docs/plugins.md that starts with ``$ command``."""
+    blocks = re.findall(r"```console\n\$ (.*?)\n(.*?)```", GUIDE.read_text(), re.S)
+    [lines] = [body.splitlines() for shown, body in blocks if shown == command]
+    return lines
+
+
+def _normalized(line: str) -> str:
+    """A line with its column padding and its timings (which differ from run to run) left out."""
+    return re.sub(r"\d+ ms\b", "N ms", " ".join(line.split()))
+
+
+def assert_excerpt_of(documented: list[str], real: str) -> None:
+    """Every documented line is a real line, in order; ``...`` stands for lines left out, and a line ending in
+    ``, ...`` for the rest of a real line."""
+    real_lines = [_normalized(line) for line in real.splitlines()]
+    position = 0
+    for line in documented:
+        want = _normalized(line)
+        if want == "...":
+            continue
+        prefix = want[:-3] if want.endswith(", ...") else None
+        for index in range(position, len(real_lines)):
+            got = real_lines[index]
+            if got == want or (prefix is not None and got.startswith(prefix)):
+                position = index + 1
+                break
+        else:
+            raise AssertionError(f"docs/plugins.md shows {line!r}, which the real output lacks (at or after line "
+                                 f"{position + 1}); the real output is:\n{real}")
 
 
 def run(args: list[str], *, pythonpath: Path | None = None, cwd: Path = REPO,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a command with a clean devplug environment and ``pythonpath`` first on the path."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPLUG_", "CPUSIM_"))}
-    environ.pop("PYTHONPATH", None)
+    environ["PYTHONPATH"] = str(REPO)  # this checkout's devplug, whichever one is installed
     if pythonpath is not None:
-        environ["PYTHONPATH"] = str(pythonpath)
+        environ["PYTHONPATH"] = os.pathsep.join((str(pythonpath), str(REPO)))
     environ.update(env or {})
     return subprocess.run(args, cwd=cwd, env=environ, capture_output=True, text=True, timeout=600)
 
@@ -73,18 +108,17 @@ def test_devplug_devices_lists_the_device_and_its_distribution(template_site):
 
 
 def test_verbose_listing_shows_hooks_version_and_distribution_per_plugin(on_path):
-    lines = devices_report(create_plugin_manager(), verbose=True).splitlines()
+    report = devices_report(create_plugin_manager(), verbose=True)
+    lines = report.splitlines()
     device_row = lines.index(next(line for line in lines if line.startswith("  cpusim ")))
     assert lines[device_row].split()[:-2] == ["cpusim", "device", "plugin", "(cpusim)", "devplug-template-device",
-                                              "0.1.0", "1.1"]
+                                              "0.1.0", devplug.CONTRACT_VERSION]
     assert lines[device_row].split()[-1] in ("ms", "s")  # its import time
-    hooks = lines[device_row + 1]
-    for hook in ("devplug_register_devices", "devplug_device_setup", "devplug_to_device", "devplug_optimizer",
-                 "devplug_precision", "devplug_region", "devplug_mark_step", "devplug_collective_setup",
-                 "devplug_dataloader", "devplug_synchronize", "devplug_memory_stats", "devplug_compile"):
-        assert hook in hooks
+    hooks = lines[device_row + 1].split(": ", 1)[1].split(", ")
+    assert hooks == sorted(fn.__name__ for fn in hookspecs.HOOKS)  # the template implements every hook
     neutral = lines.index(next(line for line in lines if line.startswith("  cpusim_stepcount ")))
-    assert lines[neutral].split()[1:-2] == ["device-neutral", "devplug-template-device", "0.1.0", "1.1"]
+    assert lines[neutral].split()[1:-2] == ["device-neutral", "devplug-template-device", "0.1.0",
+                                            devplug.CONTRACT_VERSION]
     assert lines[neutral + 1].strip() == "hooks: devplug_mark_step [wrapper]"
     assert "  cpusim: simulated accelerator on the host CPU (devplug template plugin)" in lines
 
@@ -103,6 +137,12 @@ def test_devplug_check_command_passes_for_the_template(on_path, capsys):
     out = capsys.readouterr().out
     assert "precision[16-mixed]: refuses 16-mixed: cpusim has no fp16 units" in out
     assert ", 0 failed, 0 not applicable" in out
+    assert_excerpt_of(documented_console("devplug check cpusim"), out)
+
+
+def test_the_documented_listing_is_the_real_one(on_path, capsys):
+    assert cli.main(["devices", "--verbose"]) == 0
+    assert_excerpt_of(documented_console("devplug devices --verbose"), capsys.readouterr().out)
 
 
 class TestTemplateConformance(DeviceConformance):

@@ -73,3 +73,77 @@ def test_cli_marks_the_snippets_hooks_with_their_pluggy_options(hook):
               if i.name == "doc"]
     assert info.kind == "device-neutral" and info.contract == devplug.CONTRACT_VERSION
     assert info.hooks == ((f"{hook} [tryfirst]",) if hook == "devplug_optimizer" else (f"{hook} [wrapper]",))
+
+
+# ---- the rules and versions docs/plugins.md states ------------------------------------------------------
+def test_the_documented_contract_messages_are_the_real_ones():
+    from devplug.core.contract.versions import contract_problem
+
+    page = GUIDE.read_text()
+    for declared in re.findall(r"was skipped: it (?:needs|declares) hook contract '([\d.]+)'", page):
+        assert f"was skipped: {contract_problem(declared)}" in page, f"the message for contract {declared!r}"
+
+
+def test_the_release_table_pairs_this_release_with_its_contract():
+    major_minor = ".".join(devplug.__version__.split(".")[:2])
+    row = next(line for line in GUIDE.read_text().splitlines() if line.startswith(f"| {major_minor}.x |"))
+    assert row.split("|")[2].strip() == devplug.CONTRACT_VERSION
+
+
+def test_the_template_and_the_guide_quote_the_current_contract_and_one_pin():
+    from devplug import docgen
+
+    texts = [GUIDE.read_text()] + [path.read_text() for path in docgen.template_files()]
+    pins = {pin for text in texts for pin in re.findall(r"devplug>=[\d.]+,<\d+", text)}
+    assert pins == {docgen.release_pin()}
+    contracts = {c for text in texts for c in re.findall(r'DEVPLUG_CONTRACT = "([\d.]+)"(?!\s*# written for)', text)}
+    assert contracts == {devplug.CONTRACT_VERSION}
+    assert 'license = "Apache-2.0"' in (docgen.TEMPLATE / "pyproject.toml").read_text()  # SPDX: no warning
+
+
+def test_a_torch_optim_subclass_is_portable_when_it_keeps_torchs_layout_else_needs_converters():
+    """As the guide says: a subclass with torch's state is canonical; one with state of its own needs converters."""
+    import attrs
+
+    from devplug.core.optim.canonical import export_state
+
+    class Clipped(torch.optim.AdamW):
+        pass
+
+    class Counting(torch.optim.AdamW):
+        def step(self, closure=None):
+            loss = super().step(closure)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    self.state[p]["calls"] = self.state[p].get("calls", 0) + 1
+            return loss
+
+    for cls, layout in ((Clipped, "canonical"), (Counting, "native")):
+        params = [torch.nn.Parameter(torch.ones(2))]
+        optimizer = cls(params, lr=0.1)
+        params[0].grad = torch.ones(2)
+        optimizer.step()
+        choice = devplug.OptimizerChoice(optimizer, cls.__name__, algorithm="adamw")
+        assert export_state(choice)["layout"] == layout, cls
+    identity = attrs.evolve(choice, to_canonical=lambda opt, state: {**state, "state": {
+        k: {n: v for n, v in s.items() if n != "calls"} for k, s in state["state"].items()}},
+        from_canonical=lambda opt, state: state)
+    assert export_state(identity)["layout"] == "canonical"
+
+
+def test_a_16_mixed_plan_without_a_scaler_is_what_the_guide_forbids():
+    """The built-in plans follow the rule: 16-mixed carries a scaler, bf16-mixed and 32-true do not."""
+    from devplug.toolkit import autocast_plan
+
+    device = devplug.Trainer(device="cpu", progress=False).device
+    assert autocast_plan(device, "16-mixed").scaler is not None
+    assert autocast_plan(device, "bf16-mixed").scaler is None
+    assert autocast_plan(device, "32-true").scaler is None
+
+
+def test_the_template_readme_describes_every_hook_it_implements():
+    from devplug import docgen
+
+    readme = (docgen.TEMPLATE / "README.md").read_text()
+    rows = set(re.findall(r"^\| `(devplug_\w+)` \|", readme, re.M))
+    assert rows == set(docgen.template_hooks()) == {fn.__name__ for fn in hookspecs.HOOKS}

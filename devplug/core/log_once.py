@@ -15,5 +15,5 @@ def log_once(message: str, level: int = logging.INFO, *, logger: str = "devplug"
 
 
 def forget_logged() -> None:
-    """Forget which messages :func:`log_once` has logged (tests)."""
+    """Forget which messages `log_once` has logged (tests)."""
     _logged.clear()

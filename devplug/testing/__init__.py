@@ -1,13 +1,13 @@
 """The devplug conformance kit: checks a device plugin's hooks the way devplug's core uses them.
 
-Plugin authors run it in their own test suite::
+Plugin authors run it in their own test suite:
 
     from devplug.testing import DeviceConformance
 
     class TestMyDevice(DeviceConformance):
         device_name = "mydev"
 
-or without pytest::
+or without pytest:
 
     from devplug.testing import run_checks
     for result in run_checks("mydev"):
@@ -16,11 +16,11 @@ or without pytest::
 or from the shell: ``devplug check mydev``.
 
 Inside, ``kit`` holds the machinery (the check registry, the device under test), ``checks`` the checks
-(one module per area of the hook contract); ``runner`` runs them (:func:`run_checks`) and
-``conformance`` turns them into pytest tests (:class:`DeviceConformance`).
+(one module per area of the hook contract); ``runner`` runs them (`run_checks`) and
+``conformance`` turns them into pytest tests (`DeviceConformance`).
 
-Only test suites import this package (``import devplug`` does not); :class:`DeviceConformance` needs
-pytest and is imported on first use, so :func:`run_checks` works without pytest installed.
+Only test suites import this package (``import devplug`` does not); `DeviceConformance` needs
+pytest and is imported on first use, so `run_checks` works without pytest installed.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """``DeviceConformance``: the conformance checks as a pytest base class a plugin's test suite subclasses.
 
-::
+For example:
 
     from devplug.testing import DeviceConformance
 
     class TestMyDevice(DeviceConformance):
         device_name = "mydev"
 
-Every check of :mod:`devplug.testing.checks` becomes one test, ``test_<check>`` (optimizers,
+Every check of `devplug.testing.checks` becomes one test, ``test_<check>`` (optimizers,
 precisions and phases parametrised), in the order ``devplug check`` runs them, so a check added to
 the kit is a test in every plugin's suite.
 A check introduced in a contract newer than the one the plugin declares skips, as "advisory", when it
@@ -44,7 +44,7 @@ class DeviceConformance:
     - ``require_available``: fail instead of skip when the device is not available here.
     - ``run_compiled``: also run the module ``devplug_compile`` returned (slow with inductor).
 
-    Override :meth:`make_plugin_manager` to test with a particular set of plugins (for example with
+    Override `make_plugin_manager` to test with a particular set of plugins (for example with
     ``create_plugin_manager(autoload=False, extra_plugins=[...])`` to test a plugin not installed yet).
     """
 

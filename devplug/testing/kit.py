@@ -1,19 +1,19 @@
 """The conformance kit's machinery: the check registry, the device under test, and what the checks share.
 
-A check is a ``check_<name>`` function in one of the area modules of :mod:`devplug.testing.checks`,
-registered with :func:`conformance_check` as the check of the hooks it covers. It takes a
-:class:`DeviceUnderTest`, exercises one part of the hook contract exactly the way devplug's core uses
-it, and either returns a short description of what it saw or raises :class:`ConformanceError` (an
+A check is a ``check_<name>`` function in one of the area modules of `devplug.testing.checks`,
+registered with `conformance_check` as the check of the hooks it covers. It takes a
+`DeviceUnderTest`, exercises one part of the hook contract exactly the way devplug's core uses
+it, and either returns a short description of what it saw or raises `ConformanceError` (an
 ``AssertionError``) naming the device, the plugin, its distribution and what to change. A check that
 cannot run here (the device is not available on this machine, ``torch.distributed`` is missing)
-raises :class:`NotApplicable` instead.
+raises `NotApplicable` instead.
 
 Each check names the contract version that introduced what it checks (``since``). A plugin is held to
 the contract it declares (``DEVPLUG_CONTRACT``): a check introduced in a later minor version still runs
 for it, but its failure is advisory, because a plugin written for 1.0 keeps working with every later 1.x.
 
-This module imports no check: :mod:`devplug.testing.checks` imports them all, so ask it, not
-:data:`CHECKS`, for the complete list.
+This module imports no check: `devplug.testing.checks` imports them all, so ask it, not
+`CHECKS`, for the complete list.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ R = TypeVar("R")
 
 #: Optimizer names every device must build (the hook may defer some to the core's fallback).
 STANDARD_OPTIMIZERS = ("adam", "adamw", "sgd")
+"""The optimizer names every device plugin must build (the kit checks each one)."""
 
 
 class ConformanceError(AssertionError):
@@ -77,7 +78,7 @@ class CheckSpec:
         return min((order.index(h) for h in self.hooks), default=len(order))
 
 
-#: Every check, in registration order (:func:`registered_checks` gives them in the kit's order).
+#: Every check, in registration order (`registered_checks` gives them in the kit's order).
 CHECKS: list[CheckSpec] = []
 
 
@@ -125,7 +126,7 @@ class KitHooks(DeviceHooks):
         self.label = label
 
     def __call__(self, spec: Callable[Concatenate[Device, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        """Call the hook ``spec``; a :class:`devplug.PluginError` becomes a :class:`ConformanceError`."""
+        """Call the hook ``spec``; a `devplug.PluginError` becomes a `ConformanceError`."""
         try:
             return super().__call__(spec, *args, **kwargs)
         except PluginError as exc:
@@ -159,7 +160,7 @@ class DeviceUnderTest:
         """The contract version the device's plugin is held to: the ``MAJOR.MINOR`` it declares.
 
         A range (``">=1.0,<3"``) promises every contract in it, this devplug's among them, and a plugin
-        that declares nothing is assumed current: both are held to :data:`devplug.CONTRACT_VERSION`.
+        that declares nothing is assumed current: both are held to `devplug.CONTRACT_VERSION`.
         """
         return declared_contract(self.plugin_manager.get_plugin(self.entry.plugin_name))
 
@@ -168,14 +169,14 @@ class DeviceUnderTest:
         return Version(self.contract) >= Version(since)
 
     def require_available(self) -> None:
-        """Raise :class:`NotApplicable` when the device cannot be used on this machine."""
+        """Raise `NotApplicable` when the device cannot be used on this machine."""
         availability = self.availability
         if not availability.available:
             raise NotApplicable(f"{self.label} is not available here: {availability.reason}")
 
     @property
     def device(self) -> Device:
-        """The resolved :class:`Device` (resolution runs on first use)."""
+        """The resolved `Device` (resolution runs on first use)."""
         if self._device is None:
             self.require_available()
             self._device = self.registry.resolve(self.name, options=self.options)
@@ -191,11 +192,11 @@ class DeviceUnderTest:
         return self._hooks
 
     def fail(self, message: str) -> ConformanceError:
-        """A :class:`ConformanceError` about this device (raise it)."""
+        """A `ConformanceError` about this device (raise it)."""
         return ConformanceError(f"{self.label}: {message}")
 
     def trainer(self, **options: Any) -> Trainer:
-        """A :class:`devplug.Trainer` on this device with this plugin manager (no progress bar)."""
+        """A `devplug.Trainer` on this device with this plugin manager (no progress bar)."""
         from devplug.core.loop.trainer import Trainer
 
         options.setdefault("progress", False)
@@ -211,7 +212,7 @@ def open_device(
 ) -> DeviceUnderTest:
     """Find device ``name`` among the plugins ``plugin_manager`` loaded (default: a fresh manager).
 
-    Raises :class:`ConformanceError` when no plugin registers the name, listing what went wrong while
+    Raises `ConformanceError` when no plugin registers the name, listing what went wrong while
     loading plugins (the usual reason: the plugin failed to import or was rejected).
     """
     pm = plugin_manager if plugin_manager is not None else create_plugin_manager()
@@ -228,7 +229,7 @@ def open_device(
 
 
 def declared_contract(plugin: object) -> str:
-    """The contract version ``plugin`` is held to (see :attr:`DeviceUnderTest.contract`)."""
+    """The contract version ``plugin`` is held to (see `DeviceUnderTest.contract`)."""
     declared = getattr(plugin, "DEVPLUG_CONTRACT", None)
     if declared is None:
         return CONTRACT_VERSION

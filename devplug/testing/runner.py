@@ -1,7 +1,7 @@
-"""Running the checks without pytest: :func:`run_checks` runs every check and returns one result each.
+"""Running the checks without pytest: `run_checks` runs every check and returns one result each.
 
 ``devplug check <device>`` prints these results; the pytest base class
-:class:`devplug.testing.DeviceConformance` runs the same checks as one test each.
+`devplug.testing.DeviceConformance` runs the same checks as one test each.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ OUTCOMES = ("passed", "failed", "not applicable", "advisory")
 
 @attrs.frozen
 class CheckResult:
-    """One check's outcome (one of :data:`OUTCOMES`) with what it saw, and the contract that introduced it."""
+    """One check's outcome (one of `OUTCOMES`) with what it saw, and the contract that introduced it."""
 
     name: str
     outcome: str
@@ -42,7 +42,7 @@ def all_checks(
     training_precision: str = "auto",
     run_compiled: bool = False,
 ) -> list[tuple[str, Callable[[DeviceUnderTest], str]]]:
-    """Every check as ``(name, function of a DeviceUnderTest)``, in the order :func:`run_checks` runs them.
+    """Every check as ``(name, function of a DeviceUnderTest)``, in the order `run_checks` runs them.
 
     The list follows the hook contract: each hook's checks in the order of the hook reference,
     parametrised checks expanded (``optimizer[adam]``), end-to-end checks last.
@@ -79,9 +79,9 @@ def run_checks(
 ) -> list[CheckResult]:
     """Run every check against device ``name`` and return the results (nothing raises but a missing device).
 
-    ``selection`` is passed to :func:`all_checks` (``optimizer_names``, ``precisions``, ...). A check
+    ``selection`` is passed to `all_checks` (``optimizer_names``, ``precisions``, ...). A check
     introduced in a contract newer than the one the device's plugin declares is ``"advisory"`` when it
-    fails (see :attr:`DeviceUnderTest.contract`).
+    fails (see `DeviceUnderTest.contract`).
     """
     defaults: dict[str, Any] = {"optimizer_names": STANDARD_OPTIMIZERS, "precisions": PRECISIONS,
                                 "training_precision": "auto", "run_compiled": False}

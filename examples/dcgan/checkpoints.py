@@ -39,7 +39,7 @@ def save_checkpoint(trainer: devplug.Trainer, folder: Path, extra: dict[str, Any
     """Write ``folder/step_NNNNNNN.pt`` (main process) and prune to the newest ``keep`` (0 keeps all).
 
     Returns the path written, or ``None`` when nothing was (another process, or non-finite weights with
-    ``nonfinite`` other than ``"raise"``). A full disk is a :class:`devplug.CheckpointError` that says the
+    ``nonfinite`` other than ``"raise"``). A full disk is a `devplug.CheckpointError` that says the
     previous checkpoint is intact.
     """
     target = folder / f"step_{trainer.global_step:07d}.pt"

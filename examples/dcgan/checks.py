@@ -1,9 +1,9 @@
 """Checks of the example's inputs that need the file system or the machine, run before the first step.
 
-- :func:`prepare_output_dir`: ``--out`` and the folders under it can be created and written, with room
+- `prepare_output_dir`: ``--out`` and the folders under it can be created and written, with room
   for the longest file name the run writes (a TensorBoard event file), so a bad ``--out`` is one line
   now rather than a traceback at the first log point.
-- :func:`check_memory`: the networks' size (from the flags, without building them) and the training
+- `check_memory`: the networks' size (from the flags, without building them) and the training
   state (weights, gradients, Adam's two moments, activations of one batch) against the memory there is,
   so ``--ngf 30000`` is one line rather than an allocation traceback.
 """
@@ -67,7 +67,7 @@ def prepare_output_dir(out: Path) -> list[Path]:
     """Create ``out`` and its output folders and check a file can be written in each.
 
     Returns the folders that did not exist before (the caller may remove them again if the run stops
-    before it writes anything). Raises :class:`devplug.ConfigError` naming the path and the problem.
+    before it writes anything). Raises `devplug.ConfigError` naming the path and the problem.
     """
     out = out.expanduser()
     shown = _short(display_path(out))
@@ -111,7 +111,7 @@ def _probe(folder: Path) -> None:
 
 
 def remove_empty(folders: list[Path]) -> None:
-    """Remove those of ``folders`` that are empty, deepest first (what :func:`prepare_output_dir` created)."""
+    """Remove those of ``folders`` that are empty, deepest first (what `prepare_output_dir` created)."""
     for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
         with contextlib.suppress(OSError):
             folder.rmdir()
@@ -149,7 +149,7 @@ def activation_elements(spec: ModelSpec) -> int:
 
 def check_memory(spec: ModelSpec, batch_size: int, *, device_total: int | None, host_available: int | None,
                  flags: str = "--nz/--ngf/--ndf/--image-size/--batch-size") -> None:
-    """Raise :class:`devplug.ConfigError` when the model cannot be trained in the memory there is.
+    """Raise `devplug.ConfigError` when the model cannot be trained in the memory there is.
 
     The networks are built in host memory (4 bytes per parameter) and then trained where the device
     plugin puts them: ``device_total`` bytes, or host memory when the device reports no total.

@@ -232,7 +232,7 @@ class Settings:
 
 
 def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -> Settings:
-    """Turn parsed flags into :class:`Settings`; invalid combinations raise :class:`devplug.ConfigError`."""
+    """Turn parsed flags into `Settings`; invalid combinations raise `devplug.ConfigError`."""
     data = args.data
     if not data.strip():
         raise ConfigError("--data is empty; pass a folder of images, 'shapes' or 'fake' (write . for this folder)")

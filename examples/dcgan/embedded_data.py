@@ -7,7 +7,7 @@ few minutes on a laptop CPU: smooth backgrounds come first, then a crisp shape o
 for a whole batch at once (``__getitems__``), drawn with array operations over the batch: about 0.1 ms per
 32×32 image on a 2-core CPU, little enough that the loader needs no worker process.
 
-Also here: :class:`FakeImages` for ``--data fake`` (compute-only runs: a small pool of random images
+Also here: `FakeImages` for ``--data fake`` (compute-only runs: a small pool of random images
 reused, so no time is spent producing data).
 """
 

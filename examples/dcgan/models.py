@@ -1,4 +1,4 @@
-"""DCGAN generator and discriminator (pytorch/examples' architecture), sized by :class:`ModelSpec`.
+"""DCGAN generator and discriminator (pytorch/examples' architecture), sized by `ModelSpec`.
 
 The networks are built for any power-of-two image size from 16 to 1024: the generator starts from a
 4×4 map and doubles it per transposed convolution; the discriminator halves the image down to 4×4 and
@@ -36,7 +36,7 @@ class ModelSpec:
     channels: int = 3
 
     def check(self) -> ModelSpec:
-        """Raise :class:`devplug.ConfigError` if the networks cannot be built for these sizes."""
+        """Raise `devplug.ConfigError` if the networks cannot be built for these sizes."""
         for name in ("nz", "ngf", "ndf"):
             value = getattr(self, name)
             if value < 1:

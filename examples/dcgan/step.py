@@ -1,4 +1,4 @@
-"""One DCGAN training iteration on a devplug Trainer (:class:`DCGANStep`), and the scaling of its input batches.
+"""One DCGAN training iteration on a devplug Trainer (`DCGANStep`), and the scaling of its input batches.
 
 The iteration is the model author's own (a GAN needs two optimizers and manual control); the Trainer
 supplies everything device-specific: placement, the optimizer implementation, mixed precision, step

@@ -16,7 +16,7 @@ class Stopwatch:
     """Steady-state throughput: counts images after the first completed step (warm-up, compilation and
     worker start-up excluded); falls back to the whole run when it had only one step.
 
-    The caller synchronizes the device before :meth:`first_step_done` and :meth:`stop`, so queued
+    The caller synchronizes the device before `first_step_done` and `stop`, so queued
     device work is inside the measured time.
     """
 
@@ -43,7 +43,7 @@ class Stopwatch:
 
     @property
     def wall_seconds(self) -> float:
-        """Seconds from the start to :meth:`stop` (or now)."""
+        """Seconds from the start to `stop` (or now)."""
         return (self.stopped or time.perf_counter()) - self.started
 
     @property

@@ -6,15 +6,15 @@
     torchrun --nproc-per-node 4 examples/dcgan.py --device cuda --data ~/images
 
 ``examples/dcgan.py`` runs this file (``python examples/dcgan/train.py`` does the same). The training
-iteration is the model author's own (:class:`dcgan.step.DCGANStep`: a GAN needs two optimizers and
+iteration is the model author's own (`dcgan.step.DCGANStep`: a GAN needs two optimizers and
 manual control); the devplug Trainer supplies everything device-specific: where tensors live, the fastest
 optimizer implementation, mixed precision, the data loader, step marking, process groups. There is no
 device branch and no vendor import in this folder. ``--help`` lists every flag; see ``docs/dcgan.md``,
 and ``minimal.py`` beside this file for the same loop without the options.
 
-:func:`train` runs a training in named steps: :func:`build_trainer`, :func:`build_run` (networks, data,
-loader, sample noise), :func:`resume_if_asked`, :func:`announce`, :func:`train_loop`,
-:func:`save_last_outputs` and :func:`finish` (the summary).
+`train` runs a training in named steps: `build_trainer`, `build_run` (networks, data,
+loader, sample noise), `resume_if_asked`, `announce`, `train_loop`,
+`save_last_outputs` and `finish` (the summary).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _silent(*_args: Any, **_kwargs: Any) -> None:
 
 @attrs.define
 class Run:
-    """A run's parts, made by :func:`build_run`: the trainer, the step, the data and the fixed sample noise."""
+    """A run's parts, made by `build_run`: the trainer, the step, the data and the fixed sample noise."""
 
     settings: cli.Settings
     trainer: devplug.Trainer
@@ -69,7 +69,7 @@ class Run:
 
 @attrs.define
 class Progress:
-    """What :func:`train_loop` leaves for the end of the run: its timing, its last outputs, how it ended."""
+    """What `train_loop` leaves for the end of the run: its timing, its last outputs, how it ended."""
 
     stopwatch: Stopwatch
     completed: int  # the last step whose updates all finished: a safe point to checkpoint
@@ -263,7 +263,7 @@ def save_last_outputs(run: Run, progress: Progress) -> None:
 
 
 def summarize(run: Run, progress: Progress) -> dict[str, Any]:
-    """The run summary's values (see :func:`dcgan.summary.build_summary`)."""
+    """The run summary's values (see `dcgan.summary.build_summary`)."""
     settings, trainer, train_step = run.settings, run.trainer, run.train_step
     return build_summary(
         trainer.summary(),
@@ -325,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_as_script() -> None:
-    """What ``python examples/dcgan.py`` does: :func:`main` on the command line, then exit with its status."""
+    """What ``python examples/dcgan.py`` does: `main` on the command line, then exit with its status."""
     for stream in (sys.stdout, sys.stderr):  # file names that are not valid UTF-8 print as \xNN, never crash
         stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     sys.exit(main())

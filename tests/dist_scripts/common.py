@@ -171,7 +171,7 @@ class FixedPredictor(torch.nn.Module):
 
 
 def loop_namespace(val_samples: int = 1001) -> dict[str, object]:
-    """``MyNet``, ``train_set`` and ``val_set`` for :func:`documented_loop`: 3 classes, 128 training samples."""
+    """``MyNet``, ``train_set`` and ``val_set`` for `documented_loop`: 3 classes, 128 training samples."""
     from torch.utils.data import TensorDataset
 
     g = torch.Generator().manual_seed(0)
@@ -183,6 +183,6 @@ def loop_namespace(val_samples: int = 1001) -> dict[str, object]:
 
 
 def expected_predictions(namespace: dict[str, object]) -> torch.Tensor:
-    """The classes :class:`FixedPredictor` gives ``namespace``'s evaluation set, in its order."""
+    """The classes `FixedPredictor` gives ``namespace``'s evaluation set, in its order."""
     x, _ = namespace["val_set"].tensors  # type: ignore[attr-defined]
     return (x @ FixedPredictor().weight).argmax(dim=1)

@@ -6,11 +6,11 @@ unchanged) and records every call devplug makes through it:
 - ``torch.accelerator``: ``current_accelerator``, ``is_available``, ``device_count``,
   ``current_device_index``, ``set_device_index``, ``synchronize``, ``memory_allocated``,
   ``memory_reserved``, ``max_memory_allocated``, ``get_memory_info``;
-- ``torch.get_device_module(<fake type>)``: a :class:`FakeDeviceModule` (``is_available``,
+- ``torch.get_device_module(<fake type>)``: a `FakeDeviceModule` (``is_available``,
   ``device_count``, ``set_device``, ``synchronize``, ``is_bf16_supported``, per-device RNG states);
 - ``torch.amp.is_autocast_available(<fake type>)``: True;
-- ``torch.distributed.Backend.default_device_backend_map``: a :class:`RecordingMap` that also maps the fake
-  type to :data:`FAKE_BACKEND`;
+- ``torch.distributed.Backend.default_device_backend_map``: a `RecordingMap` that also maps the fake
+  type to `FAKE_BACKEND`;
 - with ``privateuse1=NAME``: ``torch._C._get_privateuse1_backend_name`` answers ``NAME``, as it does once an
   out-of-tree extension (``torch_npu``) renamed the PrivateUse1 backend.
 

@@ -1,6 +1,6 @@
 """Running the HPU plugin against the stand-in of the Intel Gaudi packages (``hpu_standin/``).
 
-The stand-in is importable only while a test uses :func:`standin`: it puts ``hpu_standin`` first on
+The stand-in is importable only while a test uses `standin`: it puts ``hpu_standin`` first on
 ``sys.path``, and on the way out removes it and every module imported from it, so no other test can
 see a ``habana_frameworks``. Tests wrap it in a fixture of their own::
 
@@ -98,7 +98,7 @@ class StandIn:
 
 
 def standin(monkeypatch: pytest.MonkeyPatch, *, lazy: bool = True, devices: int = 1) -> Iterator[StandIn]:
-    """Activate the stand-in for one test (generator for a fixture); yields its :class:`StandIn` handle."""
+    """Activate the stand-in for one test (generator for a fixture); yields its `StandIn` handle."""
     _forget_standin_modules()
     runtime.reset()
     saved = {name: os.environ.get(name) for name in LAUNCH_VARIABLES}

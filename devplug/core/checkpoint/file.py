@@ -5,7 +5,7 @@ created with the process umask like any other output), flushed and fsynced, then
 target, so a crash mid-save leaves the previous checkpoint intact; each save first removes the
 temporary files of earlier saves whose process is gone. Every tensor is moved to the CPU first, so a
 checkpoint made on one device loads on another. The state carries a content digest
-(:mod:`.digest`), checked on every read: a file that cannot be read is one :class:`CheckpointError`
+(`.digest`), checked on every read: a file that cannot be read is one `CheckpointError`
 line saying what the file looks like.
 """
 
@@ -103,7 +103,7 @@ def _load(source: Path) -> Any:
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a devplug checkpoint onto the CPU and check its digest, or raise a one-line :class:`CheckpointError`."""
+    """Load a devplug checkpoint onto the CPU and check its digest, or raise a one-line `CheckpointError`."""
     source = Path(path)
     where = f"checkpoint {str(source)!r}"
     state = _load(source)

@@ -1,6 +1,6 @@
 """A run's checkpoint policy: when to save, which files to keep, where to resume from.
 
-A :class:`CheckpointPolicy` given to the Trainer (``Trainer(checkpoints=...)``) saves ``step_NNNNNNN.pt``
+A `CheckpointPolicy` given to the Trainer (``Trainer(checkpoints=...)``) saves ``step_NNNNNNN.pt``
 files into one folder every N steps and/or every T minutes (at step boundaries only, so every checkpoint
 resumes bitwise), and at the end of ``epochs()``. It keeps the newest ``keep_last`` files and the best
 ``keep_best`` by a logged metric, and never removes the newest intact checkpoint. With ``auto_resume`` the
@@ -8,7 +8,7 @@ run continues from the newest checkpoint that loads: damaged or non-finite files
 warning and the one before is tried; resuming from an older one moves the newer ones aside into
 ``abandoned-<time>/`` (never deleted), so they are neither pruned nor resumed by mistake later.
 
-:class:`RunCheckpoints` does the file work for one policy; the Trainer decides when.
+`RunCheckpoints` does the file work for one policy; the Trainer decides when.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def damaged(exc: BaseException) -> bool:
 
 
 class RunCheckpoints:
-    """The files of one :class:`CheckpointPolicy`: saving, pruning, resuming (the main process writes)."""
+    """The files of one `CheckpointPolicy`: saving, pruning, resuming (the main process writes)."""
 
     def __init__(self, policy: CheckpointPolicy) -> None:
         self.policy = policy

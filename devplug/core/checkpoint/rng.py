@@ -61,7 +61,7 @@ def rng_state(module: Any) -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any], module: Any) -> None:
-    """Restore what :func:`rng_state` saved (the device part only where this device module can take it)."""
+    """Restore what `rng_state` saved (the device part only where this device module can take it)."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])

@@ -2,7 +2,7 @@
 
 A save writes ``.<name>.<host>.<pid>.<token>.tmp`` beside its target and renames it over the target when
 complete. A process killed mid-save leaves its temporary file behind; the next save in the folder (or
-:func:`remove_stale_temp_files`, which the same code path uses) deletes the temporary files whose writer
+`remove_stale_temp_files`, which the same code path uses) deletes the temporary files whose writer
 ran on this host and is no longer alive, and never those of a live process or of another host.
 """
 

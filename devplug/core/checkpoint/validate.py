@@ -2,9 +2,9 @@
 
 Every module key and tensor shape, every optimizer's algorithm, layout, parameter groups and state tensor
 shapes, the counters (non-negative integers), the loader positions, the RNG states and the grad scaler:
-all problems are collected and raised as one :class:`CheckpointError` line, and nothing has changed. Then
+all problems are collected and raised as one `CheckpointError` line, and nothing has changed. Then
 each optimizer's state, as the checkpoint holds it and as its implementation's converter turns it, is
-checked for what its algorithm can never hold (:mod:`devplug.core.optim.invariants`), naming the
+checked for what its algorithm can never hold (`devplug.core.optim.invariants`), naming the
 implementation that produced it; a save checks the same before writing anything.
 """
 
@@ -53,7 +53,7 @@ def counter_problems(state: Mapping[str, Any]) -> list[str]:
 
 
 def rng_problems(saved: Any) -> list[str]:
-    """Why ``saved`` is not an RNG state :func:`devplug.core.checkpoint.rng.rng_state` wrote ([] when it is)."""
+    """Why ``saved`` is not an RNG state `devplug.core.checkpoint.rng.rng_state` wrote ([] when it is)."""
     if not isinstance(saved, Mapping) or "python" not in saved or "torch" not in saved:
         return ["its RNG state is incomplete"]
     python = saved["python"]
@@ -134,7 +134,7 @@ def _built_by(choice: OptimizerChoice) -> str:
 
 def check_saved_optimizers(entries: Mapping[str, Mapping[str, Any]], optimizers: Mapping[str, OptimizerChoice],
                            path: Any) -> None:
-    """Raise :class:`CheckpointError` when a canonical state about to be written breaks its algorithm."""
+    """Raise `CheckpointError` when a canonical state about to be written breaks its algorithm."""
     problems = []
     for key, choice in optimizers.items():
         entry = entries[key]
@@ -150,9 +150,9 @@ def check_saved_optimizers(entries: Mapping[str, Mapping[str, Any]], optimizers:
 
 def check_loaded_optimizers(saved: Mapping[str, Mapping[str, Any]], natives: Mapping[str, Mapping[str, Any]],
                             optimizers: Mapping[str, OptimizerChoice], path: Any) -> None:
-    """Raise :class:`CheckpointError` when a saved state, or what a ``from_canonical`` made of it, breaks its algorithm.
+    """Raise `CheckpointError` when a saved state, or what a ``from_canonical`` made of it, breaks its algorithm.
 
-    Called after :func:`check_matches` and the conversions, before anything is restored.
+    Called after `check_matches` and the conversions, before anything is restored.
     """
     problems = []
     for key, choice in optimizers.items():

@@ -5,3 +5,4 @@ import pluggy
 from devplug.core.contract.hookspecs import PROJECT
 
 hookimpl = pluggy.HookimplMarker(PROJECT)
+"""The marker of a hook implementation: ``@devplug.hookimpl`` over a ``devplug_*`` function of a plugin."""

@@ -3,7 +3,7 @@
 Two kinds of plugin implement these hooks:
 
 - a **device plugin** implements ``devplug_register_devices`` and returns one or more
-  :class:`~devplug.core.contract.records.DeviceSpec` from it; once a device is resolved, only the plugin that
+  `DeviceSpec` from it; once a device is resolved, only the plugin that
   registered it (plus device-neutral plugins) sees the operational hooks, so a device plugin never has
   to ask "is this my device?";
 - a **device-neutral plugin** does not implement ``devplug_register_devices`` and may implement (or wrap, with
@@ -19,7 +19,7 @@ The core ships a fallback plugin implementing every first-result hook with devic
 registered so that it runs last. A device plugin therefore only needs
 ``devplug_register_devices`` and the hooks where its device is faster.
 
-Every operational hook receives ``device``, the resolved :class:`~devplug.core.contract.records.Device`.
+Every operational hook receives ``device``, the resolved `Device`.
 Pluggy lets an implementation accept only the arguments it needs. Every answer is checked against
 the return annotation of its spec where the core receives it: a wrong type raises a
 ``devplug.PluginError`` naming the plugin, its distribution, the hook and the expected record.
@@ -66,7 +66,7 @@ def devplug_register_devices() -> DeviceSpec | Iterable[DeviceSpec]:
     """Announce the device types this plugin serves.
 
     Called once on every plugin that implements it, when the plugin is loaded. Implementing it makes a
-    plugin a device plugin: return a :class:`DeviceSpec` or a list of them, the same on every machine
+    plugin a device plugin: return a `DeviceSpec` or a list of them, the same on every machine
     (a runtime that is missing makes the device *unavailable* through ``DeviceSpec.probe``, never
     absent). A plugin that returns nothing, or something else, is reported and skipped. Must be cheap
     and must not import a vendor stack: the probe runs only when availability matters, in a worker
@@ -107,7 +107,7 @@ def devplug_optimizer(
 
     ``params`` is what ``torch.optim`` accepts (an iterable of parameters or of parameter groups);
     ``options`` are the author's keyword arguments (``lr``, ``betas``, ``weight_decay``, …) to map
-    faithfully onto the implementation chosen. Return an :class:`OptimizerChoice` naming the
+    faithfully onto the implementation chosen. Return an `OptimizerChoice` naming the
     implementation, or ``None`` to let the next plugin (ultimately the core's fallback, plain
     ``torch.optim``) decide. An implementation that is not a torch.optim class (nor a subclass of one
     that keeps its state layout) gives the choice its ``to_canonical``/``from_canonical`` converters
@@ -121,7 +121,7 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
     """Plan mixed precision for ``precision`` (one of ``PRECISIONS``) on ``device``.
 
     Called once per Trainer. ``"auto"`` must be resolved to the best setting the device supports.
-    Return a :class:`PrecisionPlan` (autocast context factory, grad scaler or ``None``, optional module
+    Return a `PrecisionPlan` (autocast context factory, grad scaler or ``None``, optional module
     conversion and optimizer-step context; a ``"16-mixed"`` plan has a grad scaler or says in
     ``no_scaler_reason`` why it needs none), or raise ``devplug.PrecisionError`` when the device
     cannot run the setting. ``None`` defers to the next plugin. Must return promptly: the call runs in a
@@ -199,7 +199,7 @@ def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSe
 
     Called once, before ``torch.distributed.init_process_group``, only when ``launch.world_size > 1``.
     May have side effects the device needs (select the local device, import a collective library).
-    Return a :class:`CollectiveSetup` with the backend, DDP defaults and extra init arguments.
+    Return a `CollectiveSetup` with the backend, DDP defaults and extra init arguments.
     First-result.
     """
 
@@ -208,11 +208,11 @@ def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSe
 def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice | None:
     """Build a data loader over ``source`` that keeps ``device`` fed.
 
-    ``source`` is a ``torch.utils.data.Dataset`` or an :class:`~devplug.core.contract.records.ImageFolderSource`.
+    ``source`` is a ``torch.utils.data.Dataset`` or an `ImageFolderSource`.
     ``options`` carries batch size, shuffling, workers, pinning, and the rank and world size to shard
     by; ``options.automatic`` names the options the author left to devplug, which the plugin may tune
     (``devplug.toolkit.tune_loader``) — the others are the author's and are used as given. Return a
-    :class:`LoaderChoice` (its ``reason`` says what was chosen and why), or ``None`` to defer (the core's
+    `LoaderChoice` (its ``reason`` says what was chosen and why), or ``None`` to defer (the core's
     fallback builds a ``torch.utils.data.DataLoader`` with tuned workers). Must return promptly, and so must
     the loader's iterator for each batch: neither is bounded by devplug (bounding them would cost time in
     every step), and one that blocks blocks the training loop; that is the plugin's responsibility.
@@ -233,7 +233,7 @@ def devplug_synchronize(device: Device) -> bool | None:
 def devplug_memory_stats(device: Device) -> MemoryStats | None:
     """Report memory use of ``device``.
 
-    Called for summaries and reports, never in the step. Returns :class:`MemoryStats`, or ``None`` when
+    Called for summaries and reports, never in the step. Returns `MemoryStats`, or ``None`` when
     the device reports nothing. First-result.
     """
 
@@ -277,7 +277,7 @@ def devplug_doctor() -> DoctorReport | None:
     """Contribute to ``devplug doctor``, the report a bug report needs.
 
     Called on every plugin (device or neutral) when the command runs, with no device resolved. Return a
-    :class:`DoctorReport`: the plugin's stack (distribution names, whose versions and declared
+    `DoctorReport`: the plugin's stack (distribution names, whose versions and declared
     requirements doctor checks), other versions, the environment variables that change its behaviour,
     incompatible pairs and warnings found on this machine; or ``None``. Must be quick (the whole command
     runs in about a second) and must not initialise a device: read metadata and the environment. The

@@ -1,6 +1,6 @@
 """Typed records that hooks return and receive.
 
-Every hook in :mod:`devplug.core.contract.hookspecs` speaks in these small attrs classes rather than loose
+Every hook in `devplug.core.contract.hookspecs` speaks in these small attrs classes rather than loose
 tuples or dicts, so a plugin author gets a named field (and a validation error naming it) instead
 of a positional surprise.
 """
@@ -315,10 +315,10 @@ class LoaderOptions:
     working loader: ``num_workers`` and ``prefetch_factor`` left out by the author hold the Trainer's
     defaults (CPU cores − 1 at most 8, and 2); ``pin_memory`` left out is ``None`` (the device plugin
     decides). ``automatic`` (contract 1.3) names the options the author left to devplug, so a plugin
-    can tune those (:func:`devplug.toolkit.tune_loader`) and must keep the others exactly as given: the
+    can tune those (`devplug.toolkit.tune_loader`) and must keep the others exactly as given: the
     author's explicit settings always win. ``evaluation`` (contract 1.4) marks an evaluation loader: shard
     it without padding, every sample on exactly one rank, uneven splits allowed
-    (:func:`devplug.toolkit.evaluation_shard`; ``make_sampler`` and ``torch_dataloader`` do it).
+    (`devplug.toolkit.evaluation_shard`; ``make_sampler`` and ``torch_dataloader`` do it).
     """
 
     batch_size: int = attrs.field(validator=attrs.validators.gt(0))

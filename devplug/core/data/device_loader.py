@@ -1,11 +1,11 @@
 """Loaders whose batches arrive on the device and advance the loop's position.
 
-Training loaders advance the position (:mod:`devplug.core.data.position`); evaluation loaders
+Training loaders advance the position (`devplug.core.data.position`); evaluation loaders
 (``Trainer.dataloader(..., train=False)``) never do: they yield their whole dataset across the ranks, each
-sample once (:mod:`devplug.core.data.evaluation`), and are never skipped on resume. The first training
+sample once (`devplug.core.data.evaluation`), and are never skipped on resume. The first training
 loader a Trainer builds is its *primary* loader: its batches define steps, epochs, progress and
 throughput; further training loaders are iterated alongside and only resume where they were.
-:class:`DeviceLoader` iterates a plugin's (or the author's) loader, moves batches to the device, and
+`DeviceLoader` iterates a plugin's (or the author's) loader, moves batches to the device, and
 advances the position.
 """
 
@@ -35,12 +35,12 @@ AUTHORS = "author's"  # how the implementation of a loader the author built star
 
 def loader_options(*, num_workers: int | None, pin_memory: bool | None, prefetch_factor: int | None,
                    **values: Any) -> LoaderOptions:
-    """The :class:`LoaderOptions` for ``Trainer.dataloader``, or a :class:`ConfigError` naming the bad option.
+    """The `LoaderOptions` for ``Trainer.dataloader``, or a `ConfigError` naming the bad option.
 
     ``None`` leaves an option to devplug and names it in ``LoaderOptions.automatic``; the fields still
     hold usable defaults for plugins that pass them on: ``num_workers`` the cores left after the main
     process (at most 8), ``prefetch_factor`` 2, ``pin_memory`` ``None`` (the device plugin decides). The
-    device plugin's loader hook tunes what is automatic (:func:`devplug.core.data.tuning.tune_loader`).
+    device plugin's loader hook tunes what is automatic (`devplug.core.data.tuning.tune_loader`).
     """
     automatic = {name for name, value in (("num_workers", num_workers), ("pin_memory", pin_memory),
                                           ("prefetch_factor", prefetch_factor)) if value is None}

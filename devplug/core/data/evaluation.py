@@ -40,7 +40,7 @@ def evaluation_shard(count: int, rank: int, world_size: int) -> range:
 
 
 class EvaluationSampler(Sampler[int]):
-    """This rank's block of a dataset of ``count`` samples (see :func:`evaluation_shard`), unpadded.
+    """This rank's block of a dataset of ``count`` samples (see `evaluation_shard`), unpadded.
 
     With ``shuffle`` the dataset is first permuted (seeded with ``seed + epoch``, the same permutation on
     every rank), then split: still every sample exactly once. ``set_epoch`` is called by the loader each

@@ -1,6 +1,6 @@
 """One image file to an 8-bit RGB square: every pixel format, EXIF orientation, reduced-scale JPEG decoding.
 
-:func:`load_rgb` is what both the torch image-folder loader and the DCGAN example's cache decode with, so
+`load_rgb` is what both the torch image-folder loader and the DCGAN example's cache decode with, so
 the two agree pixel for pixel. The geometry is torchvision's ``Resize(size)`` + ``CenterCrop(size)``
 (short side to ``size``, long side truncated, crop offsets rounded), done in one antialiased
 ``Image.resize`` over the crop's box in the source.
@@ -13,7 +13,7 @@ speed and the PSNR against a full decode).
 Pixel formats: 16-bit (``I;16*``) and 32-bit integer images are scaled to 8 bits (not clipped), float
 images from 0..1 or 0..255, palette, grayscale, bilevel, CMYK and YCbCr converted, and alpha composited
 over white (what an image viewer shows on a white page). An image over Pillow's decompression-bomb limit
-raises :class:`ImageTooLarge`, which says what the limit is and how to raise it.
+raises `ImageTooLarge`, which says what the limit is and how to raise it.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def load_rgb(path: str | os.PathLike[str], size: int, *, draft: bool = True, mar
 
     ``draft=False`` decodes JPEGs at full resolution (the reference the benchmark compares with);
     ``margin`` is the least short side, in multiples of ``size``, a reduced-scale decode keeps. Raises
-    :class:`ImageTooLarge` over the decompression-bomb limit and Pillow's own errors for unreadable files.
+    `ImageTooLarge` over the decompression-bomb limit and Pillow's own errors for unreadable files.
     """
     from PIL import Image, ImageOps
 

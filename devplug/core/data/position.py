@@ -1,8 +1,8 @@
 """The loop's position: steps, epoch, batches drawn, the accumulation window; what a resume skips.
 
 A **step** is one optimizer-step round: one training batch, or ``accumulate_grad_batches`` micro-batches
-of gradient accumulation. :class:`LoopPosition` is what a checkpoint saves and a resume restores;
-training loaders (:mod:`devplug.core.data.device_loader`) advance it.
+of gradient accumulation. `LoopPosition` is what a checkpoint saves and a resume restores;
+training loaders (`devplug.core.data.device_loader`) advance it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class ResumePoint:
     sharded: bool
 
     def skip(self, batch_size: int | None, world_size: int, sharded: bool, name: str) -> int:
-        """Batches to skip on this rank to continue at the same sample, or a :class:`CheckpointError` why not."""
+        """Batches to skip on this rank to continue at the same sample, or a `CheckpointError` why not."""
         if self.drawn == 0:
             return 0
         saved_batch = None if self.samples is None else self.samples // (self.drawn * self.world_size)

@@ -1,7 +1,7 @@
 """Device-neutral data loading: a tuned ``torch.utils.data.DataLoader`` and image-folder datasets.
 
 Device plugins that have a faster loader (DALI, HabanaDataLoader) fall back to
-:func:`torch_dataloader` when theirs does not apply.
+`torch_dataloader` when theirs does not apply.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from devplug.core.errors import DataError
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+"""The file name endings an `ImageFolderSource` reads as images (compared lower-cased)."""
 
 
 def list_images(root: str | os.PathLike[str]) -> list[tuple[Path, int]]:
@@ -31,7 +32,7 @@ def list_images(root: str | os.PathLike[str]) -> list[tuple[Path, int]]:
     A torchvision ImageFolder layout (``root/<class>/<image>``) gives one class per sub-folder; a flat
     folder of images gives class 0 for all. Symbolic links are followed, but every directory is read once:
     a link back to the root, a loop, or two links to one folder add no image twice. File names need not be
-    valid UTF-8. Raises :class:`DataError` when the path is empty, missing, not a folder, or holds no image.
+    valid UTF-8. Raises `DataError` when the path is empty, missing, not a folder, or holds no image.
     """
     if not os.fspath(root):
         raise DataError("the data folder path is empty (''); pass a folder of images, e.g. --data ./images")
@@ -69,7 +70,7 @@ def image_transform(source: ImageFolderSource) -> Any:
     """The torchvision transform an ImageFolderSource describes: resize (short side), center-crop, normalize.
 
     For loaders that decode through torchvision (a torchvision ``ImageFolder`` for HabanaDataLoader);
-    devplug's own :class:`ImageFolderDataset` decodes with :func:`~devplug.toolkit.load_rgb`.
+    devplug's own `ImageFolderDataset` decodes with `load_rgb`.
     """
     from torchvision import transforms  # lazy: torchvision only when images are loaded
 
@@ -148,12 +149,12 @@ def _walk(top: Path, seen: set[tuple[int, int]]) -> list[Path] | None:
 class ImageFolderDataset(Dataset):
     """Images from a folder, resized, center-cropped and normalized as an ImageFolderSource says.
 
-    Decoding is :func:`devplug.toolkit.load_rgb`: any pixel format (16-bit, palette, grayscale, CMYK,
+    Decoding is `devplug.toolkit.load_rgb`: any pixel format (16-bit, palette, grayscale, CMYK,
     alpha) becomes 8-bit RGB, EXIF orientation is applied, and large JPEGs are decoded at reduced scale.
     An image that cannot be decoded (truncated, not an image, over Pillow's decompression-bomb limit) is
     replaced by the next readable one when ``source.skip_unreadable`` is set; each such file is logged once
-    per process and listed in :attr:`unreadable`. When no image can be read, or skipping is off, a
-    :class:`DataError` names the file.
+    per process and listed in `unreadable`. When no image can be read, or skipping is off, a
+    `DataError` names the file.
     """
 
     def __init__(self, source: ImageFolderSource) -> None:
@@ -195,7 +196,7 @@ class ImageFolderDataset(Dataset):
 
 
 def as_dataset(source: Any) -> Dataset:
-    """A torch Dataset for ``source`` (an ImageFolderSource becomes an :class:`ImageFolderDataset`)."""
+    """A torch Dataset for ``source`` (an ImageFolderSource becomes an `ImageFolderDataset`)."""
     if isinstance(source, ImageFolderSource):
         return ImageFolderDataset(source)
     if isinstance(source, (str, os.PathLike)):
@@ -212,7 +213,7 @@ def make_sampler(dataset: Dataset, options: LoaderOptions) -> Any:
     permutation (seeded with ``seed + epoch``) whatever the world size: rank ``r`` of ``W`` reads every
     ``W``-th sample of it, and a job that consumed ``k`` batches of ``B`` on ``W`` ranks has read the
     first ``k·B·W`` samples, which lets a checkpoint resume at the same place on another world size.
-    An evaluation loader (``options.evaluation``) gets an :class:`EvaluationSampler` instead: this rank's
+    An evaluation loader (``options.evaluation``) gets an `EvaluationSampler` instead: this rank's
     contiguous block of the dataset, every sample on exactly one rank, nothing padded. An
     ``IterableDataset`` has no sampler.
     """
@@ -236,7 +237,7 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
     """A ``torch.utils.data.DataLoader`` built from ``options`` (workers, pinning, prefetch, sharding).
 
     With ``compute_competes`` given (contract 1.3), the options the author left automatic are tuned
-    first by measuring the source (:func:`devplug.toolkit.tune_loader`; ``True`` where the
+    first by measuring the source (`devplug.toolkit.tune_loader`; ``True`` where the
     training step runs on the host's cores, as on a CPU device), and what was decided is added to
     ``reason``. Left ``None``, the options are used as they are.
     """

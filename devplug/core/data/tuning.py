@@ -2,34 +2,34 @@
 
 ``Trainer.dataloader`` leaves ``num_workers``, ``pin_memory`` and ``prefetch_factor`` to devplug unless
 the author sets them (``LoaderOptions.automatic`` names those left). A device plugin's loader hook calls
-:func:`tune_loader` (public as ``devplug.toolkit.tune_loader``) to choose the worker processes for the
+`tune_loader` (public as ``devplug.toolkit.tune_loader``) to choose the worker processes for the
 options left automatic; what the author set is never changed, and nothing is measured for it.
 
 How the choice is made — measured, not guessed:
 
 1. **Measure the source.** One batch is read and collated in the main process, as
    ``DataLoader(num_workers=0)`` would (samples spread evenly over the data set, for at most
-   :data:`MEASURE_SECONDS`; a first sample read as a warm-up does not count, and a partial batch is
+   `MEASURE_SECONDS`; a first sample read as a warm-up does not count, and a partial batch is
    extrapolated to a whole one; a data set with ``__getitems__`` is read a batch at once, as the loader
    will). Nothing the training relies on moves: no sampler is iterated, and torch's, Python's and
    NumPy's global random states are restored afterwards.
 2. **A cheap source is read in the main process** (no workers) on every device: a batch that costs at
-   most :data:`CHEAP_BATCH_SECONDS` there costs about as much to receive from a worker process (measured
+   most `CHEAP_BATCH_SECONDS` there costs about as much to receive from a worker process (measured
    on a 2-core x86 VM, torch 2.14, worker queue full: 1.8 ms for a 64×3×32×32 uint8 batch, 3.3–3.8 ms
    for 64×3×64×64 float32 or 256×3×64×64 uint8), so a worker cannot pay. A uint8 memory-mapped cache
    (0.4–0.9 ms per batch of 64 there) and tensors in memory are cheap.
 3. **Where compute competes for the host's cores** (a CPU device), workers run in the step's time: on
    the VM above, torch's intra-op threads keep both cores busy through the DCGAN step (1.99 cores used),
    and a worker's time comes out of the step's (plus its hand-over). Workers pay only when a sample is
-   expensive enough that reading it in parallel outweighs that: at least :data:`CPU_WORKER_SAMPLE_SECONDS`
+   expensive enough that reading it in parallel outweighs that: at least `CPU_WORKER_SAMPLE_SECONDS`
    per sample. Measured with ``benchmarks/dcgan_throughput.py`` there (``--workers auto,0,1,2``, one run
    each): the embedded shapes drawn image by image (0.34 ms per sample) trained faster with no worker
    (FULL 0.90 of SYNTHETIC, vs 0.85 with one worker, and 0.86 with two at SCHED_IDLE priority, tried and
    not kept); decoding 480×360 JPEGs (1.6 ms per sample) trained faster with a worker per core (1.15× no
-   worker, 1.19× one worker). So an expensive source gets one worker per usable core (at most :data:`MAX_WORKERS`): when
+   worker, 1.19× one worker). So an expensive source gets one worker per usable core (at most `MAX_WORKERS`): when
    the step waits for data, all cores decode.
 4. **Where compute runs on an accelerator**, any source that is not cheap gets CPU cores − 1 workers, at
-   most :data:`MAX_WORKERS` (the usual data-loading rule: the host's cores are otherwise idle, and one is
+   most `MAX_WORKERS` (the usual data-loading rule: the host's cores are otherwise idle, and one is
    left to the main thread, which must keep launching the device's work).
 
 A source that cannot be read ahead (an ``IterableDataset``, no length, a sample that raises) is not

@@ -1,7 +1,7 @@
 """Values combined across ranks outside the step: metrics at log points, stop flags at step boundaries.
 
 Nothing here runs in the steady-state step. Over gloo, each reduction waits until the collective's worker
-thread has let go of its tensor (:func:`wait_for_release`).
+thread has let go of its tensor (`wait_for_release`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def wait_for_release(tensor: torch.Tensor, timeout: float = 2.0) -> bool:
 
     gloo's worker threads drop their reference to a collective's tensors a moment *after* the caller
     sees it complete, and dropping a tensor Python also knows takes the GIL; during interpreter
-    shutdown that aborts the process (see :func:`register_exit_grace`). Waiting for the reference count
+    shutdown that aborts the process (see `register_exit_grace`). Waiting for the reference count
     to fall back to the caller's own reference (microseconds, at log points only) makes the release of
     devplug's own metric reduction certain rather than likely.
     """

@@ -1,8 +1,8 @@
 """Reading where this process sits in a job from the launcher's environment.
 
 torchrun / torch elastic, SLURM's srun, Open MPI's mpirun and MPICH / Intel MPI's Hydra each describe
-rank and world size in their own variables; :func:`detect_launch` turns any of them into one
-:class:`~devplug.core.contract.records.LaunchInfo`.
+rank and world size in their own variables; `detect_launch` turns any of them into one
+`LaunchInfo`.
 
 Precedence, when several launchers' variables are present at once, is the order in which the
 launchers nest: torchrun started inside an ``srun`` or ``mpirun`` allocation sets ``RANK``/``WORLD_SIZE``
@@ -29,7 +29,7 @@ _TASKS = re.compile(r"^\s*(\d+)\s*(?:\(\s*x\s*(\d+)\s*\))?\s*$")
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
-    """``env[name]`` as an integer (``default`` when absent), or a :class:`ConfigError` naming it."""
+    """``env[name]`` as an integer (``default`` when absent), or a `ConfigError` naming it."""
     if name not in env or env[name].strip() == "":
         if default is None:
             raise ConfigError(f"environment variable {name} is not set")
@@ -217,7 +217,7 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
 
     ``MASTER_PORT`` (default 29500) and ``MASTER_ADDR`` override what a launcher implies. MPI launches
     spanning several nodes need ``MASTER_ADDR`` (``mpirun -x MASTER_ADDR=...``): without it this raises
-    :class:`ConfigError` instead of hanging. With no launcher variables this is a single process.
+    `ConfigError` instead of hanging. With no launcher variables this is a single process.
     ``env`` defaults to ``os.environ`` (tests pass synthetic dictionaries).
     """
     env = os.environ if env is None else env

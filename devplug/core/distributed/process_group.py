@@ -68,7 +68,7 @@ def init_process_group(launch: LaunchInfo, setup: CollectiveSetup | None, device
     The plugin's ``devplug_collective_setup`` hook has run already (it may select the local device or
     import a collective library); its ``init_kwargs`` override devplug's defaults (backend, rank, world
     size, rendezvous, a 10-minute timeout). A process group the author already initialised is kept as
-    it is. Either way the process gets a short grace at exit (:func:`register_exit_grace`).
+    it is. Either way the process gets a short grace at exit (`register_exit_grace`).
     """
     if not isinstance(setup, CollectiveSetup):
         raise ConfigError(

@@ -3,7 +3,7 @@
 Registered before all others and marked ``trylast``, so any device or neutral plugin that answers
 a hook takes precedence. It speaks only PyTorch's device-generic API (``torch.accelerator``,
 ``torch.get_device_module``, ``torch.amp``, the distributed backend map, see
-:mod:``devplug.core.fallback.accelerator``), never a device name, so a device plugin that only declares its
+``devplug.core.fallback.accelerator``), never a device name, so a device plugin that only declares its
 device is correct, and implements the hooks where it can be faster.
 """
 

@@ -18,7 +18,7 @@ def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None,
     """A precision plan built only from ``torch.autocast`` and ``torch.amp.GradScaler``.
 
     ``"16-mixed"`` gets a grad scaler unless ``scaler=False``, which needs ``no_scaler_reason`` (why the
-    float16 plan can do without one, see :class:`PrecisionPlan`); ``"bf16-mixed"`` none.
+    float16 plan can do without one, see `PrecisionPlan`); ``"bf16-mixed"`` none.
     """
     kind = device.torch_device.type
     if precision == "32-true":
@@ -41,7 +41,7 @@ def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None,
 
 
 def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:
-    """:func:`autocast_plan`, with ``"auto"`` resolved from what torch reports for the device type, and why.
+    """`autocast_plan`, with ``"auto"`` resolved from what torch reports for the device type, and why.
 
     ``"auto"`` is ``"bf16-mixed"`` where torch has autocast for the type
     (``torch.amp.is_autocast_available``) and the type's module reports native bf16

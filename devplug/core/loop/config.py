@@ -49,7 +49,7 @@ def _optional_bool(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 @attrs.frozen(kw_only=True)
 class TrainerConfig:
-    """Everything a :class:`~devplug.Trainer` can be told.
+    """Everything a `Trainer` can be told.
 
     - ``device``: ``"auto"``, a device name, or ``NAME:INDEX``; ``None`` reads ``$DEVPLUG_DEVICE``, then auto.
     - ``precision``: ``"auto"``, ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, or a name a plugin knows.
@@ -76,7 +76,7 @@ class TrainerConfig:
     - ``device_options``: free-form options for the device plugin (see each plugin's docs).
     - ``stop_signals``: signals that end ``epochs()`` at the next step boundary (default SIGINT, SIGTERM,
       SIGUSR1; ``()`` leaves every signal alone).
-    - ``checkpoints``: a :class:`~devplug.CheckpointPolicy`: periodic, best-k and end-of-run checkpoints
+    - ``checkpoints``: a `CheckpointPolicy`: periodic, best-k and end-of-run checkpoints
       into one folder, and auto-resume from its newest intact one.
     """
 
@@ -124,7 +124,7 @@ class TrainerConfig:
 
     @classmethod
     def build(cls, **values: Any) -> TrainerConfig:
-        """Build a config, turning any invalid or unknown field into a :class:`ConfigError`."""
+        """Build a config, turning any invalid or unknown field into a `ConfigError`."""
         known = {a.name for a in attrs.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -12,7 +12,7 @@ import attrs
 class EarlyStopping:
     """Says when a monitored value has stopped improving; pair it with ``trainer.request_stop``.
 
-    ::
+    For example:
 
         stopper = devplug.EarlyStopping(patience=3, mode="min", min_delta=0.001)
         ...

@@ -58,7 +58,7 @@ class StopRequest:
     """The stop flag of one Trainer: set by a stop signal or a request, combined across ranks when asked.
 
     Across ranks the flag travels as one integer, the largest wins: 0 (go on), ``1 + rank`` (a request from
-    that rank, by :meth:`request_stop`) or ``1000 + signal number`` (a signal outranks a request).
+    that rank, by `request_stop`) or ``1000 + signal number`` (a signal outranks a request).
     """
 
     def __init__(self, signals: Sequence[str], combiner: RankCombiner | None = None) -> None:

@@ -1,7 +1,7 @@
 """The step's route to the hooks: which per-step hooks a Trainer calls, resolved once.
 
 A CPU step should cost what plain PyTorch costs: hooks that only the core fallback answers (no region, no
-``mark_step``) are not called at all, and no context manager is entered for them. :class:`StepRoute`
+``mark_step``) are not called at all, and no context manager is entered for them. `StepRoute`
 decides this once per Trainer from who implements each hook.
 """
 

@@ -2,8 +2,8 @@
 
 The Trainer never names a device: it resolves one device plugin and asks it, through the hooks, how to move
 things, which optimizer and precision to use, when to mark steps, how to load data and join a process group.
-Its loop position lives in :mod:`devplug.core.data.position`, its reporting in :mod:`devplug.core.observe.reporter`,
-its checkpoints in :mod:`devplug.core.loop.trainer_state`; everything it holds besides the documented
+Its loop position lives in `devplug.core.data.position`, its reporting in `devplug.core.observe.reporter`,
+its checkpoints in `devplug.core.loop.trainer_state`; everything it holds besides the documented
 properties is private.
 """
 
@@ -57,7 +57,7 @@ class Trainer:
 
     ``setup`` a model, build its ``optimizer`` and ``dataloader``, then loop over ``epochs`` with
     ``autocast``, ``backward``, ``step`` and ``log`` (docs/trainer.md). Options are
-    :class:`~devplug.TrainerConfig` fields, given as keyword arguments or as ``config=``;
+    `TrainerConfig` fields, given as keyword arguments or as ``config=``;
     ``plugin_manager`` replaces the process-wide one (tests, embedding).
     """
 
@@ -152,7 +152,7 @@ class Trainer:
 
     @property
     def global_step(self) -> int:
-        """Training iterations so far (restored by :meth:`load`)."""
+        """Training iterations so far (restored by `load`)."""
         return self._position.global_step
 
     @global_step.setter
@@ -170,7 +170,7 @@ class Trainer:
 
     @property
     def epoch(self) -> int:
-        """The current epoch (restored by :meth:`load`)."""
+        """The current epoch (restored by `load`)."""
         return self._position.epoch
 
     @property
@@ -263,8 +263,8 @@ class Trainer:
         DataLoader or iterable of batches the author built (used as it is). Training loaders count steps;
         an evaluation loader never does and is never skipped on resume. Under several processes an
         evaluation loader's shards are disjoint, unpadded blocks that together hold the dataset exactly once
-        (:mod:`devplug.core.data.evaluation`): combine what the ranks computed with :meth:`all_reduce` or
-        :meth:`gather` after the pass.
+        (`devplug.core.data.evaluation`): combine what the ranks computed with `all_reduce` or
+        `gather` after the pass.
         ``num_workers``, ``pin_memory`` and ``prefetch_factor`` left out (``None``) are chosen by the device
         plugin from the device and a measurement of the source (``loader.choice.reason`` says what and
         why); given, they are used exactly as given.
@@ -372,7 +372,7 @@ class Trainer:
     def clip_grad_value(self, optimizer: torch.optim.Optimizer, clip_value: float) -> bool:
         """Clamp ``optimizer``'s gradients to ``[-clip_value, clip_value]`` (after unscaling); True if it clipped.
 
-        Like :meth:`clip_grad_norm`, it acts only on the micro-batch that completes a step.
+        Like `clip_grad_norm`, it acts only on the micro-batch that completes a step.
         """
         if not self._position.sync_now:
             return False
@@ -382,7 +382,7 @@ class Trainer:
 
     @contextlib.contextmanager
     def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
-        """Skip DDP's gradient all-reduce inside; a no-op without DDP (prefer :meth:`accumulate`)."""
+        """Skip DDP's gradient all-reduce inside; a no-op without DDP (prefer `accumulate`)."""
         sync_off = getattr(module, "no_sync", None)
         with sync_off() if callable(sync_off) else contextlib.nullcontext():
             yield
@@ -391,7 +391,7 @@ class Trainer:
     def accumulate(self, *modules: torch.nn.Module) -> Iterator[None]:
         """Gradient accumulation over ``accumulate_grad_batches`` micro-batches, around one micro-batch's work.
 
-        ::
+        For example:
 
             for x, y in loader:
                 with trainer.accumulate(model):
@@ -585,10 +585,10 @@ class Trainer:
         return self._state.save(path, extra) if self.is_main_process else None
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Restore a checkpoint written by :meth:`save` into the set-up modules and optimizers.
+        """Restore a checkpoint written by `save` into the set-up modules and optimizers.
 
         Call after ``setup`` and ``optimizer``; the optimizers may be other implementations than the ones
-        that saved (another device's). Raises :class:`CheckpointError` if the file is unreadable, damaged or
+        that saved (another device's). Raises `CheckpointError` if the file is unreadable, damaged or
         does not match what this trainer holds; nothing is modified in that case. Returns ``extra``.
         """
         extra = self._state.load(path)

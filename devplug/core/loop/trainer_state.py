@@ -1,10 +1,10 @@
 """A Trainer's checkpoint state: what is saved, how it is checked against the training setup, how it is restored.
 
-A save refuses non-finite weights or optimizer state (:class:`NonFiniteLossError`, nothing written), and
-an optimizer state its algorithm can never hold (:class:`CheckpointError`), and stores each optimizer's
-state in the canonical form (:mod:`devplug.core.optim.canonical`). A load checks everything before anything
-is restored (:mod:`devplug.core.checkpoint.validate`): a checkpoint that does not fit the set-up modules and built
-optimizers raises one :class:`CheckpointError` listing every difference, and the restore itself is all
+A save refuses non-finite weights or optimizer state (`NonFiniteLossError`, nothing written), and
+an optimizer state its algorithm can never hold (`CheckpointError`), and stores each optimizer's
+state in the canonical form (`devplug.core.optim.canonical`). A load checks everything before anything
+is restored (`devplug.core.checkpoint.validate`): a checkpoint that does not fit the set-up modules and built
+optimizers raises one `CheckpointError` listing every difference, and the restore itself is all
 or nothing.
 """
 
@@ -79,8 +79,8 @@ class TrainerState:
         """Write a checkpoint with the author's ``extra`` state atomically; the path written.
 
         Warns, naming the optimizer, when a Trainer-built optimizer holds parameters of a module that was
-        not set up: their weights are not in the checkpoint. Raises :class:`NonFiniteLossError`, writing
-        nothing, when a weight or an optimizer state tensor holds NaN or infinity, and :class:`CheckpointError`
+        not set up: their weights are not in the checkpoint. Raises `NonFiniteLossError`, writing
+        nothing, when a weight or an optimizer state tensor holds NaN or infinity, and `CheckpointError`
         when an optimizer's canonical state breaks its algorithm (a negative second moment from a converter).
         """
         for key, count in parameters_outside(self.optimizers, self.modules).items():
@@ -105,7 +105,7 @@ class TrainerState:
         return named
 
     def refuse_nonfinite(self, path: Any) -> None:
-        """Raise :class:`NonFiniteLossError` naming the weights and optimizer state holding NaN or infinity."""
+        """Raise `NonFiniteLossError` naming the weights and optimizer state holding NaN or infinity."""
         bad = nonfinite(self.named_tensors())
         if bad:
             shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
@@ -146,7 +146,7 @@ def restore(state: Mapping[str, Any], natives: Mapping[str, dict[str, Any]], *,
     """Load a checked ``state`` into optimizers (``natives``: their converted states), scaler, modules and RNGs.
 
     All or nothing: if any part fails, the parts already restored are put back as they were and one
-    :class:`CheckpointError` says what failed.
+    `CheckpointError` says what failed.
     """
     undo: list[Callable[[], None]] = []
     try:

@@ -1,6 +1,6 @@
 """``devplug doctor``'s findings: versions, the environment that changes device behaviour, what goes wrong.
 
-Every plugin contributes a :class:`~devplug.core.contract.records.DoctorReport` through ``devplug_doctor``; this
+Every plugin contributes a `DoctorReport` through ``devplug_doctor``; this
 module merges them: versions of each plugin's stack (from package metadata, nothing imported), the
 variables set that the plugins declare, incompatible pairs (a plugin's own, plus any requirement a
 stack's distribution declares that the installed packages do not meet) and warnings. A plugin whose hook
@@ -84,7 +84,7 @@ def unmet_requirements(distribution: str) -> list[str]:
 
 
 def diagnose(pm: DevplugPluginManager, *, deadline: float | None = None) -> Diagnosis:
-    """Ask every plugin for its :class:`DoctorReport` and merge them.
+    """Ask every plugin for its `DoctorReport` and merge them.
 
     The hooks run at once, each in its own thread; one that has not answered by ``deadline`` (a
     ``time.monotonic()`` value; default: one time limit from now, ``DEVPLUG_PROBE_TIMEOUT``) is named in the

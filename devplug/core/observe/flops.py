@@ -30,7 +30,7 @@ COUNTED_STEP = 2
 
 
 class FlopMeter:
-    """Counts the FLOPs of step :data:`COUNTED_STEP` and turns rates into MFU and samples per dollar.
+    """Counts the FLOPs of step `COUNTED_STEP` and turns rates into MFU and samples per dollar.
 
     ``steps_done`` and ``samples_done`` read the loop's counters; ``peak`` asks the device plugin for its
     peak FLOP/s (``None``: unknown); ``exclude`` takes the seconds spent asking it out of the throughput

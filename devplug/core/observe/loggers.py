@@ -1,11 +1,11 @@
 """Loggers: where the values of each log point go (rank 0 only).
 
-A logger is any object with a ``devplug_log(point)`` method taking a :class:`~devplug.core.contract.records.LogPoint`,
+A logger is any object with a ``devplug_log(point)`` method taking a `LogPoint`,
 the same signature as the ``devplug_log`` hook, so a logger can be given to one Trainer
 (``Trainer(loggers=[...])``) or registered as a device-neutral plugin for every Trainer. Built in:
-TensorBoard (:mod:`devplug.core.observe.tensorboard`), CSV and JSON Lines, MLflow
-(:mod:`devplug.core.observe.mlflow`, with the ``mlflow`` extra) and Weights & Biases
-(:mod:`devplug.core.observe.wandb`, with the ``wandb`` extra). Loggers receive host floats read once at the
+TensorBoard (`devplug.core.observe.tensorboard`), CSV and JSON Lines, MLflow
+(`devplug.core.observe.mlflow`, with the ``mlflow`` extra) and Weights & Biases
+(`devplug.core.observe.wandb`, with the ``wandb`` extra). Loggers receive host floats read once at the
 log point: they never touch the device.
 
 TensorBoard is the default logger and an optional dependency (the ``tensorboard`` extra): where it is not
@@ -31,7 +31,7 @@ log = logging.getLogger("devplug")
 
 @runtime_checkable
 class Logger(Protocol):
-    """What a logger implements: receive one :class:`LogPoint` (values, images, or the final one)."""
+    """What a logger implements: receive one `LogPoint` (values, images, or the final one)."""
 
     def devplug_log(self, point: LogPoint) -> None:
         """Write ``point``; on ``point.final``, flush and close."""

@@ -18,7 +18,7 @@ def progress_postfix(values: Mapping[str, float]) -> str:
     """``"1.23k/s wait 3% mfu 41% loss 0.312"``: samples/s, data wait and MFU first, then the first logged values.
 
     Learning rates, FLOPs per sample and samples per dollar stay in the loggers; figures keep three
-    significant digits, shares two. With :data:`BAR_FORMAT` a 100 000-step run's line holds the samples/s,
+    significant digits, shares two. With `BAR_FORMAT` a 100 000-step run's line holds the samples/s,
     data wait, MFU and the loss within 80 columns.
     """
     parts: list[str] = []

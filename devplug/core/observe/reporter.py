@@ -1,8 +1,8 @@
 """What a Trainer reports: logged values at log points, the loggers, the progress bar, throughput.
 
-Values stay on the device between log points (:class:`~devplug.core.observe.metrics.MetricBuffer`); at a log
+Values stay on the device between log points (`MetricBuffer`); at a log
 point they are averaged, reduced across ranks, checked for NaN/inf, handed to the loggers and the
-``devplug_log`` hook as a :class:`~devplug.core.contract.records.LogPoint` (rank 0), and shown on the progress bar.
+``devplug_log`` hook as a `LogPoint` (rank 0), and shown on the progress bar.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Reporter:
     """Logged values, throughput, loggers and progress bar of one Trainer.
 
     ``log_dir``, ``loggers`` and ``progress`` apply on the main process only; ``publish`` hands each
-    :class:`LogPoint` to the plugins (the ``devplug_log`` hook); ``nonfinite`` is the policy for a NaN/inf
+    `LogPoint` to the plugins (the ``devplug_log`` hook); ``nonfinite`` is the policy for a NaN/inf
     value (``"raise"``, ``"warn"``, ``"ignore"``); ``reduce`` averages values across ranks at log points
     (``None`` in a single process).
     """

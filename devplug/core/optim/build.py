@@ -76,7 +76,7 @@ def optimizer_key(params: list[Any], modules: Mapping[str, torch.nn.Module], tak
     """The checkpoint name of a new optimizer: ``name``, else the one set-up module owning its parameters.
 
     Falls back to the algorithm name when the parameters span several modules or none; a name that is
-    already taken is a :class:`ConfigError` asking for ``name=``.
+    already taken is a `ConfigError` asking for ``name=``.
     """
     taken = set(taken)
     if name is None:

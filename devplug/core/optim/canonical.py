@@ -7,12 +7,12 @@ per-parameter state (``step`` as a float32 scalar tensor, ``exp_avg``, ``exp_avg
 (``foreach``, ``fused``, ``capturable``, ``differentiable``). The plugin that built an optimizer converts
 its own layout to and from it (``OptimizerChoice.to_canonical`` / ``from_canonical``); torch.optim
 optimizers are canonical already, and so are subclasses of a torch.optim class that keep its entries and
-shapes (:mod:`.layout`).
+shapes (`.layout`).
 
-A checkpoint's entry for one optimizer (:func:`export_state`) is
+A checkpoint's entry for one optimizer (`export_state`) is
 ``{"algorithm", "implementation", "layout": "canonical" | "native", "state", "reason"}``: ``native`` when
 the state has no canonical form (an algorithm torch lacks, such as LAMB, or a state the plugin could
-not convert), and then only the same implementation loads it (:func:`import_state`).
+not convert), and then only the same implementation loads it (`import_state`).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def export_state(choice: OptimizerChoice) -> dict[str, Any]:
 def import_state(choice: OptimizerChoice, entry: Mapping[str, Any], key: str) -> dict[str, Any]:
     """A checked checkpoint ``entry`` as a dict ``choice.optimizer.load_state_dict`` accepts (nothing changes here).
 
-    Raises :class:`CheckpointError` (one line: which optimizer, which implementations, what to do) when the
+    Raises `CheckpointError` (one line: which optimizer, which implementations, what to do) when the
     state cannot go into this implementation.
     """
     saved_impl, impl = entry["implementation"], choice.implementation

@@ -1,7 +1,7 @@
 """Helpers for a plugin's optimizer-state converters (public through ``devplug.toolkit``).
 
 A device plugin whose optimizer does not keep torch.optim's ``state_dict()`` layout gives its
-:class:`~devplug.core.contract.records.OptimizerChoice` a ``to_canonical`` and a ``from_canonical`` converter. The
+`OptimizerChoice` a ``to_canonical`` and a ``from_canonical`` converter. The
 usual differences are the step count, which fused optimizers keep once per parameter group
 (``group["step"]``, NVIDIA apex, Intel Gaudi) where torch keeps one per parameter (``state[i]["step"]``),
 and the hyperparameters each side has; these functions handle both, on ``state_dict()``-shaped dicts,

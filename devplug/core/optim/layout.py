@@ -3,7 +3,7 @@
 A subclass of ``torch.optim.Adam`` that changes only how a step runs (clipping inside ``step``, logging, a
 vendor's name on torch's kernel) keeps Adam's per-parameter entries and shapes, so its state is already the
 canonical form of ``"adam"`` and needs no converters. One that keeps entries of its own (or drops torch's)
-does not, and :func:`layout_problem` says how it differs. The entries torch keeps depend on a group's
+does not, and `layout_problem` says how it differs. The entries torch keeps depend on a group's
 options (``amsgrad``, ``momentum``, ``centered``), so the torch class is asked once per set of options, by a
 step on a two-element parameter.
 

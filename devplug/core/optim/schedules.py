@@ -1,7 +1,7 @@
 """Large-batch learning rates: scaling by global batch, linear warmup, cosine decay.
 
 Training on more devices grows the global batch; the learning rate tuned for a base batch then needs
-scaling (multi-GPU tutorials use the square-root rule, Goyal et al. the linear rule with warmup)::
+scaling (multi-GPU tutorials use the square-root rule, Goyal et al. the linear rule with warmup):
 
     lr = devplug.scale_lr(2e-4, global_batch_size=256 * trainer.world_size, base_batch_size=256, rule="sqrt")
     opt = trainer.optimizer("adam", model.parameters(), lr=lr)
@@ -27,7 +27,9 @@ from devplug.core.errors import ConfigError
 from devplug.core.validators import non_negative_int, positive_int
 
 LR_SCALING_RULES = ("none", "linear", "sqrt")
+"""The rules `scale_lr` knows: no scaling, linear in the global batch, its square root."""
 DECAYS = ("none", "cosine", "linear")
+"""The decays `LRSchedule` knows after its warmup."""
 
 
 def scale_lr(lr: float, global_batch_size: int, base_batch_size: int, rule: str = "linear") -> float:
@@ -121,7 +123,7 @@ class LRSchedule:
         """The same schedule as a ``torch.optim.lr_scheduler.LambdaLR`` (call ``.step()`` after each step).
 
         Its state (``last_epoch``) is not in devplug checkpoints; pass ``scheduler.state_dict()`` to
-        ``trainer.save(..., scheduler=...)`` or prefer :meth:`apply`.
+        ``trainer.save(..., scheduler=...)`` or prefer `apply`.
         """
         # LambdaLR evaluates epoch 0 for the first optimizer step; our steps count from 1.
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda index: self.factor(index + 1))

@@ -19,7 +19,6 @@ from devplug.core.errors import OptimizerError
 
 log = logging.getLogger("devplug")
 
-#: Standard optimizer names and their torch classes.
 TORCH_OPTIMIZERS: dict[str, str] = {
     "adam": "Adam",
     "adamw": "AdamW",
@@ -31,10 +30,11 @@ TORCH_OPTIMIZERS: dict[str, str] = {
     "radam": "RAdam",
     "lamb": "",  # no torch implementation; plugins with apex provide it
 }
+"""Standard optimizer names and the names of their ``torch.optim`` classes (empty: torch has none)."""
 
 
 def torch_optimizer_class(name: str) -> type[torch.optim.Optimizer]:
-    """The ``torch.optim`` class for a standard optimizer name, or an :class:`OptimizerError`."""
+    """The ``torch.optim`` class for a standard optimizer name, or an `OptimizerError`."""
     cls_name = TORCH_OPTIMIZERS.get(name.lower())
     if not cls_name:
         known = ", ".join(n for n, c in TORCH_OPTIMIZERS.items() if c)

@@ -1,8 +1,8 @@
 """Checks on the values of hook answers, applied by the guard where the core receives each answer.
 
-The guard (:mod:`devplug.core.registry.guard`) checks an answer's type for every hook; the hooks below have
+The guard (`devplug.core.registry.guard`) checks an answer's type for every hook; the hooks below have
 rules on the value as well. Each check gets the hook's label, the hook's arguments by name and the answer
-(never ``None``), and returns the answer the core takes, or raises a :class:`PluginError` naming the plugin.
+(never ``None``), and returns the answer the core takes, or raises a `PluginError` naming the plugin.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from devplug.core.errors import PluginError
 
 
 class HookLabel(Protocol):
-    """Who answered (:class:`devplug.core.registry.guard.HookLabel`): its text prefixes every message."""
+    """Who answered (`devplug.core.registry.guard.HookLabel`): its text prefixes every message."""
 
     hook: str
     plugin_name: str

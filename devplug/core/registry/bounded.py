@@ -1,10 +1,10 @@
 """Calls into plugins that may never return: run in a daemon thread, stop waiting after a time limit.
 
 The one-time questions devplug asks plugins (an availability probe, a doctor contribution, the precision
-plan) run through :class:`BoundedCall`. Python cannot stop a thread, so a call that outlives its limit
+plan) run through `BoundedCall`. Python cannot stop a thread, so a call that outlives its limit
 keeps running in the background and its answer is ignored; its thread is a daemon, so it never holds up
 the interpreter's exit. The limit is ``DEVPLUG_PROBE_TIMEOUT`` seconds (default
-:data:`DEFAULT_TIME_LIMIT`).
+`DEFAULT_TIME_LIMIT`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ DEFAULT_TIME_LIMIT = 10.0
 
 
 def time_limit(environ: Mapping[str, str] | None = None) -> float:
-    """The time limit in seconds: ``DEVPLUG_PROBE_TIMEOUT`` (a positive number), else :data:`DEFAULT_TIME_LIMIT`."""
+    """The time limit in seconds: ``DEVPLUG_PROBE_TIMEOUT`` (a positive number), else `DEFAULT_TIME_LIMIT`."""
     raw = (os.environ if environ is None else environ).get(ENV_TIME_LIMIT, "").strip()
     if not raw:
         return DEFAULT_TIME_LIMIT
@@ -88,15 +88,15 @@ class BoundedCall:
         return self._value
 
     def running_hook(self) -> HookLabel | None:
-        """The hook implementation the unfinished call is inside now, if any (see :func:`.guard.running_hook`)."""
+        """The hook implementation the unfinished call is inside now, if any (see `.guard.running_hook`)."""
         return running_hook(self._thread.ident)
 
 
 def call_with_limit(function: Callable[[], Any], what: str, *, limit: float | None = None,
                     before: Callable[[], None] | None = None) -> Any:
-    """``function()``'s answer, or a :class:`PluginError` naming the plugin when it takes longer than ``limit``.
+    """``function()``'s answer, or a `PluginError` naming the plugin when it takes longer than ``limit``.
 
-    ``limit`` defaults to :func:`time_limit`; ``what`` names the call when no plugin's hook is found
+    ``limit`` defaults to `time_limit`; ``what`` names the call when no plugin's hook is found
     running (``"devplug_precision"``).
     """
     limit = time_limit() if limit is None else limit

@@ -4,7 +4,7 @@ The core never names a device here: it asks every plugin which devices it serves
 when needed, and picks by the priority each plugin declared. ``"auto"`` probes in priority order and
 stops at the first available device; a device asked for by name probes only itself (and, when it is
 unavailable, the others, to list them in the error). Every probe runs under a time limit
-(:mod:`devplug.core.registry.registered`).
+(`devplug.core.registry.registered`).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class DeviceRegistry:
         self, request: str | None = None, *, options: Mapping[str, Any] | None = None, channels_last: bool = False,
         skip: Sequence[str] = (),
     ) -> Device:
-        """Turn a request (``None`` → ``$DEVPLUG_DEVICE`` or ``"auto"``) into a usable :class:`Device`.
+        """Turn a request (``None`` → ``$DEVPLUG_DEVICE`` or ``"auto"``) into a usable `Device`.
 
         ``options`` (free-form device options) and ``channels_last`` are the Trainer options the device
         carries to every hook; ``"auto"`` passes over the device names in ``skip``.
@@ -198,7 +198,7 @@ class DeviceHooks:
         return self._answered_by[spec.__name__]
 
     def __call__(self, spec: Callable[Concatenate[Device, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        """Call the hook ``spec`` (a function of :mod:`devplug.core.contract.hookspecs`) with keyword arguments."""
+        """Call the hook ``spec`` (a function of `devplug.core.contract.hookspecs`) with keyword arguments."""
         if args:
             raise TypeError("hook arguments are passed by keyword")
         return self._callers[spec.__name__](**kwargs)

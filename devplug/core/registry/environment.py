@@ -2,8 +2,8 @@
 
 ``os.environ`` belongs to the user, and a plugin that sets ``CUDA_VISIBLE_DEVICES`` at import silently
 changes the whole process. The manager snapshots the environment around each plugin's loading
-(:func:`snapshot`, :func:`changes_between`) and records what changed (:func:`record`); every change is
-reported as a warning naming the plugin, and :func:`environment_changes` lets another plugin tell the
+(`snapshot`, `changes_between`) and records what changed (`record`); every change is
+reported as a warning naming the plugin, and `environment_changes` lets another plugin tell the
 user which plugin set a variable instead of blaming the user for it.
 """
 

@@ -1,16 +1,16 @@
 """Hook answers checked where the core receives them, and plugin failures named.
 
-Every hook implementation a plugin registers is wrapped once, at registration, by :func:`guard_hookimpl`:
+Every hook implementation a plugin registers is wrapped once, at registration, by `guard_hookimpl`:
 
 - an answer that does not fit the return annotation of the hook's spec (a bare optimizer instead of an
-  ``OptimizerChoice``, a tuple instead of a ``PrecisionPlan``) raises one :class:`PluginError`
+  ``OptimizerChoice``, a tuple instead of a ``PrecisionPlan``) raises one `PluginError`
   naming the plugin, its distribution, the hook and the expected record;
-- an exception raised inside the hook (wrapper or not) is re-raised as a :class:`PluginError` with the
+- an exception raised inside the hook (wrapper or not) is re-raised as a `PluginError` with the
   same naming and the original chained; devplug's own errors (``PrecisionError`` for a setting the
   device cannot run, ``OptimizerError``, ...) are part of the contract and pass through unchanged;
 - an answer of the right type whose value breaks a rule of its hook (a module moved into a copy, a negative
-  peak FLOP/s) raises a :class:`PluginError` with the same naming, and an ``OptimizerChoice`` is given the
-  name of the plugin that built it (:mod:`devplug.core.registry.answers`);
+  peak FLOP/s) raises a `PluginError` with the same naming, and an ``OptimizerChoice`` is given the
+  name of the plugin that built it (`devplug.core.registry.answers`);
 - a ``wrapper=True`` implementation that swallows the inner answer (``yield`` without ``return``) is
   reported as such instead of surfacing later as "no plugin can build ...".
 """

@@ -3,13 +3,13 @@
 A plugin is any object (usually a module) with ``@devplug.hookimpl`` functions. Built-in plugins and
 third-party ones registered under the ``devplug`` entry-point group are loaded the same way:
 imported, checked against the hook contract version, registered with pluggy (which validates hook
-signatures; every hook implementation is then guarded, see :mod:`devplug.core.registry.guard`), checked for
+signatures; every hook implementation is then guarded, see `devplug.core.registry.guard`), checked for
 unknown hooks, and, if the plugin implements ``devplug_register_devices``, asked for its devices. A
-plugin that fails any step is recorded as a :class:`PluginFailure` with its distribution and the
+plugin that fails any step is recorded as a `PluginFailure` with its distribution and the
 error, logged once, and left out; the rest keep working. Loading also measures each plugin's import time
-(:attr:`DevplugPluginManager.import_seconds`, shown by ``devplug devices --verbose``; a third party's import
-over :data:`SLOW_IMPORT_SECONDS` is warned about once per process) and reports every environment variable a
-plugin changed while loading (:mod:`devplug.core.registry.environment`). Every plugin is imported at
+(`DevplugPluginManager.import_seconds`, shown by ``devplug devices --verbose``; a third party's import
+over `SLOW_IMPORT_SECONDS` is warned about once per process) and reports every environment variable a
+plugin changed while loading (`devplug.core.registry.environment`). Every plugin is imported at
 start: pluggy registers a plugin by looking at the hooks of the imported object, and whether it is a
 device plugin or a device-neutral one is known only from those hooks.
 
@@ -18,7 +18,7 @@ built-ins, then third-party plugins sorted by distribution and plugin name (regi
 pluggy, which calls the last registered first, calls them in that order), then plugins passed at run
 time. A device name two plugins declare stays with a plugin named in ``DEVPLUG_PREFER_PLUGINS``, else
 with the built-in, else with the first in that order; the other plugin's clashing device is
-skipped and reported as a :class:`DeviceConflict`, and every other device keeps working. A
+skipped and reported as a `DeviceConflict`, and every other device keeps working. A
 declaration marked ``DeviceSpec.generic`` (the built-in ``generic`` plugin's) yields its name to any
 other plugin's without a conflict.
 """
@@ -74,7 +74,7 @@ _FALSE = frozenset({"", "0", "false", "no", "off"})
 def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """A boolean environment variable: 1/true/yes/on or 0/false/no/off (any case); unset is False.
 
-    Anything else is a :class:`ConfigError` naming the variable and the accepted spellings.
+    Anything else is a `ConfigError` naming the variable and the accepted spellings.
     """
     raw = (os.environ if environ is None else environ).get(name, "")
     value = raw.strip().lower()
@@ -150,7 +150,7 @@ class DevplugPluginManager(pluggy.PluginManager):
         self.preferred: tuple[str, ...] = ()
         self.warnings: list[str] = []
         self.autoload = True
-        #: Seconds each plugin loaded through :meth:`add_plugin` took to import, by plugin name.
+        #: Seconds each plugin loaded through `add_plugin` took to import, by plugin name.
         self.import_seconds: dict[str, float] = {}
         #: Environment variables the plugins changed while loading, in load order.
         self.environment_changes: list[environment.EnvironmentChange] = []
@@ -159,7 +159,7 @@ class DevplugPluginManager(pluggy.PluginManager):
 
     # ---- registration ---------------------------------------------------------------------------------
     def register(self, plugin: Any, name: str | None = None) -> str | None:
-        """pluggy's register, then every hook implementation of the plugin guarded (see :mod:`.guard`)."""
+        """pluggy's register, then every hook implementation of the plugin guarded (see `.guard`)."""
         plugin_name = super().register(plugin, name)
         if plugin_name is not None:
             distribution = self.distribution_of(plugin_name)

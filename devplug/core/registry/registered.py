@@ -1,6 +1,6 @@
 """A device a plugin registered, and its availability probe run once under the time limit.
 
-The probe runs in a daemon thread (:class:`~devplug.core.registry.bounded.BoundedCall`); one that does not
+The probe runs in a daemon thread (`BoundedCall`); one that does not
 answer within ``DEVPLUG_PROBE_TIMEOUT`` seconds makes the device unavailable ("probe timed out after N s"),
 naming the plugin and its distribution, and is logged as a warning. A probe that timed out and is still
 running is waited on again by a later registry rather than started a second time.
@@ -25,7 +25,7 @@ class RegisteredDevice:
     """A device spec together with the plugin that registered it.
 
     Its probe runs at most once, in a daemon thread, under the time limit of
-    :func:`~devplug.core.registry.bounded.time_limit`: a probe that does not answer in time makes the
+    `time_limit`: a probe that does not answer in time makes the
     device unavailable ("probe timed out after N s"), naming the plugin and its distribution.
     """
 

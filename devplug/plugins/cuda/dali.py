@@ -1,7 +1,7 @@
 """NVIDIA DALI loader for image folders: decode on the GPU, resize, crop, normalize, batches on the device.
 
-The pipeline reads the same files with the same labels as :class:`devplug.toolkit.ImageFolderDataset`
-(both list them with :func:`devplug.toolkit.list_images`) and applies the same transform (resize the
+The pipeline reads the same files with the same labels as `devplug.toolkit.ImageFolderDataset`
+(both list them with `devplug.toolkit.list_images`) and applies the same transform (resize the
 short side, center crop, normalize with the source's mean/std), so switching loaders does not change
 what the model sees beyond decoder and resampling rounding.
 
@@ -59,7 +59,7 @@ def shard_items(items: Sequence[T], options: LoaderOptions) -> list[T]:
     multiple of the world size, then rank ``r`` takes items ``r, r + world_size, ...``. With
     ``shuffle`` the split is random (seeded by ``options.seed``, the same on every rank). A single
     process gets all items in order. An evaluation loader (``options.evaluation``) is not padded: each
-    rank takes its contiguous block (:func:`~devplug.core.data.evaluation.evaluation_shard`), every item
+    rank takes its contiguous block (`evaluation_shard`), every item
     on exactly one rank.
     """
     world, count = options.world_size, len(items)
@@ -104,7 +104,7 @@ def build_dali_pipeline(
 ) -> Any:
     """A built DALI pipeline yielding ``(images, labels)`` for ``source``, sharded by rank.
 
-    ``fn.readers.file`` (this rank's :func:`shard_items`, reshuffled every epoch when ``options.shuffle``) →
+    ``fn.readers.file`` (this rank's `shard_items`, reshuffled every epoch when ``options.shuffle``) →
     ``fn.decoders.image`` (``"mixed"``: on the GPU ``device_id``; ``"cpu"`` when ``device_id`` is
     ``None``) → ``fn.resize`` (short side to ``image_size``, antialiased linear) →
     ``fn.crop_mirror_normalize`` (center crop, ``(x/255 - mean) / std``, float32, CHW; HWC when
@@ -215,7 +215,7 @@ def build_dali_loader(
     *,
     channels_last: bool = False,
 ) -> LoaderChoice:
-    """A :class:`LoaderChoice` wrapping a DALI pipeline over ``source`` (see :func:`build_dali_pipeline`).
+    """A `LoaderChoice` wrapping a DALI pipeline over ``source`` (see `build_dali_pipeline`).
 
     ``options.drop_last`` drops an incomplete last batch, else it is returned short. Batches are on GPU
     ``device_id`` (``on_device=True``), or on the CPU in CPU-only mode (``device_id=None``).

@@ -12,7 +12,7 @@ Author options are mapped faithfully: apex gets torch's defaults for the options
 ``"adamw"`` keeps torch's ``weight_decay=0.01``), FusedAdam's ``adam_w_mode`` says Adam or AdamW, and an
 option apex cannot honour (``amsgrad=True``, ``maximize=True``, explicit ``fused``/``foreach``) sends
 the request to torch with the reason recorded. apex's state is converted to and from torch.optim's
-layout for checkpoints (:mod:`devplug.plugins.cuda.optimizer_state`).
+layout for checkpoints (`devplug.plugins.cuda.optimizer_state`).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def build_optimizer(
     """Build the fastest CUDA optimizer for ``name``; the choice names the implementation and why.
 
     ``use_apex=False`` skips apex (device option ``apex=False``). ``apex`` is the result of
-    :func:`find_apex` (looked up when ``None``). Raises :class:`OptimizerError` for a name neither apex
+    `find_apex` (looked up when ``None``). Raises `OptimizerError` for a name neither apex
     nor torch provides.
     """
     params = list(params)  # it may be a generator and an apex attempt must not consume it

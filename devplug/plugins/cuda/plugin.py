@@ -194,5 +194,5 @@ def devplug_doctor() -> DoctorReport:
 
 @hookimpl
 def devplug_peak_flops(device: Device, precision: str) -> float | None:
-    """Dense peak of this GPU model for the plan's number format, from NVIDIA's datasheets (:mod:`.peaks`)."""
+    """Dense peak of this GPU model for the plan's number format, from NVIDIA's datasheets (`.peaks`)."""
     return peaks.peak_flops(torch.cuda.get_device_name(device.index or 0), precision)

@@ -5,7 +5,7 @@
 - ``"bf16-mixed"``: ``torch.autocast("cuda", bfloat16)``, no scaler (bf16 has fp32's exponent range).
 - ``"auto"``: bf16-mixed on GPUs with native bf16 (Ampere, compute capability 8.0, and newer), else 16-mixed.
 - ``"32-true"``: fp32; on Ampere and newer its matmuls and convolutions use TF32 tensor cores unless the
-  device option ``tf32`` is False (see :func:`configure_tf32`).
+  device option ``tf32`` is False (see `configure_tf32`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def native_bf16() -> bool:
 
 
 def resolve_precision(precision: str, *, bf16: bool | None = None) -> str:
-    """``"auto"`` → ``"bf16-mixed"`` when ``bf16`` (default: :func:`native_bf16`), else ``"16-mixed"``."""
+    """``"auto"`` → ``"bf16-mixed"`` when ``bf16`` (default: `native_bf16`), else ``"16-mixed"``."""
     if precision != "auto":
         return precision
     if bf16 is None:
@@ -37,7 +37,7 @@ def resolve_precision(precision: str, *, bf16: bool | None = None) -> str:
 
 
 def plan_precision(device: Device, precision: str, *, bf16: bool | None = None) -> PrecisionPlan:
-    """The CUDA precision plan for ``precision`` (``"auto"`` resolved as :func:`resolve_precision` says)."""
+    """The CUDA precision plan for ``precision`` (``"auto"`` resolved as `resolve_precision` says)."""
     requested = precision
     name = resolve_precision(precision, bf16=bf16)
     plan = autocast_plan(device, name)  # 16-mixed gets torch.amp.GradScaler("cuda"), bf16 none

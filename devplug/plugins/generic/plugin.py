@@ -1,6 +1,6 @@
 """Hook implementations of the generic plugin.
 
-It declares every device type torch knows (see :mod:`.catalog`) as a ``generic`` device, so each is
+It declares every device type torch knows (see `.catalog`) as a ``generic`` device, so each is
 served here only while no other plugin declares it: ``mps``, ``xpu``, ``mtia`` and a renamed PrivateUse1
 backend such as ``npu`` out of the box, and ``cuda``, ``hpu`` or ``cpu`` once their dedicated plugin is
 blocked (``DEVPLUG_BLOCK_PLUGINS=cuda`` trains on a GPU through torch's generic paths, the baseline

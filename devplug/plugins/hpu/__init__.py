@@ -9,5 +9,5 @@ is imported until a Gaudi device is probed or selected. See ``docs/devices/hpu.m
 Modules: ``probe`` (availability), ``mode`` (lazy/eager, step marking, compile), ``optimizers``, ``clipping``,
 ``precision``, ``distributed``, ``data``, ``stats``, ``runtime`` (process-wide state), ``plugin`` (hooks).
 
-The hooks live in :mod:`.plugin`, which devplug registers directly (nothing is re-exported here).
+The hooks live in `.plugin`, which devplug registers directly (nothing is re-exported here).
 """

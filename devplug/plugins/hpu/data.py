@@ -3,7 +3,7 @@
 ``HabanaDataLoader`` takes ``torch.utils.data.DataLoader``'s arguments and accelerates torchvision
 ``ImageFolder`` datasets (Gaudi 2 decodes JPEGs on the device's media engine; first-gen Gaudi uses a
 faster host pipeline); for anything else it runs a plain torch DataLoader. The plugin therefore uses it
-when the source is an :class:`devplug.ImageFolderSource` laid out as class folders or a
+when the source is an `devplug.ImageFolderSource` laid out as class folders or a
 torchvision ``ImageFolder``, and otherwise builds the torch loader itself, saying why once. Host memory
 is pinned unless the author says otherwise (Habana's performance guide), so copies to the card are
 asynchronous DMAs without an extra host copy.

@@ -38,7 +38,7 @@ def collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup:
     """Import HCCL, let Habana read the launch, and return the ``hccl`` backend with Gaudi's DDP defaults.
 
     Habana reads torchrun's and mpirun's variables itself; its reading must agree with devplug's, else
-    this raises :class:`ConfigError` (the job would deadlock or shard data wrongly). For launchers it
+    this raises `ConfigError` (the job would deadlock or shard data wrongly). For launchers it
     does not read (SLURM's srun), devplug's reading is handed to it where the release accepts
     ``initialize_distributed_hpu(world_size, rank, local_rank)``, so it still selects this rank's card.
     """

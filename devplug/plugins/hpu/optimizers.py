@@ -14,7 +14,7 @@ when it asks for ``decoupled_weight_decay=True`` (torch's own spelling of AdamW)
 decay stays ``torch.optim.Adam``, with the reason. So does any option the fused kernels lack
 (``amsgrad``, ``maximize``, ...). Options that only steer torch's own kernels (``foreach``, ``fused``,
 ``capturable``) do not apply to Habana's and are dropped. Their state is converted to and from
-torch.optim's layout for checkpoints (:mod:`devplug.plugins.hpu.optimizer_state`).
+torch.optim's layout for checkpoints (`devplug.plugins.hpu.optimizer_state`).
 """
 
 from __future__ import annotations

@@ -109,6 +109,6 @@ def devplug_doctor() -> DoctorReport:
 
 @hookimpl
 def devplug_peak_flops(device: Device, precision: str) -> float | None:
-    """Intel's published peak BF16 figure for Gaudi 1, 2 and 3 (:mod:`.peaks`); None for FP32 or another model."""
+    """Intel's published peak BF16 figure for Gaudi 1, 2 and 3 (`.peaks`); None for FP32 or another model."""
     name = getattr(probe.hpu_module(), "get_device_name", None)
     return peaks.peak_flops(str(name()) if callable(name) else "", precision)

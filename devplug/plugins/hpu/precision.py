@@ -7,10 +7,10 @@
   isVerbose)`` patches torch functions process-wide to cast their inputs (once per process, in
   ``PrecisionPlan.convert_module``), and every optimizer step runs inside ``hmp.disable_casts()`` so
   the update stays in fp32. Intel deprecated HMP (announced for removal in release 1.13) in favour of
-  autocast; asking for it where the stack no longer has it is a :class:`PrecisionError`.
+  autocast; asking for it where the stack no longer has it is a `PrecisionError`.
   The ``hmp`` option is ``True``, an opt level (``"O1"``, ``"O2"``), or a mapping with ``opt_level``,
   ``bf16_ops``, ``fp32_ops`` (a file of op names, one a line, or a list of names) and ``verbose``.
-- ``"32-true"``: fp32. ``"16-mixed"``: a :class:`PrecisionError` (fp16 with loss scaling is a GPU recipe).
+- ``"32-true"``: fp32. ``"16-mixed"``: a `PrecisionError` (fp16 with loss scaling is a GPU recipe).
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
 """The conformance checks, one module per area of the hook contract (plain functions, no pytest needed).
 
-- :mod:`~devplug.testing.checks.registration`: the plugin loads, probes, sets its device up, reports to the doctor;
-- :mod:`~devplug.testing.checks.movement`: ``devplug_to_device``;
-- :mod:`~devplug.testing.checks.optimizers` and :mod:`~devplug.testing.checks.state`: ``devplug_optimizer``,
+- `registration`: the plugin loads, probes, sets its device up, reports to the doctor;
+- `movement`: ``devplug_to_device``;
+- `optimizers` and `state`: ``devplug_optimizer``,
   the optimizer and its state's round trip through the canonical form;
-- :mod:`~devplug.testing.checks.precision`: ``devplug_precision``;
-- :mod:`~devplug.testing.checks.observing`: regions, profiler activities, peak FLOP/s, memory, logging;
-- :mod:`~devplug.testing.checks.steps`: step marking, gradient clipping, compilation;
-- :mod:`~devplug.testing.checks.collectives`: ``devplug_collective_setup``;
-- :mod:`~devplug.testing.checks.data`: ``devplug_dataloader``;
-- :mod:`~devplug.testing.checks.training`: a Trainer end to end, and its checkpoint.
+- `precision`: ``devplug_precision``;
+- `observing`: regions, profiler activities, peak FLOP/s, memory, logging;
+- `steps`: step marking, gradient clipping, compilation;
+- `collectives`: ``devplug_collective_setup``;
+- `data`: ``devplug_dataloader``;
+- `training`: a Trainer end to end, and its checkpoint.
 
-Importing this package registers every check (:mod:`devplug.testing.kit` holds the registry). The kit
+Importing this package registers every check (`devplug.testing.kit` holds the registry). The kit
 runs them in the contract's order of hooks; checks of the same hook in the order their modules are
 imported below (the optimizer builds before its state is checked).
 """

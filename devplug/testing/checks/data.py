@@ -11,7 +11,7 @@ from devplug.testing.kit import DeviceUnderTest, conformance_check, on_device, t
 
 @conformance_check("devplug_dataloader")
 def check_dataloader(dut: DeviceUnderTest) -> str:
-    """``devplug_dataloader`` returns a :class:`LoaderChoice` whose loader yields every sample in batches."""
+    """``devplug_dataloader`` returns a `LoaderChoice` whose loader yields every sample in batches."""
     hooks, device = dut.hooks, dut.device
     x, y = toy_regression(10)
     dataset = torch.utils.data.TensorDataset(x, y)

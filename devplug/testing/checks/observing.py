@@ -17,7 +17,7 @@ from devplug.core.contract.records import PRECISIONS, LogPoint, MemoryStats
 from devplug.core.errors import PrecisionError
 from devplug.testing.kit import DeviceUnderTest, conformance_check
 
-#: Regions the Trainer opens around the step (``data_wait`` since contract 1.2: :func:`check_region_data_wait`).
+#: Regions the Trainer opens around the step (``data_wait`` since contract 1.2: `check_region_data_wait`).
 REGIONS = ("forward", "backward", "optimizer_step", "data_wait")
 
 
@@ -90,7 +90,7 @@ def check_profiler_activities(dut: DeviceUnderTest) -> str:
 
 @attrs.define
 class NativeOutput:
-    """What native code wrote to file descriptor 2 inside :func:`native_stderr` (set when it ends)."""
+    """What native code wrote to file descriptor 2 inside `native_stderr` (set when it ends)."""
 
     text: str = ""
 
@@ -141,7 +141,7 @@ def check_peak_flops(dut: DeviceUnderTest) -> str:
 
 @conformance_check("devplug_synchronize", "devplug_memory_stats")
 def check_synchronize_and_memory(dut: DeviceUnderTest) -> str:
-    """``devplug_synchronize`` returns; ``devplug_memory_stats`` gives :class:`MemoryStats` or ``None``."""
+    """``devplug_synchronize`` returns; ``devplug_memory_stats`` gives `MemoryStats` or ``None``."""
     hooks = dut.hooks
     hooks(hookspecs.devplug_to_device, obj=torch.ones(8)).sum()
     hooks(hookspecs.devplug_synchronize)

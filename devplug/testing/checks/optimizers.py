@@ -1,6 +1,6 @@
 """Check of ``devplug_optimizer``: each standard optimizer builds, honours the author's options and trains.
 
-Whether its state survives a checkpoint is :mod:`devplug.testing.checks.state`'s check.
+Whether its state survives a checkpoint is `devplug.testing.checks.state`'s check.
 """
 
 from __future__ import annotations

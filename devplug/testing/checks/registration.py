@@ -65,7 +65,7 @@ def check_plugin_loaded(dut: DeviceUnderTest) -> str:
 
 @conformance_check("devplug_register_devices", needs_device=False)
 def check_probe(dut: DeviceUnderTest) -> str:
-    """The probe returns an :class:`Availability` (never raises); a reason when unavailable; a count."""
+    """The probe returns an `Availability` (never raises); a reason when unavailable; a count."""
     spec = dut.entry.spec
     try:
         answer = spec.probe()

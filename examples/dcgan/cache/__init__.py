@@ -6,11 +6,11 @@ is decoded, resized (short side) and center-cropped once, out of band, into ``<c
 (N×3×S×S uint8, memory-mapped); training then reads slices of that file. A JSON file beside it records
 what it was built from.
 
-- :mod:`.prepare`: :func:`prepare_cache`, which reuses the cache or builds it, and its :class:`CacheReport`;
-- :mod:`.dataset`: :class:`CachedImages`, the data set the loader reads;
-- :mod:`.decode_pool`: decoding on every core, in workers that die with their parent;
-- :mod:`.writer`: the free-space check and a fully allocated file, so a full disk is one clear error;
-- :mod:`.locks`: cache versions shared safely between jobs (none deleted while in use, one build at a time).
+- `.prepare`: `prepare_cache`, which reuses the cache or builds it, and its `CacheReport`;
+- `.dataset`: `CachedImages`, the data set the loader reads;
+- `.decode_pool`: decoding on every core, in workers that die with their parent;
+- `.writer`: the free-space check and a fully allocated file, so a full disk is one clear error;
+- `.locks`: cache versions shared safely between jobs (none deleted while in use, one build at a time).
 """
 
 from .dataset import CachedImages

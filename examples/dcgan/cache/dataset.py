@@ -18,7 +18,7 @@ class CachedImages(Dataset):
     """The cached images as ``(uint8 tensor (3, S, S), label)``; the memory map is opened per process.
 
     ``lock`` is the cache file held open with a shared lock: while this object lives (in the process
-    that prepared it), no other job's rebuild deletes the file. :meth:`close` releases it.
+    that prepared it), no other job's rebuild deletes the file. `close` releases it.
     """
 
     def __init__(self, path: str | os.PathLike[str], labels: list[int], lock: IO[bytes] | None = None) -> None:

@@ -43,7 +43,7 @@ def decode_image(path: str | os.PathLike[str], image_size: int) -> np.ndarray:
     """One image as ``(3, S, S)`` uint8: short side resized to ``image_size``, center-cropped.
 
     Every pixel format becomes 8-bit RGB, EXIF orientation is applied, and large JPEGs are decoded at
-    reduced scale (``Image.draft``); see :func:`devplug.toolkit.load_rgb`.
+    reduced scale (``Image.draft``); see `devplug.toolkit.load_rgb`.
     """
     return load_rgb(path, image_size).transpose(2, 0, 1).copy()
 

@@ -1,9 +1,9 @@
 """Cache versions and the locks that keep a version in use from being deleted.
 
 Each cache version is its own file, named by the key of the folder it was built from. A process using a
-version holds a shared ``flock`` on it (:func:`open_locked`); a version is deleted only by someone who
-gets the exclusive lock, i.e. once nobody uses it (:func:`collect_stale`). Builders of one folder at one
-size take turns through an exclusive lock on ``.<stem>.lock`` (:func:`build_lock`), so two jobs starting
+version holds a shared ``flock`` on it (`open_locked`); a version is deleted only by someone who
+gets the exclusive lock, i.e. once nobody uses it (`collect_stale`). Builders of one folder at one
+size take turns through an exclusive lock on ``.<stem>.lock`` (`build_lock`), so two jobs starting
 at once build one cache, and a temporary file found while holding that lock belongs to a builder that
 died: it is removed.
 """
@@ -65,7 +65,7 @@ def collect_stale(directory: Path, stem: str, keep: Path, *, temporary: bool = F
     """Remove the versions of ``stem`` other than ``keep`` that no process has open; return what was removed.
 
     A version in use (shared-locked) stays for a later call; this never blocks. ``temporary=True`` also
-    removes temporary files of ``stem``: call it only while holding :func:`build_lock`, when every such
+    removes temporary files of ``stem``: call it only while holding `build_lock`, when every such
     file belongs to a builder that died.
     """
     removed: list[Path] = []

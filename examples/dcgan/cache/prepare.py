@@ -1,11 +1,11 @@
-"""Build or reuse the cache of one image folder at one image size (:func:`prepare_cache`).
+"""Build or reuse the cache of one image folder at one image size (`prepare_cache`).
 
 The cache is keyed on the image size and on every file's path, size and modification time, so it is
 reused while the folder is unchanged and rebuilt when a file is added, removed or touched. Unreadable
 images are skipped and counted; a folder with no readable image is an error. The build decodes on every
-core (:mod:`.decode_pool`), checks the free space first and writes a fully allocated file
-(:mod:`.writer`); versions in use are never deleted and two jobs that need the same missing cache build it
-once (:mod:`.locks`).
+core (`.decode_pool`), checks the free space first and writes a fully allocated file
+(`.writer`); versions in use are never deleted and two jobs that need the same missing cache build it
+once (`.locks`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def build_workers() -> int:
 
 @attrs.define
 class CacheReport:
-    """What :func:`prepare_cache` did: the files, whether it built, and how many images it opened."""
+    """What `prepare_cache` did: the files, whether it built, and how many images it opened."""
 
     path: Path
     images: int
@@ -138,7 +138,7 @@ def prepare_cache(
     waits for nothing and builds nothing: it only opens a cache another process (rank 0) has just built.
     When another process is building the same cache, ``on_wait(path)`` is called and this one waits for
     it, then uses its result. Versions of this folder's cache that no process has open any more are
-    removed. Raises :class:`devplug.DataError` for a missing or empty folder, a folder with no readable
+    removed. Raises `devplug.DataError` for a missing or empty folder, a folder with no readable
     image, a cache directory that cannot be written, or a disk without room for the cache.
     """
     root_path = Path(root).expanduser().resolve()

@@ -1,11 +1,11 @@
 """Writing an image cache file so that no fault corrupts or strands it.
 
 - **Space first.** The size of a cache is known before the build (images × 3 × S × S bytes plus the
-  ``.npy`` header), so :func:`check_free_space` refuses a build the disk cannot hold, with one line
+  ``.npy`` header), so `check_free_space` refuses a build the disk cannot hold, with one line
   giving the need, the free space and ``--cache-dir``.
-- **Allocated for real.** :class:`CacheWriter` reserves every block with ``posix_fallocate`` (not a
+- **Allocated for real.** `CacheWriter` reserves every block with ``posix_fallocate`` (not a
   sparse file) and writes rows with ``pwrite``, never through a writable memory map: running out of
-  space is an ``OSError`` (→ :class:`devplug.DataError`), never a ``SIGBUS``. A failed build removes
+  space is an ``OSError`` (→ `devplug.DataError`), never a ``SIGBUS``. A failed build removes
   its temporary file.
 """
 
@@ -40,7 +40,7 @@ def npy_header(shape: tuple[int, ...]) -> bytes:
 
 
 def check_free_space(directory: Path, need: int, what: str) -> None:
-    """Raise :class:`DataError` when ``directory``'s file system has less than ``need`` bytes free."""
+    """Raise `DataError` when ``directory``'s file system has less than ``need`` bytes free."""
     free = shutil.disk_usage(directory).free
     if free < need:
         raise DataError(
@@ -63,7 +63,7 @@ def disk_full(path: Path, exc: OSError) -> DataError:
 class CacheWriter:
     """A new ``.npy`` file of ``shape`` uint8 rows at ``path``, fully allocated, filled row by row.
 
-    Use as a context manager: on an exception the file is removed; :meth:`commit` makes it durable and
+    Use as a context manager: on an exception the file is removed; `commit` makes it durable and
     renames it to ``final`` atomically.
     """
 
@@ -113,7 +113,7 @@ class CacheWriter:
         """Flush to disk and rename to ``final`` (atomically replacing any file there).
 
         Returns the file opened for reading with a shared lock held: the new version is in use from the
-        moment it has its name, so no other process's :func:`collect_stale` can remove it.
+        moment it has its name, so no other process's `collect_stale` can remove it.
         """
         try:
             os.fsync(self.fd)
@@ -147,7 +147,7 @@ def _reserve(fd: int, size: int) -> None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file, fsync, rename); :class:`DataError` on failure."""
+    """Write ``text`` to ``path`` atomically (temporary file, fsync, rename); `DataError` on failure."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as handle:

@@ -1,7 +1,7 @@
 """devplug template plugin: the simulated device ``cpusim`` and the device-neutral step counter.
 
-The plugins themselves are the modules :mod:`devplug_template_device.device` and
-:mod:`devplug_template_device.stepcount`, each named by an entry point in the ``devplug`` group (see
+The plugins themselves are the modules `devplug_template_device.device` and
+`devplug_template_device.stepcount`, each named by an entry point in the ``devplug`` group (see
 ``pyproject.toml``). This package module stays empty of hooks so that importing it registers nothing.
 """
 

@@ -11,7 +11,13 @@ Rules the conformance kit (``devplug.testing``) checks:
 - ``devplug_register_devices`` is cheap and imports no vendor runtime; availability is a probe that
   returns ``devplug.Availability`` and never raises;
 - first-result hooks return a record (or ``None`` to defer to the next plugin, ultimately the fallback);
-- ``devplug_mark_step`` never synchronizes with the host.
+- ``devplug_mark_step`` never synchronizes with the host;
+- ``devplug_precision`` gives a grad scaler to ``16-mixed`` only (fp16 gradients underflow without one;
+  bf16 and fp32 need none);
+- an optimizer that does not keep torch.optim's state layout needs ``to_canonical``/``from_canonical``
+  converters on its ``OptimizerChoice`` (this one builds torch's own classes, so it needs none);
+- the probe, ``devplug_doctor`` and ``devplug_precision`` answer within ``DEVPLUG_PROBE_TIMEOUT`` seconds
+  (default 10): past it the device is unavailable, the doctor section left out, the Trainer stopped.
 """
 
 from __future__ import annotations
@@ -27,11 +33,11 @@ import attrs
 import torch
 
 import devplug
-from devplug.toolkit import autocast_plan, move_to, torch_dataloader, torch_optimizer_class
+from devplug.toolkit import autocast_plan, measured_matmul_flops, move_to, torch_dataloader, torch_optimizer_class
 
-#: The hook contract this plugin was written for. devplug skips, with a clear message, a plugin whose
-#: major version differs from its own (``devplug.CONTRACT_VERSION``).
-DEVPLUG_CONTRACT = "1.1"
+#: The hook contract this plugin was written for (``devplug.CONTRACT_VERSION`` when it was written).
+#: devplug skips, with a clear message, a plugin written for a newer contract or another major version.
+DEVPLUG_CONTRACT = "1.4"
 
 NAME = "cpusim"
 #: Setting this variable makes the device report itself unavailable (to see a probe's reason in action).
@@ -129,12 +135,39 @@ def devplug_region(device: devplug.Device, name: str) -> contextlib.AbstractCont
 
 
 @devplug.hookimpl
+def devplug_profiler_activities(device: devplug.Device) -> list[torch.profiler.ProfilerActivity]:
+    """What a profiler window records: the CPU alone here (a real device adds its own activity, e.g. CUDA)."""
+    return [torch.profiler.ProfilerActivity.CPU]
+
+
+@devplug.hookimpl
+def devplug_peak_flops(device: devplug.Device, precision: str) -> float | None:
+    """The device's peak FLOP/s for the plan named ``precision``, for MFU: measured here, once per process.
+
+    A real plugin returns the datasheet figure for the model it finds (``None`` when it does not know it).
+    """
+    dtype = torch.bfloat16 if "bf16" in precision else torch.float32
+    return measured_matmul_flops("cpu", dtype)
+
+
+@devplug.hookimpl
 def devplug_mark_step(device: devplug.Device, phase: devplug.Phase) -> None:
     """Where a lazy-mode device flushes its accumulated graph (Gaudi: ``htcore.mark_step()``).
 
     The simulator executes eagerly, so it only counts. Never synchronize with the host here.
     """
     MARKED[phase.value] += 1
+
+
+@devplug.hookimpl
+def devplug_clip_grad_norm(
+    device: devplug.Device, parameters: list[torch.Tensor], max_norm: float, norm_type: float
+) -> torch.Tensor:
+    """Clip in place and return the total norm before clipping, as a tensor (never ``.item()``: no host sync).
+
+    A real plugin calls its fused kernel here (Gaudi: ``FusedClipNorm``); the Trainer has already unscaled.
+    """
+    return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type, foreach=True)
 
 
 @devplug.hookimpl
@@ -185,3 +218,25 @@ def devplug_compile(device: devplug.Device, module: torch.nn.Module, options: di
     options = dict(options)
     backend = options.pop("backend", "eager")
     return torch.compile(module, backend=backend, **options)
+
+
+#: The log points this plugin received (rank 0), last one last: a real plugin sends them to its tracker.
+LOGGED: list[devplug.LogPoint] = []
+
+
+@devplug.hookimpl
+def devplug_log(device: devplug.Device, point: devplug.LogPoint) -> None:
+    """Receive each log point on this device: host floats already averaged, never a device tensor.
+
+    A device plugin sees the points of its own device; a device-neutral plugin (a tracker) sees every one.
+    """
+    LOGGED.append(point)
+    del LOGGED[:-10]
+
+
+@devplug.hookimpl
+def devplug_doctor() -> devplug.DoctorReport:
+    """What ``devplug doctor`` prints for this plugin: its stack, the variables it reads, what is wrong here."""
+    warnings = [f"{ENV_DISABLE} is set: cpusim reports itself unavailable"] if not probe().available else []
+    return devplug.DoctorReport(packages=("devplug-template-device", "torch"), env=(ENV_DISABLE,),
+                                warnings=tuple(warnings))

@@ -17,7 +17,7 @@ computed with plain torch ops on whatever device the parameters are on:
   trust ratio ``||p|| / ||update||`` (``csrc/multi_tensor_lamb.cu``).
 
 ``zero_grad(self)`` has no ``set_to_none`` argument, as in apex. Each construction appends
-``(class name, keyword arguments)`` to :data:`CALLS`; ``CUDA_EXTENSIONS = False`` mimics an apex built
+``(class name, keyword arguments)`` to `CALLS`; ``CUDA_EXTENSIONS = False`` mimics an apex built
 without its CUDA extensions, whose constructors raise as apex's do.
 """
 
