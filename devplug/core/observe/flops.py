@@ -66,8 +66,9 @@ class FlopMeter:
             self._mode = FlopCounterMode(display=False)
             # a compiled model runs uncompiled under the counter (torch.compile steps aside for a dispatch
             # mode), so its count is right; torch's warning about the counter's global hooks is not for us
+            before = list(warnings.filters)
             warnings.filterwarnings("ignore", message=_COMPILED_WITH_HOOKS, category=UserWarning)
-            self._quiet = warnings.filters[0]
+            self._quiet = None if warnings.filters[0] in before else warnings.filters[0]  # the author's own stays
             self._mode.__enter__()
             self._samples_at_start = self._samples_done()
         elif self._mode is not None and upcoming > COUNTED_STEP:
@@ -80,7 +81,7 @@ class FlopMeter:
         mode, self._mode = self._mode, None
         mode.__exit__(None, None, None)
         filters = warnings.filters  # (the author may have reset them meanwhile)
-        if isinstance(filters, list) and self._quiet in filters:
+        if isinstance(filters, list) and self._quiet is not None and self._quiet in filters:
             filters.remove(self._quiet)
         samples = self._samples_done() - self._samples_at_start
         flops = mode.get_total_flops()

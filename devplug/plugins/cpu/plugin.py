@@ -123,7 +123,7 @@ def warn_if_emulated(precision: str) -> None:
     if has_native_bf16() if number_format == "bf16" else has_native_fp16():
         return
     log_once(f"precision={precision!r}: this CPU has no native {number_format} arithmetic ({features}), so "
-             "torch emulates it and training runs about 2-3x slower than with precision='32-true'; "
+             "torch emulates it: expect training at least 2-3x slower than with precision='32-true'; "
              "precision='auto' picks the fastest this CPU computes", logging.WARNING)
 
 
