@@ -249,6 +249,46 @@ def test_the_authors_shuffled_dataloader_resumes_at_the_same_sample(tmp_path):
     assert head + tail == full
 
 
+class CountingDataset(TensorDataset):
+    """The training set, recording every index whose sample is read."""
+
+    def __init__(self) -> None:
+        super().__init__(*datasets()[0].tensors)
+        self.read: list[int] = []
+
+    def __getitem__(self, index):
+        self.read.append(index)
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_a_resumed_epoch_reads_none_of_the_samples_it_skips(tmp_path, accumulation):
+    def run(seed, stop=None, path=None, own_loader=False):
+        trainer = devplug.Trainer(device="cpu", progress=False, seed=seed, accumulate_grad_batches=accumulation)
+        trainer.setup(make_model(), name="net")
+        data = CountingDataset()
+        source = DataLoader(data, batch_size=BATCH, shuffle=True) if own_loader else data
+        loader = trainer.dataloader(source, None if own_loader else BATCH, shuffle=True, num_workers=0)
+        if path is not None:
+            trainer.load(path)
+        data.read.clear()
+        batches = []
+        for _ in trainer.epochs(2, max_steps=stop):
+            batches += [x for x, _ in loader]
+        return batches, data.read, trainer.save(tmp_path / f"{seed}.pt") if stop else None
+
+    full, _, _ = run(0)
+    stop = 5 if accumulation == 1 else 3  # 5 (or 6) of the 8 batches of the first epoch
+    head, _, path = run(0, stop=stop)
+    tail, read, _ = run(7, path=path)
+    assert len(head) + len(tail) == len(full) == 16
+    assert all(torch.equal(a, b) for a, b in zip(head + tail, full, strict=True))
+    assert len(read) == TRAIN * 2 - len(head) * BATCH  # the rest of the first epoch and the second: nothing else
+
+    own_tail, own_read, _ = run(7, path=path, own_loader=True)  # a loader devplug did not build draws them
+    assert len(own_tail) == len(tail) and len(own_read) == TRAIN * 2
+
+
 # ---- clipping ---------------------------------------------------------------------------------------------
 def test_clipping_under_16_mixed_matches_torchs_recipe_and_unscales_once():
     train, _ = datasets()

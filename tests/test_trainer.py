@@ -193,6 +193,34 @@ def test_native_bf16_detection_reads_cpu_flags(monkeypatch):
     assert not cpu_plugin.has_native_bf16()
 
 
+@pytest.mark.parametrize(("precision", "native_flags"), [("bf16-mixed", {"avx512_bf16"}),
+                                                         ("16-mixed", {"avx512_fp16"})])
+def test_reduced_precision_the_cpu_only_emulates_warns_once(monkeypatch, caplog, precision, native_flags):
+    from devplug.toolkit import forget_logged
+
+    def warnings_for(flags):
+        forget_logged()
+        caplog.clear()
+        monkeypatch.setattr(cpu_plugin, "cpu_flags", lambda: frozenset({"avx2", "fma", *flags}))
+        with caplog.at_level("WARNING", logger="devplug"):
+            for _ in range(2):
+                assert devplug.Trainer(device="cpu", precision=precision, progress=False).precision.name == precision
+        return [r.getMessage() for r in caplog.records if "emulates" in r.getMessage()]
+
+    number_format = "bf16" if precision.startswith("bf16") else "fp16"
+    emulated = warnings_for(set())
+    assert len(emulated) == 1  # once per process
+    assert f"precision={precision!r}: this CPU has no native {number_format} arithmetic" in emulated[0]
+    assert "at least 2-3x slower than with precision='32-true'" in emulated[0]
+    assert warnings_for(native_flags) == []
+    warnings_for(set())
+    forget_logged()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="devplug"):  # no native format: auto picks 32-true, and says nothing
+        assert devplug.Trainer(device="cpu", precision="auto", progress=False).precision.name == "32-true"
+    assert not [m for m in caplog.messages if "emulates" in m]
+
+
 def test_16_mixed_on_cpu_uses_a_grad_scaler_and_trains():
     trainer = devplug.Trainer(device="cpu", precision="16-mixed", progress=False)
     assert trainer.scaler is not None

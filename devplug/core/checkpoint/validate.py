@@ -76,8 +76,13 @@ def module_problems(saved_modules: Any, modules: Mapping[str, torch.nn.Module]) 
     if not isinstance(saved_modules, Mapping):
         return ["its modules are not a dict"]
     problems = []
-    if sorted(saved_modules) != sorted(modules):
-        problems.append(f"modules {sorted(saved_modules)} vs set up {sorted(modules)}")
+    not_set_up, not_saved = sorted(set(saved_modules) - set(modules)), sorted(set(modules) - set(saved_modules))
+    if not_set_up:
+        problems.append(f"module(s) {not_set_up} of the checkpoint would not be restored: no module of that name "
+                        f"was passed to trainer.setup() (set up: {sorted(modules) or 'none'}); set each up with "
+                        "trainer.setup(model, name=...) before load()")
+    if not_saved:
+        problems.append(f"set-up module(s) {not_saved} are not in the checkpoint")
     for key, module in modules.items():
         saved = saved_modules.get(key)
         if saved is None:

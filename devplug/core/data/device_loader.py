@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 
 from devplug.core.contract.records import ImageFolderSource, LoaderChoice, LoaderOptions
 from devplug.core.data.position import LoopPosition, ResumePoint, batch_size
+from devplug.core.data.torch_loader import ShardSampler
 from devplug.core.data.tuning import DEFAULT_PREFETCH, default_workers
 from devplug.core.errors import ConfigError, DataError
 
@@ -100,7 +101,9 @@ class DeviceLoader:
 
     Each epoch reshuffles deterministically (sampler ``set_epoch``, or a generator seeded with
     ``seed + epoch``). After a resume, a training loader skips the batches the interrupted epoch had
-    drawn, once, so a resumed run sees the same data in the same order as an uninterrupted one.
+    drawn, once, so a resumed run sees the same data in the same order as an uninterrupted one: a torch
+    loader devplug built starts its sampler past them (their samples are never read); other loaders
+    draw them and throw them away.
     """
 
     def __init__(self, choice: LoaderChoice, seed: int, position: LoopPosition, move: Callable[[Any], Any],
@@ -194,6 +197,20 @@ class DeviceLoader:
                         "from the interrupted run", skip, self.implementation, why)
         return skip
 
+    def _skip_by_index(self, skip: int) -> bool:
+        """Start the sampler of a torch loader devplug built after ``skip`` batches (their samples unread); True if so.
+
+        Set on every pass (0 when nothing is skipped), so no start is left over from a pass that read nothing.
+        Other loaders (the author's, DALI, HabanaDataLoader, iterables) skip by drawing the batches.
+        """
+        loader, sampler = self.choice.loader, self.choice.sampler
+        if (self.authors or type(loader) is not DataLoader or not isinstance(sampler, ShardSampler)
+                or loader.sampler is not sampler or not loader.batch_size):
+            return False
+        sampler.start_next_at(skip * loader.batch_size)
+        self.drawn += skip
+        return True
+
     def __iter__(self) -> Iterator[Any]:
         try:
             yield from self._batches()
@@ -209,8 +226,10 @@ class DeviceLoader:
         if self.primary:
             length = self.length()
             position.epoch_batches = None if length is math.inf else int(length)
+        skip = self._skip()
+        indexed = self._skip_by_index(skip)
         batches = iter(self.choice.loader)
-        for _ in range(self._skip()):
+        for _ in range(0 if indexed else skip):
             if next(batches, _END) is _END:
                 return
             self.drawn += 1

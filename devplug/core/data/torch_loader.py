@@ -6,8 +6,10 @@ Device plugins that have a faster loader (DALI, HabanaDataLoader) fall back to
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +208,25 @@ def as_dataset(source: Any) -> Dataset:
     return source
 
 
+class ShardSampler(DistributedSampler):
+    """devplug's ``DistributedSampler``: its next pass may start some way in (the rest of a resumed epoch).
+
+    ``start_next_at(n)`` makes the next ``iter()`` skip this rank's first ``n`` indices without reading
+    their samples; later passes start at the beginning again.
+    """
+
+    _start = 0
+
+    def start_next_at(self, index: int) -> None:
+        """Start the next pass at this rank's ``index``-th sample of the epoch's order."""
+        self._start = index
+
+    def __iter__(self) -> Iterator[Any]:
+        start, self._start = self._start, 0
+        indices = super().__iter__()
+        return itertools.islice(indices, start, None) if start else indices
+
+
 def make_sampler(dataset: Dataset, options: LoaderOptions) -> Any:
     """The author's sampler, else a ``DistributedSampler`` over this rank's shard (one shard in one process).
 
@@ -215,14 +236,15 @@ def make_sampler(dataset: Dataset, options: LoaderOptions) -> Any:
     first ``k·B·W`` samples, which lets a checkpoint resume at the same place on another world size.
     An evaluation loader (``options.evaluation``) gets an `EvaluationSampler` instead: this rank's
     contiguous block of the dataset, every sample on exactly one rank, nothing padded. An
-    ``IterableDataset`` has no sampler.
+    ``IterableDataset`` has no sampler. A training loader's sampler is a `ShardSampler`, so a resumed
+    epoch can start at its first unread sample.
     """
     if options.sampler is not None or isinstance(dataset, IterableDataset):
         return options.sampler
     if options.evaluation:
         return EvaluationSampler(len(dataset), rank=options.rank, world_size=options.world_size,  # type: ignore[arg-type]
                                  shuffle=options.shuffle, seed=options.seed)
-    return DistributedSampler(
+    return ShardSampler(
         dataset,
         num_replicas=options.world_size,
         rank=options.rank,

@@ -15,6 +15,8 @@ import logging
 import math
 import os
 import time
+import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from devplug.core.checkpoint import rng
+from devplug.core.checkpoint.compiled import plain_module
 from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.contract import hookspecs as spec
 from devplug.core.contract.records import LaunchInfo, MemoryStats, OptimizerChoice, Phase, PrecisionPlan
@@ -41,7 +44,7 @@ from devplug.core.observe.loggers import build_loggers
 from devplug.core.observe.profiling import StepProfiler
 from devplug.core.observe.reporter import Reporter
 from devplug.core.observe.summary import RunSummary
-from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
+from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key, optimizers_not_saved
 from devplug.core.registry.bounded import call_with_limit
 from devplug.core.registry.devices import DeviceRegistry
 from devplug.core.registry.manager import FALLBACK_NAME, DevplugPluginManager, get_plugin_manager
@@ -95,6 +98,7 @@ class Trainer:
         self.precision: PrecisionPlan = plan
         self._modules: dict[str, torch.nn.Module] = {}
         self._optimizers: dict[str, OptimizerChoice] = {}
+        self._stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # what step() was given
         self._loaders: list[DeviceLoader] = []
         self._position = LoopPosition(accumulation=self._config.accumulate_grad_batches,
                                      stop_check=lambda: self._stop.should_stop(self.rank))
@@ -206,10 +210,11 @@ class Trainer:
     def setup(self, module: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
         """Prepare ``module`` for training: precision conversion, device, compile, DDP when launched.
 
-        The module is registered under ``name`` (default: its class name, lower-cased) for checkpoints.
+        The module is registered under ``name`` (default: its class name, lower-cased) for checkpoints; a
+        model you compiled yourself (``torch.compile(model)``) is named and saved as the model it compiled.
         Returns the module to call in the loop (DDP-wrapped when the world size is above 1).
         """
-        key = name or type(module).__name__.lower()
+        key = name or type(plain_module(module)).__name__.lower()  # a model you compiled: its own class
         if key in self._modules:
             raise ConfigError(f"a module named {key!r} is already set up; pass setup(module, name=...)")
         if self.precision.convert_module is not None:
@@ -335,6 +340,7 @@ class Trainer:
         """
         if not self._position.sync_now:
             return False
+        self._stepped.add(optimizer)
         step_context, scaler = self.precision.optimizer_step_context, self.scaler
         with self._route.region("optimizer_step"), (step_context() if step_context else NO_REGION):
             if scaler is not None:
@@ -579,7 +585,14 @@ class Trainer:
 
         Returns the path written, or ``None`` on other ranks. Raises ``devplug.NonFiniteLossError`` and
         writes nothing when a weight or optimizer state holds NaN or infinity (docs/trainer.md, Checkpoints).
+        Warns, naming it, about an optimizer given to :meth:`step` whose state the checkpoint does not hold.
         """
+        for described in optimizers_not_saved(self._stepped, self._optimizers, self._registered.values(),
+                                              self._modules):
+            warnings.warn(f"optimizer {described} is not in the checkpoint: it was passed to trainer.step() but "
+                          "not built by trainer.optimizer(), so a resume starts it afresh. Build it with "
+                          "trainer.optimizer(...), or trainer.register_for_checkpointing(name=optimizer)",
+                          RuntimeWarning, stacklevel=2)
         if self._registered:
             extra = {**self._registered_state(), **extra}
         return self._state.save(path, extra) if self.is_main_process else None

@@ -21,6 +21,7 @@ import torch
 
 from devplug.core.checkpoint import file as ckpt
 from devplug.core.checkpoint import rng
+from devplug.core.checkpoint.compiled import module_state, plain_key, plain_state
 from devplug.core.checkpoint.finite import nonfinite
 from devplug.core.checkpoint.validate import check_loaded_optimizers, check_matches, check_saved_optimizers
 from devplug.core.contract.records import Device, OptimizerChoice, PrecisionPlan
@@ -69,7 +70,7 @@ class TrainerState:
             "batches_in_epoch": position.batches_in_epoch - open_window,
             "world_size": self.world_size,
             "loaders": [{"seed": seed, **attrs.asdict(point)} for seed, point in points],
-            "modules": {k: m.state_dict() for k, m in self.modules.items()},
+            "modules": {k: plain_state(m.state_dict()) for k, m in self.modules.items()},
             "optimizers": {k: export_state(c) for k, c in self.optimizers.items()},
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rng.rng_state(self._device_rng()),
@@ -95,8 +96,10 @@ class TrainerState:
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """Every module tensor and optimizer state tensor, named as an error message shows them."""
-        named = [(f"{key}.{name}", t) for key, m in self.modules.items() for name, t in m.state_dict().items()]
-        owners = {id(p): f"{key}.{name}" for key, m in self.modules.items() for name, p in m.named_parameters()}
+        named = [(f"{key}.{plain_key(name)}", t) for key, m in self.modules.items()
+                 for name, t in m.state_dict().items()]
+        owners = {id(p): f"{key}.{plain_key(name)}" for key, m in self.modules.items()
+                  for name, p in m.named_parameters()}
         for key, choice in self.optimizers.items():
             for param, values in choice.optimizer.state.items():
                 owner = owners.get(id(param), f"a parameter of shape {tuple(param.shape)}")
@@ -115,7 +118,7 @@ class TrainerState:
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Check a checkpoint against the setup, then restore it (all or nothing); the author's ``extra`` state."""
-        state = ckpt.read_checkpoint(path)
+        state = self.own_names(ckpt.read_checkpoint(path))
         check_matches(state, self.modules, self.optimizers, path)
         natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in self.optimizers.items()}
         check_loaded_optimizers(state["optimizers"], natives, self.optimizers, path)
@@ -138,6 +141,15 @@ class TrainerState:
         for loader in self.training_loaders():
             loader.seed = position.resume_seeds.pop(loader.index, loader.seed)
         return dict(state["extra"])
+
+    def own_names(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` with each saved module's tensors named as the set-up module names them (compiled or not)."""
+        saved = state.get("modules")
+        if not isinstance(saved, Mapping):
+            return state  # the check says what is wrong with it
+        renamed = {key: module_state(value, self.modules[key].state_dict()) if key in self.modules
+                   and isinstance(value, Mapping) else value for key, value in saved.items()}
+        return {**state, "modules": renamed}
 
 
 def restore(state: Mapping[str, Any], natives: Mapping[str, dict[str, Any]], *,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,10 @@ log = logging.getLogger("devplug")
 
 #: The training step whose FLOPs are counted.
 COUNTED_STEP = 2
+
+#: What torch says when a compiled module is called while module hooks are registered globally: the FLOP
+#: counter's module tracker registers such hooks, and they only attribute FLOPs to modules (not counted here).
+_COMPILED_WITH_HOOKS = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 
 class FlopMeter:
@@ -46,6 +51,7 @@ class FlopMeter:
         self.enabled = enabled
         self.flops_per_sample: float | None = None
         self._mode: Any = None
+        self._quiet: Any = None
         self._samples_at_start = 0
         self._peak: float | None = None
         self._peak_asked = False
@@ -59,6 +65,11 @@ class FlopMeter:
             from torch.utils.flop_counter import FlopCounterMode
 
             self._mode = FlopCounterMode(display=False)
+            # a compiled model runs uncompiled under the counter (torch.compile steps aside for a dispatch
+            # mode), so its count is right; torch's warning about the counter's global hooks is not for us
+            before = list(warnings.filters)
+            warnings.filterwarnings("ignore", message=_COMPILED_WITH_HOOKS, category=UserWarning)
+            self._quiet = None if warnings.filters[0] in before else warnings.filters[0]  # the author's own stays
             self._mode.__enter__()
             self._samples_at_start = self._samples_done()
         elif self._mode is not None and upcoming > COUNTED_STEP:
@@ -70,6 +81,9 @@ class FlopMeter:
             return
         mode, self._mode = self._mode, None
         mode.__exit__(None, None, None)
+        filters = warnings.filters  # (the author may have reset them meanwhile)
+        if isinstance(filters, list) and self._quiet is not None and self._quiet in filters:
+            filters.remove(self._quiet)
         samples = self._samples_done() - self._samples_at_start
         flops = mode.get_total_flops()
         if samples > 0 and flops > 0:

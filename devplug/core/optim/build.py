@@ -99,3 +99,29 @@ def parameters_outside(optimizers: Mapping[str, OptimizerChoice],
         if missing:
             outside[key] = missing
     return outside
+
+
+def class_name(optimizer: torch.optim.Optimizer) -> str:
+    """How an error names an optimizer's class: ``"torch.optim.Adam"``, or its module and qualified name."""
+    cls = type(optimizer)
+    module = "torch.optim" if cls.__module__.startswith("torch.optim") else cls.__module__
+    return f"{module}.{cls.__qualname__}"
+
+
+def optimizers_not_saved(stepped: Iterable[torch.optim.Optimizer], optimizers: Mapping[str, OptimizerChoice],
+                         kept: Iterable[Any], modules: Mapping[str, torch.nn.Module]) -> list[str]:
+    """The optimizers in ``stepped`` whose state no checkpoint holds, each named with the set-up modules it trains.
+
+    Those are the ones built by the author (not through ``Trainer.optimizer``) and not among ``kept`` (the
+    objects registered for checkpointing).
+    """
+    known = {id(choice.optimizer) for choice in optimizers.values()} | {id(obj) for obj in kept}
+    found = []
+    for optimizer in stepped:
+        if id(optimizer) in known:
+            continue
+        ids = _param_ids(optimizer.param_groups)
+        owners = [key for key, module in modules.items() if ids & {id(p) for p in module.parameters()}]
+        found.append(f"{class_name(optimizer)} over the parameters of "
+                     + (", ".join(repr(o) for o in owners) if owners else "no set-up module"))
+    return found

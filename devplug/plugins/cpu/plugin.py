@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import platform
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from devplug import (
 )
 from devplug.toolkit import (
     autocast_plan,
+    log_once,
     measured_matmul_flops,
     process_memory_stats,
     torch_dataloader,
@@ -97,11 +99,45 @@ def has_native_bf16() -> bool:
     return platform.machine().lower() in ("aarch64", "arm64") and "bf16" in flags
 
 
+def has_native_fp16() -> bool:
+    """True when the CPU computes fp16 natively (x86 AMX-FP16 or AVX512-FP16, Arm half-precision arithmetic)."""
+    flags = cpu_flags()
+    if flags & {"amx_fp16", "avx512_fp16"}:
+        return True
+    return platform.machine().lower() in ("aarch64", "arm64") and bool(flags & {"fphp", "asimdhp"})
+
+
+#: The number format each reduced-precision setting computes in, and the CPU features that compute it natively.
+FORMATS = {"bf16-mixed": ("bf16", "AMX-BF16 or AVX512-BF16 on x86, BF16 on Arm"),
+           "16-mixed": ("fp16", "AMX-FP16 or AVX512-FP16 on x86, FP16 arithmetic on Arm")}
+
+
+def warn_if_emulated(precision: str) -> None:
+    """Warn once when ``precision`` computes in a format this CPU lacks (torch emulates it, slower than fp32).
+
+    Says nothing where the CPU's features cannot be read (no ``/proc/cpuinfo``).
+    """
+    if precision not in FORMATS or not cpu_flags():
+        return
+    number_format, features = FORMATS[precision]
+    if has_native_bf16() if number_format == "bf16" else has_native_fp16():
+        return
+    log_once(f"precision={precision!r}: this CPU has no native {number_format} arithmetic ({features}), so "
+             "torch emulates it: expect training at least 2-3x slower than with precision='32-true'; "
+             "precision='auto' picks the fastest this CPU computes", logging.WARNING)
+
+
 @hookimpl
 def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
-    """``auto`` → bf16-mixed on CPUs with native bf16, else 32-true. No grad scaler is needed on CPU."""
+    """``auto`` → bf16-mixed on CPUs with native bf16, else 32-true. No grad scaler is needed on CPU.
+
+    An explicit ``bf16-mixed`` or ``16-mixed`` on a CPU without that format in hardware warns once: it
+    runs emulated, slower than fp32.
+    """
     if precision == "auto":
         precision = "bf16-mixed" if has_native_bf16() else "32-true"
+    else:
+        warn_if_emulated(precision)
     return autocast_plan(device, precision)
 
 
