@@ -78,18 +78,20 @@ class Progress:
 
 
 @attrs.frozen
-class Description:
-    """The model preset and sizes, saved in every checkpoint for whoever inspects it (nothing to restore)."""
+class Saved:
+    """A value kept in every checkpoint's ``extra`` for whoever inspects it (the model preset, its sizes).
 
-    model: str
-    spec: dict[str, int]
+    Nothing is restored from it: the model flags given again must match the checkpoint's shapes.
+    """
 
-    def state_dict(self) -> dict[str, Any]:
-        """What each checkpoint keeps under ``extra["run"]``."""
-        return {"model": self.model, "spec": dict(self.spec)}
+    value: Any
 
-    def load_state_dict(self, _state: dict[str, Any]) -> None:
-        """Nothing to restore: the model flags given again must match the checkpoint's shapes."""
+    def state_dict(self) -> Any:
+        """The value, as the checkpoint keeps it."""
+        return self.value
+
+    def load_state_dict(self, _state: Any) -> None:
+        """Nothing to restore."""
 
 
 def train(settings: cli.Settings) -> int:
@@ -166,7 +168,8 @@ def build_run(trainer: devplug.Trainer, settings: cli.Settings) -> Run:
     # Fixed noise for the sample grid: a private generator, so it never disturbs the training RNG.
     fixed_noise = torch.randn(SAMPLE_COUNT, spec.nz, 1, 1, generator=torch.Generator().manual_seed(args.seed))
     # Saved in every checkpoint; a resume restores the noise in place (on the CPU, before it moves).
-    trainer.register_for_checkpointing(fixed_noise=fixed_noise, run=Description(settings.model, spec.as_dict()))
+    trainer.register_for_checkpointing(model=Saved(settings.model), spec=Saved(spec.as_dict()),
+                                       fixed_noise=fixed_noise)
     return Run(settings, trainer, train_step, data, loader, fixed_noise)
 
 

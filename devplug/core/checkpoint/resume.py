@@ -37,7 +37,7 @@ class Resumed:
     path: Path
     step: int
     epoch: int
-    extra: dict[str, Any] = attrs.field(factory=dict, repr=False)
+    extra: dict[str, Any] = attrs.field(factory=dict, repr=False, eq=False)
     skipped: tuple[tuple[Path, str], ...] = ()
     set_aside: Path | None = None
     set_aside_count: int = 0
