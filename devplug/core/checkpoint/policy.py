@@ -161,7 +161,7 @@ class RunCheckpoints:
         previous = next((found for _step, found in steps_newest_first(self.folder) if found != path), None)
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint was touched"
         return (f"the disk is full: could not write {path} ({exc.strerror or exc}); {kept}; free some space or "
-                "give the checkpoint policy a directory on another disk")
+                "save the checkpoints on another disk")
 
     def keep(self, scores: dict[str, float]) -> set[Path]:
         """The files the policy keeps: the newest (always), the last ``keep_last``, the best ``keep_best``."""
