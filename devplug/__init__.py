@@ -8,6 +8,7 @@ vendor stack and not TensorBoard.
 
 from devplug._version import __version__
 from devplug.core.checkpoint.policy import CheckpointPolicy
+from devplug.core.checkpoint.resume import Resumed
 from devplug.core.contract.hookimpl import hookimpl
 from devplug.core.contract.records import (
     CONTRACT_VERSION,
@@ -86,6 +87,7 @@ __all__ = [
     "PluginError",
     "PrecisionError",
     "PrecisionPlan",
+    "Resumed",
     "RunSummary",
     "TensorBoardLogger",
     "Trainer",

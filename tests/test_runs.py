@@ -109,6 +109,126 @@ def test_resume_in_a_new_folder_is_a_new_run_and_a_mismatch_is_an_error(tmp_path
         other.resume()  # another model: not a reason to go back further
 
 
+def _fresh(policy: devplug.CheckpointPolicy | None = None, **options) -> devplug.Trainer:
+    """A trainer holding the same model and optimizer as `_loop`, not yet trained (to resume into)."""
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, checkpoints=policy,
+                              stop_signals=(), count_flops=False, **options)
+    model = trainer.setup(torch.nn.Linear(3, 1))
+    trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    return trainer
+
+
+def test_resume_returns_a_record_of_the_file_the_skipped_ones_and_the_ones_set_aside(tmp_path, caplog):
+    folder = tmp_path / "ckpt"
+    _loop(tmp_path, devplug.CheckpointPolicy(directory=folder, every_n_steps=3, keep_last=None))
+    (folder / "step_0000012.pt").write_bytes(b"not a checkpoint")
+    trainer = _fresh(devplug.CheckpointPolicy(directory=folder, every_n_steps=3))
+    with caplog.at_level(logging.WARNING, logger="devplug"):
+        resumed = trainer.resume()
+    assert isinstance(resumed, devplug.Resumed)
+    assert (resumed.path, resumed.step, resumed.epoch) == (folder / "step_0000009.pt", 9, 0)
+    [(skipped, reason)] = resumed.skipped
+    assert skipped == folder / "step_0000012.pt" and "not a checkpoint" in reason
+    assert resumed.set_aside_count == 1 and resumed.set_aside is not None
+    assert resumed.set_aside.parent == folder and resumed.set_aside.name.startswith("abandoned-")
+    assert "skipping damaged checkpoint step_0000012.pt" in caplog.text
+
+
+def test_resume_from_an_explicit_file_sets_aside_the_newer_ones_of_its_folder(tmp_path):
+    old = tmp_path / "old"
+    _loop(tmp_path, devplug.CheckpointPolicy(directory=old, every_n_steps=4, keep_last=None))
+    trainer = _fresh(devplug.CheckpointPolicy(directory=tmp_path / "new", every_n_steps=4))
+    resumed = trainer.resume(old / "step_0000004.pt")
+    assert resumed is not None and resumed.step == trainer.global_step == 4 and resumed.skipped == ()
+    assert resumed.set_aside_count == 2 and _names(old) == ["step_0000004.pt"]
+    assert _names(resumed.set_aside) == ["step_0000008.pt", "step_0000012.pt"]
+    assert trainer.checkpoint_now() is None  # step 4 is the resumed checkpoint: nothing new to save
+    (old / "step_0000004.pt").write_bytes(b"garbage")
+    with pytest.raises(devplug.CheckpointError, match="not a checkpoint"):
+        _fresh().resume(old / "step_0000004.pt")  # a file named explicitly is never skipped
+    with pytest.raises(devplug.CheckpointError, match="does not exist"):
+        _fresh().resume(tmp_path / "nope.pt")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(devplug.CheckpointError, match=r"no checkpoint \(step_\*\.pt\) in"):
+        _fresh().resume(tmp_path / "empty")  # resume(path) needs no policy; an empty folder is an error
+
+
+def test_resume_from_a_run_folder_takes_its_newest_intact_checkpoint(tmp_path):
+    folder = tmp_path / "ckpt"
+    _loop(tmp_path, devplug.CheckpointPolicy(directory=folder, every_n_steps=5, keep_last=None))
+    resumed = _fresh().resume(folder)
+    assert resumed is not None and resumed.path.name == "step_0000012.pt" and resumed.set_aside is None
+    with pytest.raises(devplug.ConfigError, match=r"resume\(path\)"):
+        _fresh().resume()  # no policy and no path: nothing to resume from
+
+
+def _diverging_loop(tmp_path: Path, nonfinite: str) -> devplug.Trainer:
+    policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=2, keep_last=None)
+    trainer = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False, checkpoints=policy,
+                              stop_signals=(), count_flops=False, log_every=1000, nonfinite=nonfinite)
+    model = trainer.setup(torch.nn.Linear(3, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(12, 3), torch.randn(12, 1)), 2,
+                                num_workers=0)
+    for _ in trainer.epochs(1):
+        for x, y in loader:
+            trainer.backward(torch.nn.functional.mse_loss(model(x), y))
+            trainer.step(opt)
+            if trainer.global_step == 3:
+                with torch.no_grad():
+                    model.weight.fill_(float("nan"))
+    trainer.close()
+    return trainer
+
+
+@pytest.mark.parametrize("nonfinite", ["warn", "ignore"])
+def test_a_non_finite_checkpoint_is_not_written_a_warning_says_so_and_training_goes_on(tmp_path, caplog,
+                                                                                     nonfinite):
+    with caplog.at_level(logging.WARNING, logger="devplug"):
+        trainer = _diverging_loop(tmp_path, nonfinite)
+    assert trainer.global_step == 6 and _names(tmp_path / "ckpt") == ["step_0000002.pt"]
+    warned = [r.getMessage() for r in caplog.records if "not saving checkpoint" in r.getMessage()]
+    assert len(warned) == 2 and "step_0000004.pt" in warned[0] and "step_0000006.pt" in warned[1]
+    assert "non-finite" in warned[0] and f"nonfinite={nonfinite!r}" in warned[0]
+
+
+def test_a_non_finite_checkpoint_raises_under_nonfinite_raise(tmp_path):
+    with pytest.raises(devplug.NonFiniteLossError, match=r"step_0000004\.pt"):
+        _diverging_loop(tmp_path, "raise")
+    assert _names(tmp_path / "ckpt") == ["step_0000002.pt"]
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_intact_previous_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    real_save = devplug.Trainer.save
+
+    def save(self, path, **extra):
+        if self.global_step >= 8:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(self, path, **extra)
+
+    monkeypatch.setattr(devplug.Trainer, "save", save)
+    with pytest.raises(devplug.CheckpointError) as info:
+        _loop(tmp_path, devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=4))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("the disk is full: could not write")
+    assert "step_0000008.pt (No space left on device)" in message
+    assert f"the previous checkpoint {tmp_path / 'ckpt' / 'step_0000004.pt'} is intact" in message
+    assert "free some space" in message and _names(tmp_path / "ckpt") == ["step_0000004.pt"]
+
+
+def test_checkpoint_now_saves_this_step_by_the_policy_once_and_no_index_without_a_monitor(tmp_path):
+    policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=100, at_end=False, keep_last=1)
+    trainer = _loop(tmp_path, policy, batches=5)
+    assert _names(tmp_path / "ckpt") == []
+    assert trainer.checkpoint_now() == str(tmp_path / "ckpt" / "step_0000005.pt")
+    assert trainer.checkpoint_now() is None  # already saved at this step
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_0000005.pt"]  # no checkpoints.json
+    with pytest.raises(devplug.ConfigError, match="checkpoint policy"):
+        _fresh().checkpoint_now()
+
+
 def test_request_stop_ends_the_loop_after_that_step_with_the_reason(tmp_path):
     policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt")
     trainer = _loop(tmp_path, policy, epochs=3, stop_at=5)

@@ -13,10 +13,9 @@ from typing import NoReturn
 
 import attrs
 
-from devplug import ConfigError, DataError
+from devplug import CheckpointError, ConfigError, DataError
 
 from .cache import default_cache_dir
-from .checkpoints import checkpoints_newest_first, resolve_checkpoint
 from .models import PRESETS, ModelSpec
 
 #: ``--data`` values that are not folders.
@@ -221,9 +220,9 @@ class Settings:
     epochs: int | None
     steps: int | None
     out: Path
-    resume: Path | None
+    resume: Path | None  # --resume: a checkpoint file, or a folder of them (a run folder's checkpoints/)
     cache_dir: Path
-    resume_candidates: tuple[Path, ...] = ()  # --auto-resume: every checkpoint of the run, newest first
+    auto_resume: bool = False  # --auto-resume: the newest intact checkpoint of --out, if any
 
     @property
     def data_is_folder(self) -> bool:
@@ -263,26 +262,33 @@ def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -
     epochs = args.epochs
     if epochs is None and args.steps is None:
         epochs = DEFAULT_EPOCHS
-    resume = resolve_checkpoint(args.resume.expanduser()) if args.resume is not None else None
-    candidates: tuple[Path, ...] = ()
+    resume = resume_source(args.resume.expanduser()) if args.resume is not None else None
     if args.auto_resume:
         if args.resume is not None:
             raise ConfigError("--auto-resume and --resume contradict each other; give one")
         if args.out is None:
             raise ConfigError("--auto-resume needs --out, the run folder to look for checkpoints in")
-        candidates = tuple(checkpoints_newest_first(args.out.expanduser() / "checkpoints"))
-        resume = candidates[0] if candidates else None
     out = args.out
     if out is None:
         if resume is not None:
-            out = resume.parent.parent if resume.parent.name == "checkpoints" else resume.parent
+            folder = resume if resume.is_dir() else resume.parent
+            out = folder.parent if folder.name == "checkpoints" else folder
         else:
             stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
             out = Path("runs") / "dcgan" / stamp
     cache_dir = args.cache_dir.expanduser() if args.cache_dir is not None else default_cache_dir()
     return Settings(args=args, model=model, spec=spec, data=data, epochs=epochs, steps=args.steps, out=out,
-                    resume=resume, cache_dir=cache_dir,
-                    resume_candidates=candidates if args.auto_resume else (() if resume is None else (resume,)))
+                    resume=resume, cache_dir=cache_dir, auto_resume=args.auto_resume)
+
+
+def resume_source(path: Path) -> Path:
+    """What ``--resume PATH`` resumes from: a checkpoint file, or a folder of them (a run folder's
+    ``checkpoints/``), whose newest intact one the Trainer loads. A missing path fails now, before any work."""
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    if path.is_dir() and (path / "checkpoints").is_dir():
+        return path / "checkpoints"
+    return path
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:

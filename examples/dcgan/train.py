@@ -34,8 +34,8 @@ import devplug
 from devplug.toolkit import display_path, remove_stale_temp_files
 
 from dcgan import checks, cli, resume
-from dcgan.checkpoints import save_checkpoint
 from dcgan.data import TrainingData, load_training_data
+from dcgan.notices import library_warnings_printed
 from dcgan.step import DCGANStep, to_unit_range
 from dcgan.summary import Stopwatch, build_summary, format_summary, write_summary
 from dcgan.text import one_line
@@ -59,7 +59,7 @@ class Run:
     data: TrainingData
     loader: Any
     fixed_noise: torch.Tensor  # the sample grid's noise: on the CPU until the run starts, then on the device
-    checkpoint_extra: dict[str, Any]  # saved in every checkpoint: model name, sizes, fixed noise (on the CPU)
+    resumed: devplug.Resumed | None = None  # what resume_if_asked resumed from (None: a new run)
 
     @property
     def say(self) -> Say:
@@ -74,25 +74,49 @@ class Progress:
     stopwatch: Stopwatch
     completed: int  # the last step whose updates all finished: a safe point to checkpoint
     last_sample: str | None = None
-    last_checkpoint: str | None = None
     interrupted: bool = False
+
+
+@attrs.frozen
+class Saved:
+    """A value kept in every checkpoint's ``extra`` for whoever inspects it (the model preset, its sizes).
+
+    Nothing is restored from it: the model flags given again must match the checkpoint's shapes.
+    """
+
+    value: Any
+
+    def state_dict(self) -> Any:
+        """The value, as the checkpoint keeps it."""
+        return self.value
+
+    def load_state_dict(self, _state: Any) -> None:
+        """Nothing to restore."""
 
 
 def train(settings: cli.Settings) -> int:
     """Train as ``settings`` say; print the summary at the end or on Ctrl-C. Returns the exit status."""
     trainer = build_trainer(settings)
-    run = build_run(trainer, settings)
-    resume_if_asked(run)
-    run.fixed_noise = trainer.to_device(run.fixed_noise)  # after the resume, which may bring the noise back
-    announce(run)
-    progress = train_loop(run)
-    save_last_outputs(run, progress)
-    return finish(run, progress)
+    with library_warnings_printed(trainer.is_main_process):  # e.g. a checkpoint not saved: non-finite weights
+        run = build_run(trainer, settings)
+        resume_if_asked(run)
+        run.fixed_noise = trainer.to_device(run.fixed_noise)  # after the resume, which may bring the noise back
+        announce(run)
+        progress = train_loop(run)
+        save_last_outputs(run, progress)
+        return finish(run, progress)
 
 
 def build_trainer(settings: cli.Settings) -> devplug.Trainer:
-    """The devplug Trainer for the flags; the main process also tidies the temporary files of killed saves."""
+    """The devplug Trainer for the flags; the main process also tidies the temporary files of killed saves.
+
+    Its checkpoint policy writes ``--out``/checkpoints/step_NNNNNNN.pt every ``--save-every`` steps (between
+    steps, after the step's sample grid: the saved generator is the one the next step starts from) and when
+    the loop ends, and keeps the newest ``--keep-checkpoints``.
+    """
     args = settings.args
+    policy = devplug.CheckpointPolicy(directory=settings.out / "checkpoints", every_n_steps=args.save_every,
+                                      at_end=True, keep_last=args.keep_checkpoints or None)
     trainer = devplug.Trainer(
         device=args.device,
         precision=args.precision,
@@ -105,6 +129,7 @@ def build_trainer(settings: cli.Settings) -> devplug.Trainer:
         nonfinite=args.nonfinite,
         profile=args.profile,
         price_per_hour=args.price_per_hour,
+        checkpoints=policy,
     )
     if trainer.is_main_process:  # temp files of saves a killed run left behind (never a live writer's)
         remove_stale_temp_files(settings.out / "checkpoints")
@@ -142,33 +167,24 @@ def build_run(trainer: devplug.Trainer, settings: cli.Settings) -> Run:
 
     # Fixed noise for the sample grid: a private generator, so it never disturbs the training RNG.
     fixed_noise = torch.randn(SAMPLE_COUNT, spec.nz, 1, 1, generator=torch.Generator().manual_seed(args.seed))
-    extra: dict[str, Any] = {"model": settings.model, "spec": spec.as_dict(), "fixed_noise": fixed_noise}
-    return Run(settings, trainer, train_step, data, loader, fixed_noise, extra)
+    # Saved in every checkpoint; a resume restores the noise in place (on the CPU, before it moves).
+    trainer.register_for_checkpointing(model=Saved(settings.model), spec=Saved(spec.as_dict()),
+                                       fixed_noise=fixed_noise)
+    return Run(settings, trainer, train_step, data, loader, fixed_noise)
 
 
 def resume_if_asked(run: Run) -> None:
-    """With ``--resume``/``--auto-resume``: load the checkpoint, apply ``--lr``/``--beta1``, set newer ones aside."""
+    """With ``--resume``/``--auto-resume``: resume through the Trainer, apply ``--lr``/``--beta1``, say what moved."""
     settings, trainer, say = run.settings, run.trainer, run.say
-    if not settings.resume_candidates:
+    if settings.resume is None and not settings.auto_resume:
         return
     warn = (lambda text: print(text, file=sys.stderr)) if trainer.is_main_process else _silent
-    try:
-        resumed, saved = resume.load_first_good(trainer, settings.resume_candidates,
-                                                fall_back=settings.args.auto_resume, warn=warn)
-    except devplug.CheckpointError as exc:
-        if resume.damaged(exc):
-            raise
-        raise devplug.CheckpointError(
-            f"{exc} (resume with the same --model/--nz/--ngf/--ndf/--image-size as the run that wrote it)"
-        ) from exc
-    if isinstance(saved.get("fixed_noise"), torch.Tensor):
-        run.fixed_noise = saved["fixed_noise"]
-        run.checkpoint_extra["fixed_noise"] = run.fixed_noise
-    say(f"resumed from {resumed} at step {trainer.global_step} (epoch {trainer.epoch})")
+    run.resumed = resume.resume(trainer, settings.resume, say=say, warn=warn)  # None: --auto-resume, a new run
+    if run.resumed is None:
+        return
     resume.apply_overrides([run.train_step.opt_g, run.train_step.opt_d], settings.args.explicit,
                            {"lr": settings.args.lr, "beta1": settings.args.beta1}, say)
-    if trainer.is_main_process:
-        resume.set_aside_newer(resumed, say)
+    resume.report_set_aside(run.resumed, say)
 
 
 def announce(run: Run) -> None:
@@ -203,8 +219,7 @@ def train_loop(run: Run) -> Progress:
                     report_log_point(trainer, values, settings, step)
                 if step % args.sample_every == 0:
                     progress.last_sample = save_samples(run)
-                if step % args.save_every == 0:
-                    progress.last_checkpoint = save(run) or progress.last_checkpoint
+                # --save-every: the Trainer's checkpoint policy saves when the loader is asked for the next batch
                 stopwatch.add(real.shape[0] * trainer.world_size)
                 if stopwatch.steady_start is None:  # once: time the steady state after warm-up
                     trainer.synchronize()
@@ -242,13 +257,6 @@ def save_samples(run: Run) -> str:
     return path
 
 
-def save(run: Run) -> str | None:
-    """A checkpoint of this step in ``--out``/checkpoints (pruned to ``--keep-checkpoints``); its path, if written."""
-    args = run.settings.args
-    return save_checkpoint(run.trainer, run.settings.out / "checkpoints", run.checkpoint_extra,
-                           keep=args.keep_checkpoints, nonfinite=args.nonfinite)
-
-
 def save_last_outputs(run: Run, progress: Progress) -> None:
     """At a step boundary, the checkpoint and sample grid of the last step, unless the schedule just wrote them."""
     trainer, args = run.trainer, run.settings.args
@@ -256,8 +264,9 @@ def save_last_outputs(run: Run, progress: Progress) -> None:
     if at_safe_point and progress.stopwatch.images_total:
         # Save before sampling: G samples in train mode, which moves its batch-norm running statistics,
         # and a checkpoint taken after that would resume to other weights than an uninterrupted run.
-        if trainer.global_step % args.save_every != 0:
-            progress.last_checkpoint = save(run) or progress.last_checkpoint
+        # The policy saved when epochs() ended; after a second Ctrl-C (or a loader stopped by the same
+        # signal) it did not, and this saves the step now (nothing when it is already saved).
+        trainer.checkpoint_now()
         if trainer.global_step % args.sample_every != 0:
             progress.last_sample = save_samples(run)
 
@@ -265,8 +274,12 @@ def save_last_outputs(run: Run, progress: Progress) -> None:
 def summarize(run: Run, progress: Progress) -> dict[str, Any]:
     """The run summary's values (see `dcgan.summary.build_summary`)."""
     settings, trainer, train_step = run.settings, run.trainer, run.train_step
+    values = trainer.summary()
+    last_checkpoint = values["last_checkpoint"]
+    if run.resumed is not None and last_checkpoint == str(run.resumed.path):
+        last_checkpoint = None  # this run wrote none
     return build_summary(
-        trainer.summary(),
+        values,
         model=settings.model,
         spec=settings.spec.as_dict(),
         params_g=train_step.params_g,
@@ -281,7 +294,7 @@ def summarize(run: Run, progress: Progress) -> dict[str, Any]:
         interrupted=progress.interrupted,
         out_dir=str(settings.out),
         last_sample=progress.last_sample,
-        last_checkpoint=progress.last_checkpoint,
+        last_checkpoint=last_checkpoint,
     )
 
 

@@ -8,14 +8,14 @@ run continues from the newest checkpoint that loads: damaged or non-finite files
 warning and the one before is tried; resuming from an older one moves the newer ones aside into
 ``abandoned-<time>/`` (never deleted), so they are neither pruned nor resumed by mistake later.
 
-`RunCheckpoints` does the file work for one policy; the Trainer decides when.
+`RunCheckpoints` does the file work for one policy (saving, pruning); `devplug.core.checkpoint.resume` chooses
+the file to resume from; the Trainer decides when.
 """
 
 from __future__ import annotations
 
-import datetime
+import errno
 import json
-import logging
 import math
 import os
 import re
@@ -28,8 +28,6 @@ import attrs
 
 from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.errors import CheckpointError, CheckpointMismatchError, NonFiniteLossError
-
-log = logging.getLogger("devplug")
 
 #: The checkpoint files a policy writes and recognises.
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
@@ -129,16 +127,28 @@ class RunCheckpoints:
             if isinstance(scores, dict) else {}
 
     def _write_index(self, scores: dict[str, float]) -> None:
+        if not scores:  # nothing scored (no monitor): no index file beside the checkpoints
+            (self.folder / INDEX_NAME).unlink(missing_ok=True)
+            return
         temp = self.folder / f".{INDEX_NAME}.{os.getpid()}.tmp"
         temp.write_text(json.dumps(scores, indent=1, sort_keys=True))
         os.replace(temp, self.folder / INDEX_NAME)
 
     # ---- saving ----------------------------------------------------------------------------------------------
     def save(self, step: int, write: Callable[[Path], Any], score: float | None) -> Path:
-        """Write the checkpoint of ``step`` through ``write`` (atomic), record its score, then prune."""
+        """Write the checkpoint of ``step`` through ``write`` (atomic), record its score, then prune.
+
+        A full disk (or quota) raises one `CheckpointError` line naming the file and the previous
+        checkpoint, which the atomic write left intact.
+        """
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / checkpoint_name(step)
-        write(path)
+        try:
+            write(path)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise CheckpointError(self._disk_full(path, exc)) from exc
         self.last_saved_step, self.last_saved_time, self.last_path = step, time.monotonic(), path
         scores = self._read_index()
         scores.pop(path.name, None)
@@ -146,6 +156,12 @@ class RunCheckpoints:
             scores[path.name] = score
         self.prune(scores)
         return path
+
+    def _disk_full(self, path: Path, exc: OSError) -> str:
+        previous = next((found for _step, found in steps_newest_first(self.folder) if found != path), None)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint was touched"
+        return (f"the disk is full: could not write {path} ({exc.strerror or exc}); {kept}; free some space or "
+                "save the checkpoints on another disk")
 
     def keep(self, scores: dict[str, float]) -> set[Path]:
         """The files the policy keeps: the newest (always), the last ``keep_last``, the best ``keep_best``."""
@@ -173,46 +189,8 @@ class RunCheckpoints:
         return removed
 
     # ---- resuming --------------------------------------------------------------------------------------------
-    def newest_loadable(self, load: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict[str, Any]] | None:
-        """Load the newest checkpoint that loads; damaged ones are skipped with a warning. None if there are none.
-
-        A checkpoint that belongs to another setup (other modules or shapes) is an error, not a reason to go
-        back further: an older one would not fit either.
-        """
-        found = steps_newest_first(self.folder)
-        skipped = []
-        for _step, path in found:
-            try:
-                return path, load(path)
-            except (CheckpointError, NonFiniteLossError) as exc:
-                if not damaged(exc):
-                    raise
-                log.warning("skipping damaged checkpoint %s: %s; trying the one before it", path, exc)
-                skipped.append(path.name)
-        if skipped:
-            raise CheckpointError(f"no usable checkpoint to resume from in {self.folder}: {', '.join(skipped)} "
-                                  "are damaged; move them away to start afresh, or restore one from a backup")
-        return None
-
-    def set_aside_newer(self, resumed: Path, *, now: datetime.datetime | None = None) -> Path | None:
-        """Move checkpoints newer than ``resumed`` into ``abandoned-<time>/`` beside them; that folder, if any."""
-        match = CHECKPOINT_NAME.match(resumed.name)
-        if match is None:
-            return None
-        newer = [path for step, path in steps_newest_first(resumed.parent) if step > int(match[1])]
-        if not newer:
-            return None
-        aside = resumed.parent / f"abandoned-{(now or datetime.datetime.now()).strftime('%Y%m%d-%H%M%S')}"
-        aside.mkdir(exist_ok=True)
-        for path in newer:
-            path.rename(aside / path.name)
-        log.warning("resumed from an older checkpoint (%s): moved %d newer one(s) to %s", resumed.name,
-                    len(newer), aside)
-        return aside
-
-    def resumed_from(self, path: Path) -> None:
-        """Count ``path`` as the last save: the next one is due from its step and time on."""
-        match = CHECKPOINT_NAME.match(path.name)
-        self.last_saved_step = int(match[1]) if match else 0
+    def resumed_from(self, path: Path, step: int) -> None:
+        """Count ``path``, the checkpoint of ``step``, as the last save: the next one is due from there on."""
+        self.last_saved_step = step
         self.last_saved_time = time.monotonic()
         self.last_path = path

@@ -23,16 +23,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from devplug.core.checkpoint import resume as resume_files
 from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.compiled import plain_module
 from devplug.core.checkpoint.policy import RunCheckpoints
+from devplug.core.checkpoint.resume import Resumed
 from devplug.core.contract import hookspecs as spec
 from devplug.core.contract.records import LaunchInfo, MemoryStats, OptimizerChoice, Phase, PrecisionPlan
 from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed.launch import detect_launch
 from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
-from devplug.core.errors import ConfigError
+from devplug.core.errors import ConfigError, NonFiniteLossError
 from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.loop.config import TrainerConfig
 from devplug.core.loop.signals import StopRequest
@@ -585,7 +587,7 @@ class Trainer:
 
         Returns the path written, or ``None`` on other ranks. Raises ``devplug.NonFiniteLossError`` and
         writes nothing when a weight or optimizer state holds NaN or infinity (docs/trainer.md, Checkpoints).
-        Warns, naming it, about an optimizer given to :meth:`step` whose state the checkpoint does not hold.
+        Warns, naming it, about an optimizer given to `step` whose state the checkpoint does not hold.
         """
         for described in optimizers_not_saved(self._stepped, self._optimizers, self._registered.values(),
                                               self._modules):
@@ -635,55 +637,90 @@ class Trainer:
             else:
                 obj.load_state_dict(extra[name])
 
-    def resume(self) -> dict[str, Any] | None:
-        """Continue from the newest intact checkpoint of the checkpoint policy's directory; its ``extra``.
+    def resume(self, path: str | os.PathLike[str] | None = None) -> Resumed | None:
+        """Continue from a checkpoint; a `Resumed` record of what happened, ``None`` for a new run.
 
-        Damaged or non-finite checkpoints are skipped with a warning (the one before is tried); resuming from
-        an older one moves the newer ones aside into ``abandoned-<time>/``. Returns ``None`` when the folder
-        holds no checkpoint (a new run). ``epochs()`` calls it itself with ``auto_resume=True``. Every rank
-        resumes from the checkpoint rank 0 chose (a collective under several processes).
+        Without ``path``: the newest intact checkpoint of the checkpoint policy's directory (``None`` when it
+        holds none). With ``path``: that checkpoint file (a damaged one is an error), or the newest intact one
+        of that folder. Damaged or non-finite checkpoints of a folder are skipped with a warning (the one
+        before is tried); resuming from an older one moves the newer ones of its folder aside into
+        ``abandoned-<time>/``. Call it after ``setup`` and ``optimizer``; ``epochs()`` calls it itself with
+        ``auto_resume=True``. Every rank resumes from the checkpoint rank 0 chose (a collective under
+        several processes).
         """
         runs = self._checkpoints
-        if runs is None:
-            raise ConfigError("resume() needs a checkpoint policy: Trainer(checkpoints=devplug.CheckpointPolicy("
-                              "directory=...))")
+        if path is None and runs is None:
+            raise ConfigError("resume() needs a checkpoint policy (Trainer(checkpoints=devplug.CheckpointPolicy("
+                              "directory=...))) or the checkpoint to resume from: resume(path)")
         self._resumed = True
-        chosen: Path | None = None
-        found = None
+        if path is not None:
+            source = Path(path)
+        else:
+            assert runs is not None
+            source = runs.folder
+        report: dict[str, Any] | None = None
+        extra: dict[str, Any] = {}
         if self.is_main_process:
-            found = runs.newest_loadable(self.load)
-            chosen = found[0] if found is not None else None
+            choice = resume_files.choose(source, self.load, explicit=path is not None)
+            if choice is not None:
+                aside, moved = resume_files.set_aside_newer(choice.path)
+                extra = choice.extra
+                report = {"path": str(choice.path), "skipped": [(str(p), why) for p, why in choice.skipped],
+                          "set_aside": str(aside) if aside is not None else None, "set_aside_count": moved}
         if self._combiner is not None:  # the other ranks load what rank 0 chose
-            chosen = self._stop_combiner_broadcast(str(chosen) if chosen else None)
-            chosen = Path(chosen) if chosen else None
-            if not self.is_main_process and chosen is not None:
-                found = (chosen, self.load(chosen))
-        if found is None or chosen is None:
+            report = self._stop_combiner_broadcast(report)
+            if not self.is_main_process and report is not None:
+                extra = self.load(report["path"])
+        if report is None:
             return None
-        if self.is_main_process:
-            runs.set_aside_newer(chosen)
-        runs.resumed_from(chosen)
+        chosen = Path(report["path"])
+        if runs is not None:
+            runs.resumed_from(chosen, self.global_step)
         log.info("resumed from %s (step %d)", chosen, self.global_step)
-        return found[1]
+        return Resumed(path=chosen, step=self.global_step, epoch=self.epoch, extra=extra,
+                       skipped=tuple((Path(p), why) for p, why in report["skipped"]),
+                       set_aside=Path(report["set_aside"]) if report["set_aside"] else None,
+                       set_aside_count=report["set_aside_count"])
 
     def _stop_combiner_broadcast(self, value: Any) -> Any:
         return self._combiner.broadcast(value, source=0) if self._combiner is not None else value
 
-    def _save_by_policy(self) -> None:
+    def checkpoint_now(self) -> str | None:
+        """Save this step's checkpoint by the checkpoint policy now (named, pruned and checked as its own saves).
+
+        For a point of your choosing the policy would not save at, e.g. after an interrupted loop, at a step
+        boundary. Nothing is written when this step is already saved, at step 0, on ranks other than 0, or
+        when the weights are non-finite and ``nonfinite`` is not ``"raise"`` (a warning says so). Returns
+        the path written, else ``None``.
+        """
+        if self._checkpoints is None:
+            raise ConfigError("checkpoint_now() needs a checkpoint policy: Trainer(checkpoints="
+                              "devplug.CheckpointPolicy(directory=...))")
+        return self._save_by_policy()
+
+    def _save_by_policy(self) -> str | None:
         runs = self._checkpoints
         assert runs is not None
         step = self.global_step
         if step <= runs.last_saved_step or step == 0:
-            return
+            return None
         if not self.is_main_process:
             runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
-            return
+            return None
         monitor = runs.policy.monitor
         score = None
         if monitor is not None:
             score = self._reporter.metrics.latest(monitor)
             score = score if score is not None else self._reporter.last_metrics.get(monitor)
-        runs.save(step, lambda path: self.save(path), score)
+        try:
+            return str(runs.save(step, lambda path: self.save(path), score))
+        except NonFiniteLossError as exc:
+            if self._config.nonfinite == "raise":
+                raise
+            # counted as done for the clocks: a diverged run is not re-checked at every step boundary
+            runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
+            log.warning("%s (training goes on: nonfinite=%r)", exc, self._config.nonfinite)
+            return None
 
     def request_stop(self, reason: str) -> None:
         """Stop every rank after the same step, from any rank (e.g. early stopping seen on rank 0).
