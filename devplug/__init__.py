@@ -22,6 +22,7 @@ from devplug.core.contract.records import (
     LogPoint,
     MemoryStats,
     OptimizerChoice,
+    PeakFlops,
     Phase,
     PrecisionPlan,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "NonFiniteLossError",
     "OptimizerChoice",
     "OptimizerError",
+    "PeakFlops",
     "Phase",
     "PluginError",
     "PrecisionError",

@@ -20,7 +20,14 @@ import torch
 
 from devplug.core.checkpoint import rng
 from devplug.core.contract import hookspecs as spec
-from devplug.core.contract.records import LaunchInfo, MemoryStats, OptimizerChoice, Phase, PrecisionPlan
+from devplug.core.contract.records import (
+    LaunchInfo,
+    MemoryStats,
+    OptimizerChoice,
+    PeakFlops,
+    Phase,
+    PrecisionPlan,
+)
 from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed.launch import detect_launch
@@ -31,6 +38,7 @@ from devplug.core.loop.step import NO_REGION, Regioned, StepRoute, parameters_wi
 from devplug.core.loop.trainer_state import TrainerState
 from devplug.core.observe.flops import FlopMeter
 from devplug.core.observe.loggers import build_loggers
+from devplug.core.observe.peaks import checked_peak
 from devplug.core.observe.profiling import StepProfiler
 from devplug.core.observe.reporter import Reporter
 from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
@@ -89,12 +97,19 @@ class Trainer:
         self.throughput = self._reporter.throughput
         self._flops = self._reporter.flops = FlopMeter(
             steps_done=lambda: self._position.global_step, samples_done=lambda: self.throughput.samples_total,
-            peak=lambda: self._hooks(spec.devplug_peak_flops, precision=self.precision.name),
+            peak=self._peak,
             exclude=self.throughput.exclude, price_per_hour=self._config.price_per_hour,
             enabled=self._config.count_flops)
         self.profiler = StepProfiler(self._config.profile, self._config.log_dir, lambda: self._hooks(
             spec.devplug_profiler_activities), lambda: self._position.global_step, rank=self.rank)
         self._route = StepRoute(self._hooks, self.profiler, FALLBACK_NAME)
+
+    def _peak(self) -> PeakFlops | None:
+        # the author's figure, else the device plugin's (checked: an unusable figure never reaches MFU)
+        if self._config.peak_flops is not None:
+            return PeakFlops(float(self._config.peak_flops), "author")
+        answer, plugin = self._hooks.first_answer(spec.devplug_peak_flops, precision=self.precision.name)
+        return checked_peak(answer, plugin or "unknown")
 
     # ---- where am I -------------------------------------------------------------------------------
     @property
@@ -456,7 +471,8 @@ class Trainer:
         """Device, precision, optimizers, loaders, steps, throughput, efficiency and memory of this run.
 
         Throughput and efficiency come from the reporter: ``samples_per_sec``, ``samples_per_hour``,
-        ``data_wait``, ``input_bound``, and where known ``flops_per_sample``, ``mfu`` and ``samples_per_dollar``.
+        ``data_wait``, ``input_bound``, and where known ``flops_per_sample``, ``peak_flops`` and ``peak_source``
+        (the peak MFU is computed against and where it comes from), ``mfu`` and ``samples_per_dollar``.
         """
         return {
             "device": str(self.device),

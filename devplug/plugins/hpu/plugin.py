@@ -16,6 +16,7 @@ from devplug import (
     LoaderOptions,
     MemoryStats,
     OptimizerChoice,
+    PeakFlops,
     Phase,
     PrecisionPlan,
     hookimpl,
@@ -23,7 +24,7 @@ from devplug import (
 from devplug.plugins.hpu import clipping, data, distributed, doctor, mode, optimizers, peaks, probe, stats
 from devplug.plugins.hpu import precision as precision_plans
 
-DEVPLUG_CONTRACT = "1.3"
+DEVPLUG_CONTRACT = "1.4"
 
 
 @hookimpl
@@ -108,7 +109,9 @@ def devplug_doctor() -> DoctorReport:
 
 
 @hookimpl
-def devplug_peak_flops(device: Device, precision: str) -> float | None:
+def devplug_peak_flops(device: Device, precision: str) -> PeakFlops | None:
     """Intel's published peak BF16 figure for Gaudi 1, 2 and 3 (:mod:`.peaks`); None for FP32 or another model."""
     name = getattr(probe.hpu_module(), "get_device_name", None)
-    return peaks.peak_flops(str(name()) if callable(name) else "", precision)
+    model = str(name()) if callable(name) else ""
+    value = peaks.peak_flops(model, precision)
+    return None if value is None else PeakFlops(value, "datasheet", f"{model}, {precision}")
