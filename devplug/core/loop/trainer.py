@@ -95,6 +95,7 @@ class Trainer:
                                  world_size=self.world_size, reduce=reduce, loggers=loggers,
                                  publish=lambda point: self._hooks(spec.devplug_log, point=point))
         self.throughput = self._reporter.throughput
+        self._log_values, self._log_every = self._reporter.metrics.add_all, self._config.log_every  # log()'s path
         self._flops = self._reporter.flops = FlopMeter(
             steps_done=lambda: self._position.global_step, samples_done=lambda: self.throughput.samples_total,
             peak=self._peak,
@@ -441,10 +442,11 @@ class Trainer:
         A log point averages the values since the previous one, reduces them across ranks, checks for
         NaN/inf and writes them (rank 0): the only place values are read from the device. Returns them.
         """
-        for name, value in scalars.items():
-            self._reporter.metrics.add(name, value)
+        if scalars:
+            self._log_values(scalars)
         position = self._position
-        if position.global_step and position.global_step % self._config.log_every == 0 and position.sync_now:
+        step = position.global_step
+        if step and not step % self._log_every and position.sync_now:
             return self.flush_logs()
         return None
 
