@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 from devplug._version import __version__
 from devplug.core.contract.records import CONTRACT_VERSION
 
@@ -26,6 +23,9 @@ def contract_problem(declared: Any, speaks: str = CONTRACT_VERSION) -> str | Non
     """Why a plugin declaring ``declared`` cannot be loaded by a devplug speaking ``speaks`` (``None``: it can)."""
     if declared is None:
         return None
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet  # only for plugins that declare a contract
+    from packaging.version import InvalidVersion, Version
+
     text = str(declared).strip()
     current = Version(speaks)
     upgrade = (f"it needs hook contract {text!r} but devplug {__version__} speaks {speaks}: upgrade devplug "

@@ -4,7 +4,8 @@ A save refuses non-finite weights or optimizer state (:class:`NonFiniteLossError
 stores each optimizer's state in the canonical form (:mod:`.optstate`). A load checks everything before
 anything is restored (:mod:`.ckptcheck`): a checkpoint that does not fit the set-up modules and built
 optimizers raises one :class:`CheckpointError` listing every difference, and the restore itself is all
-or nothing.
+or nothing. The checkpoint machinery (files, digests, validation, optimizer-state conversion) is imported
+on the first save or load, not with the Trainer.
 """
 
 from __future__ import annotations
@@ -17,15 +18,11 @@ from typing import Any
 import attrs
 import torch
 
-from devplug.core.checkpoint import file as ckpt
 from devplug.core.checkpoint import rng
-from devplug.core.checkpoint.finite import nonfinite
-from devplug.core.checkpoint.validate import check_matches
 from devplug.core.contract.records import Device, OptimizerChoice, PrecisionPlan
 from devplug.core.data.position import LoopPosition, ResumePoint
 from devplug.core.errors import CheckpointError, NonFiniteLossError
 from devplug.core.optim.build import parameters_outside
-from devplug.core.optim.canonical import export_state, import_state
 
 
 class TrainerState:
@@ -55,6 +52,9 @@ class TrainerState:
         Saved inside an unfinished accumulation window, the position is that of the window's start: the
         partial gradients are not saved, so a resume recomputes the whole step.
         """
+        from devplug.core.checkpoint import file as ckpt
+        from devplug.core.optim.canonical import export_state
+
         position, scaler = self.position, self.scaler
         open_window = 0 if position.window_closed() else position.in_window
         points = [(loader.seed, loader.resume_point(self.world_size)) for loader in self.training_loaders()]
@@ -80,6 +80,8 @@ class TrainerState:
         not set up: their weights are not in the checkpoint. Raises :class:`NonFiniteLossError`, writing
         nothing, when a weight or an optimizer state tensor holds NaN or infinity.
         """
+        from devplug.core.checkpoint import file as ckpt
+
         for key, count in parameters_outside(self.optimizers, self.modules).items():
             warnings.warn(f"optimizer {key!r} holds {count} parameter(s) of a module that was not passed to "
                           "trainer.setup(); the checkpoint has that optimizer's state but not those weights. "
@@ -102,6 +104,8 @@ class TrainerState:
 
     def refuse_nonfinite(self, path: Any) -> None:
         """Raise :class:`NonFiniteLossError` naming the weights and optimizer state holding NaN or infinity."""
+        from devplug.core.checkpoint.finite import nonfinite
+
         bad = nonfinite(self.named_tensors())
         if bad:
             shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
@@ -111,6 +115,10 @@ class TrainerState:
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Check a checkpoint against the setup, then restore it (all or nothing); the author's ``extra`` state."""
+        from devplug.core.checkpoint import file as ckpt
+        from devplug.core.checkpoint.validate import check_matches
+        from devplug.core.optim.canonical import import_state
+
         state = ckpt.read_checkpoint(path)
         check_matches(state, self.modules, self.optimizers, path)
         natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in self.optimizers.items()}
