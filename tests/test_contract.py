@@ -341,3 +341,18 @@ def test_a_plugin_that_calls_sys_exit_on_import_is_reported_and_skipped(tmp_path
     assert (failure.name, failure.distribution) == ("exiter", "exits-on-import 0.3.1")
     assert failure.error == "it called sys.exit(3) while loading"
     assert trainer(pm, "auto").device.name == "cpu"
+
+
+@pytest.mark.parametrize("declared", ["1", "1.0", "1.2", "1.4", "1.4.0", "1.10", "0.9", "2", "2.0", "1.99"])
+@pytest.mark.parametrize("speaks", ["1.4", "1.10", "2.0"])
+def test_a_plain_contract_version_is_judged_as_packaging_would(declared, speaks):
+    from packaging.version import Version
+
+    from devplug.core.contract.versions import contract_problem
+
+    wanted, current = Version(declared), Version(speaks)
+    problem = contract_problem(declared, speaks)
+    if wanted.major == current.major and wanted <= current:
+        assert problem is None
+    else:
+        assert problem is not None and ("upgrade devplug" in problem) == (wanted > current)
