@@ -24,6 +24,7 @@ from devplug.core.contract.records import (
     LogPoint,
     MemoryStats,
     OptimizerChoice,
+    PeakFlops,
     Phase,
     PrecisionPlan,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "NonFiniteLossError",
     "OptimizerChoice",
     "OptimizerError",
+    "PeakFlops",
     "Phase",
     "PluginError",
     "PrecisionError",

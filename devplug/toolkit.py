@@ -21,6 +21,8 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   UTF-8 included);
 - `process_memory_stats` — the host process's memory figure;
 - `measured_matmul_flops` — a device's measured matmul FLOP/s, a peak for MFU where none is published;
+  `cached_matmul_flops` — the same, measured once per machine and cached (never on every run's
+  critical path); `cache_dir` — devplug's cache folder (``$DEVPLUG_CACHE_DIR`` relocates it);
 - PyTorch's device-generic API, as the core fallback uses it for any device type:
   `device_module`, `current_accelerator_type`, `device_available`, `device_count`,
   `select_device`, `synchronize`, `memory_stats`, `collective_backend`,
@@ -74,7 +76,8 @@ from devplug.core.fallback.accelerator import (
 )
 from devplug.core.fallback.precision import autocast_plan, torch_precision_plan
 from devplug.core.log_once import forget_logged, log_once
-from devplug.core.observe.flops import measured_matmul_flops
+from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops
+from devplug.core.observe.peak_cache import cache_dir
 from devplug.core.optim.conversion import (
     bias_corrected_to_canonical,
     momentum_from_canonical,
@@ -116,6 +119,8 @@ __all__ = [
     "available_cpus",
     "bias_corrected_to_canonical",
     "builtin_plugin",
+    "cache_dir",
+    "cached_matmul_flops",
     "collective_backend",
     "current_accelerator_type",
     "device_available",

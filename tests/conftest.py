@@ -1,4 +1,4 @@
-"""Shared fixtures: every test starts with a fresh plugin manager and no DEVPLUG_* environment."""
+"""Shared fixtures: every test starts with a fresh plugin manager, no DEVPLUG_* environment, its own cache dir."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
-def _clean_devplug_state(monkeypatch: pytest.MonkeyPatch):
+def _clean_devplug_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     for name in list(os.environ):
         if name.startswith("DEVPLUG_"):
             monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DEVPLUG_CACHE_DIR", str(tmp_path / "devplug-cache"))  # a measured peak is cached here
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
                  "OMPI_COMM_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

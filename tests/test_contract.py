@@ -235,7 +235,7 @@ def test_precedence_is_the_same_whatever_the_sys_path_order(tmp_path, monkeypatc
 # ---- contract versions ---------------------------------------------------------------------------------------
 def test_a_plugin_needing_a_newer_contract_says_upgrade_devplug():
     class Newer:
-        DEVPLUG_CONTRACT = "1.5"
+        DEVPLUG_CONTRACT = "1.99"
 
         @devplug.hookimpl
         def devplug_hook_of_the_future(self, device):
@@ -243,7 +243,7 @@ def test_a_plugin_needing_a_newer_contract_says_upgrade_devplug():
 
     pm = create_plugin_manager(autoload=False, extra_plugins=[("newer", Newer())])
     error = pm.failures[0].error
-    assert error == (f"it needs hook contract '1.5' but devplug {devplug.__version__} speaks "
+    assert error == (f"it needs hook contract '1.99' but devplug {devplug.__version__} speaks "
                      f"{devplug.CONTRACT_VERSION}: upgrade devplug (pip install -U devplug)")
 
 
@@ -341,3 +341,18 @@ def test_a_plugin_that_calls_sys_exit_on_import_is_reported_and_skipped(tmp_path
     assert (failure.name, failure.distribution) == ("exiter", "exits-on-import 0.3.1")
     assert failure.error == "it called sys.exit(3) while loading"
     assert trainer(pm, "auto").device.name == "cpu"
+
+
+@pytest.mark.parametrize("declared", ["1", "1.0", "1.2", "1.4", "1.4.0", "1.10", "0.9", "2", "2.0", "1.99"])
+@pytest.mark.parametrize("speaks", ["1.4", "1.10", "2.0"])
+def test_a_plain_contract_version_is_judged_as_packaging_would(declared, speaks):
+    from packaging.version import Version
+
+    from devplug.core.contract.versions import contract_problem
+
+    wanted, current = Version(declared), Version(speaks)
+    problem = contract_problem(declared, speaks)
+    if wanted.major == current.major and wanted <= current:
+        assert problem is None
+    else:
+        assert problem is not None and ("upgrade devplug" in problem) == (wanted > current)

@@ -24,3 +24,18 @@ def test_resolving_cpu_loads_no_vendor_stack():
                             "DeviceRegistry().resolve('auto')")
     assert not [m for m in loaded if m.startswith(("habana_frameworks", "apex", "nvidia.dali", "tensorboard"))]
 
+
+
+NEVER_AT_IMPORT = ("tensorboard", "mlflow", "PIL", "torchvision", "habana_frameworks", "apex", "nvidia.dali")
+
+
+def test_import_devplug_imports_no_logger_image_or_vendor_stack_at_all():
+    loaded = _modules_after("import devplug")
+    assert not [m for m in loaded if m.split(".")[0] in NEVER_AT_IMPORT or m.startswith(NEVER_AT_IMPORT)], sorted(
+        m for m in loaded if m.startswith(NEVER_AT_IMPORT))
+
+
+def test_import_devplug_leaves_the_plugins_for_later():
+    loaded = _modules_after("import devplug")
+    later = ("devplug.plugins", "packaging")
+    assert not [m for m in loaded if m.startswith(later)], sorted(m for m in loaded if m.startswith(later))

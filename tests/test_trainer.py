@@ -287,3 +287,18 @@ def test_loader_read_outside_epochs_yields_every_batch_each_pass():
     trainer = devplug.Trainer(device="cpu", progress=False)
     loader = trainer.dataloader(make_data(16), batch_size=4, num_workers=0)
     assert [sum(1 for _ in loader) for _ in range(3)] == [4, 4, 4]
+
+
+def test_log_between_log_points_keeps_tensors_detached_and_queues_no_device_work():
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_every=1000)
+    weight = torch.ones(1, requires_grad=True)
+    loss, plain = (weight * 3).sum().reshape(1), torch.tensor([[2.0]])
+    trainer.log(loss=loss, plain=plain, count=4)
+    trainer.log(loss=loss * 0 + 1, plain=plain, count=6)
+    pending = trainer._reporter.metrics._values
+    assert all(not v.requires_grad for v in pending["loss"]) and pending["plain"][0] is plain  # no copy, no op
+    assert pending["count"] == [4.0, 6.0]
+    with pytest.raises(ValueError, match="must be a scalar"):
+        trainer.log(bad=torch.ones(2))
+    # no step was taken: the point carries the logged values and no rates
+    assert trainer.flush_logs() == pytest.approx({"loss": 2.0, "plain": 2.0, "count": 5.0}, abs=1e-6)

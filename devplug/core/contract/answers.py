@@ -6,12 +6,17 @@ import math
 import numbers
 from typing import Any
 
+from devplug.core.contract.records import PeakFlops
+
 
 def peak_flops_problem(value: Any) -> str:
-    """Why ``value`` is not a peak FLOP/s figure (``""`` when it is one): a positive, finite number, or ``None``.
+    """Why ``value`` is not a peak FLOP/s figure (``""`` when it is one): a positive, finite number (or a
+    `PeakFlops` holding one), or ``None``.
 
     ``None`` means "unknown"; zero, a negative figure, infinity, NaN or a ``bool`` would make MFU a lie.
     """
+    if isinstance(value, PeakFlops):
+        value = value.value
     if value is None:
         return ""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -53,6 +53,7 @@ from devplug.core.contract.records import (
     LogPoint,
     MemoryStats,
     OptimizerChoice,
+    PeakFlops,
     Phase,
     PrecisionPlan,
 )
@@ -154,17 +155,20 @@ def devplug_profiler_activities(device: Device) -> list[torch.profiler.ProfilerA
 
 
 @hookspec(firstresult=True)
-def devplug_peak_flops(device: Device, precision: str) -> float | None:
+def devplug_peak_flops(device: Device, precision: str) -> PeakFlops | float | None:
     """Report the peak FLOP/s of one ``device`` for the precision plan named ``precision``.
 
     Called once per Trainer, after the FLOPs of a training step were counted, to compute MFU (achieved
     FLOP/s over this peak). Return the dense (no sparsity) peak of the matrix units for the precision the
-    plan computes in (``"bf16-mixed"``: BF16; ``"32-true"``: FP32, or TF32 where matmuls use it), as a float;
-    or a measured figure where no published one applies; or ``None`` when unknown (MFU is then not
-    reported). A figure that is not positive and finite (zero, negative, infinite, NaN) is refused
-    with a ``PluginError`` naming the plugin, which the Trainer logs as one warning: MFU is then not
-    reported, and training goes on. Must not train or allocate much: a short measurement at most.
-    First-result.
+    plan computes in (``"bf16-mixed"``: BF16; ``"32-true"``: FP32, or TF32 where matmuls use it) as a
+    `PeakFlops` naming its source (contract 1.4): ``"datasheet"`` (a published figure), ``"computed"``
+    (cores × clock × FLOP per cycle) or ``"measured (cached)"`` (measured once per machine,
+    ``devplug.toolkit.cached_matmul_flops``); a plain float is still accepted (source ``"plugin"``);
+    ``None`` when unknown (MFU is then not reported). A figure that is not positive and finite (zero,
+    negative, infinite, NaN) is refused with a ``PluginError`` naming the plugin, which the Trainer logs as
+    one warning: MFU is then not reported, and training goes on. Must be cheap: never measure on every
+    run (the figure would follow the machine's load, and MFU with it). Not called when the author gives
+    ``peak_flops=``. First-result.
     """
 
 

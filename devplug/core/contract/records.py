@@ -366,6 +366,27 @@ class MemoryStats:
     total: int | None = None
 
 
+#: Where a peak FLOP/s figure comes from (``PeakFlops.source``): a vendor's published table, a formula
+#: over the processor's features and clock, a measurement made once per machine and cached, or the author.
+PEAK_SOURCES = ("datasheet", "computed", "measured (cached)", "measured", "author", "plugin")
+
+
+@attrs.frozen
+class PeakFlops:
+    """A device's peak FLOP/s for one precision, and where the figure comes from (contract 1.4).
+
+    ``value``: dense peak FLOP/s; ``source``: one of `PEAK_SOURCES` (``"datasheet"``: a vendor's
+    published figure; ``"computed"``: cores × clock × FLOP per cycle from the processor's features;
+    ``"measured (cached)"``: a matmul measured once per machine and kept in devplug's cache); ``detail``:
+    one line on how it was obtained (``"2 cores × 2.6 GHz × 32 FLOP/cycle (avx2+fma)"``), optional.
+    ``devplug_peak_flops`` may return this record or a plain float (source then ``"plugin"``).
+    """
+
+    value: float
+    source: str = attrs.field(validator=attrs.validators.in_(PEAK_SOURCES))
+    detail: str = ""
+
+
 @attrs.frozen
 class LogPoint:
     """What a logger receives (rank 0 only): the values of one log point, images, facts about the run, or its end.

@@ -11,15 +11,14 @@ devplug releases speak which contract and when each part changes.
 
 from __future__ import annotations
 
+import re
 from typing import Any
-
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
 
 from devplug._version import __version__
 from devplug.core.contract.records import CONTRACT_VERSION
 
 _LOWER_BOUND_OPERATORS = (">=", ">", "==", "~=", "===")
+_PLAIN = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6}){0,3}")
 
 
 def contract_problem(declared: Any, speaks: str = CONTRACT_VERSION) -> str | None:
@@ -27,6 +26,17 @@ def contract_problem(declared: Any, speaks: str = CONTRACT_VERSION) -> str | Non
     if declared is None:
         return None
     text = str(declared).strip()
+    plain, current_plain = _plain_version(text), _plain_version(speaks)
+    if plain is not None and current_plain is not None:  # "1.4": compared without packaging (every built-in)
+        if plain[0] == current_plain[0] and plain <= current_plain:
+            return None
+        if plain > current_plain:
+            return (f"it needs hook contract {text!r} but devplug {__version__} speaks {speaks}: upgrade devplug "
+                    "(pip install -U devplug)")
+        return _too_old(text, speaks)
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet  # ranges only
+    from packaging.version import InvalidVersion, Version
+
     current = Version(speaks)
     upgrade = (f"it needs hook contract {text!r} but devplug {__version__} speaks {speaks}: upgrade devplug "
                "(pip install -U devplug)")
@@ -46,6 +56,16 @@ def contract_problem(declared: Any, speaks: str = CONTRACT_VERSION) -> str | Non
     if wanted.major == current.major and wanted <= current:
         return None
     return upgrade if wanted > current else _too_old(text, speaks)
+
+
+def _plain_version(text: str) -> tuple[int, ...] | None:
+    """``"1.4"`` as ``(1, 4)`` (trailing zeros dropped, as packaging compares); ``None`` for anything else."""
+    if not _PLAIN.fullmatch(text):
+        return None
+    parts = [int(part) for part in text.split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
 
 
 def _too_old(declared: str, speaks: str) -> str:

@@ -27,7 +27,6 @@ from devplug.core.contract.records import (
     OptimizerChoice,
     PrecisionPlan,
 )
-from devplug.core.data.torch_loader import torch_dataloader
 from devplug.core.fallback import accelerator
 from devplug.core.fallback.precision import torch_precision_plan
 from devplug.core.optim.torch_optimizers import fastest_torch_optimizer
@@ -92,6 +91,8 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
     accelerator (``torch.accelerator``); a device plugin that knows better says so itself.
     """
     competes = not accelerator.is_current_accelerator(device.torch_device.type)
+    from devplug.core.data.torch_loader import torch_dataloader  # the image pipeline: only when a loader is built
+
     return torch_dataloader(source, options, compute_competes=competes)
 
 

@@ -63,6 +63,8 @@ class TrainerConfig:
       included), a trace under ``log_dir/profiler`` for TensorBoard or Perfetto.
     - ``price_per_hour``: what the whole job costs per hour (any currency): samples per dollar in logs and summary.
     - ``count_flops``: count one step's FLOPs (``FlopCounterMode``, step 2) for MFU; False skips it.
+    - ``peak_flops``: the device's peak FLOP/s for MFU, given by the author (source ``"author"``); the device
+      plugin is then not asked.
     - ``log_every``: steps between log points, the only places values are read back from the device.
     - ``accumulate_grad_batches``: micro-batches per optimizer step (gradient accumulation; one step each).
     - ``progress``: show a tqdm progress bar (rank 0 only), refreshed at log points.
@@ -91,6 +93,7 @@ class TrainerConfig:
     profile: str | None = attrs.field(default=None, validator=_optional(lambda _i, _a, v: parse_window(v)))
     price_per_hour: float | None = attrs.field(default=None, validator=_optional(lambda _i, a, v: _positive(a, v)))
     count_flops: bool = attrs.field(default=True, validator=_bool)
+    peak_flops: float | None = attrs.field(default=None, validator=_optional(lambda _i, a, v: _positive(a, v)))
     log_every: int = attrs.field(default=50, validator=positive_int)
     accumulate_grad_batches: int = attrs.field(default=1, validator=positive_int)
     progress: bool = attrs.field(default=True, validator=_bool)

@@ -29,13 +29,21 @@ from devplug.core.checkpoint.compiled import plain_module
 from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.checkpoint.resume import Resumed
 from devplug.core.contract import hookspecs as spec
-from devplug.core.contract.records import LaunchInfo, MemoryStats, OptimizerChoice, Phase, PrecisionPlan
+from devplug.core.contract.records import (
+    LaunchInfo,
+    MemoryStats,
+    OptimizerChoice,
+    PeakFlops,
+    Phase,
+    PrecisionPlan,
+)
 from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed.launch import detect_launch
 from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
-from devplug.core.errors import ConfigError, NonFiniteLossError
+from devplug.core.errors import ConfigError, NonFiniteLossError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
+from devplug.core.log_once import log_once
 from devplug.core.loop.config import TrainerConfig
 from devplug.core.loop.signals import StopRequest
 from devplug.core.loop.step import NO_REGION, Regioned, StepRoute, parameters_with_grad
@@ -43,6 +51,7 @@ from devplug.core.loop.trainer_state import TrainerState
 from devplug.core.observe.flops import FlopMeter
 from devplug.core.observe.hparams import flatten_hparams, run_tags
 from devplug.core.observe.loggers import build_loggers
+from devplug.core.observe.peaks import checked_peak
 from devplug.core.observe.profiling import StepProfiler
 from devplug.core.observe.reporter import Reporter
 from devplug.core.observe.summary import RunSummary
@@ -114,9 +123,10 @@ class Trainer:
                                  world_size=self.world_size, reduce=reduce, loggers=loggers,
                                  publish=lambda point: self._hooks(spec.devplug_log, point=point))
         self.throughput = self._reporter.throughput
+        self._log_values, self._log_every = self._reporter.metrics.add_all, self._config.log_every  # log()'s path
         self._flops = self._reporter.flops = FlopMeter(
             steps_done=lambda: self._position.global_step, samples_done=lambda: self.throughput.samples_total,
-            peak=lambda: self._hooks(spec.devplug_peak_flops, precision=self.precision.name),
+            peak=self._peak,
             exclude=self.throughput.exclude, price_per_hour=self._config.price_per_hour,
             enabled=self._config.count_flops)
         self._reporter.log_run(self.global_step, hparams=flatten_hparams(self._config.hparams), tags=run_tags(
@@ -124,6 +134,17 @@ class Trainer:
         self.profiler = StepProfiler(self._config.profile, self._config.log_dir, lambda: self._hooks(
             spec.devplug_profiler_activities), lambda: self._position.global_step, rank=self.rank)
         self._route = StepRoute(self._hooks, self.profiler, FALLBACK_NAME)
+
+    def _peak(self) -> PeakFlops | None:
+        # the author's figure, else the device plugin's (checked: an unusable figure never reaches MFU)
+        if self._config.peak_flops is not None:
+            return PeakFlops(float(self._config.peak_flops), "author")
+        try:
+            answer, plugin = self._hooks.first_answer(spec.devplug_peak_flops, precision=self.precision.name)
+        except PluginError as exc:  # refused where the core received it: a reporting figure never ends a run
+            log_once(f"MFU not reported: {' '.join(str(exc).split())}", logging.WARNING)
+            return None
+        return checked_peak(answer, plugin or "unknown")
 
     # ---- where am I -------------------------------------------------------------------------------
     @property
@@ -501,10 +522,11 @@ class Trainer:
         A log point averages the values since the previous one, reduces them across ranks, checks for
         NaN/inf and writes them (rank 0): the only place values are read from the device. Returns them.
         """
-        for name, value in scalars.items():
-            self._reporter.metrics.add(name, value)
+        if scalars:
+            self._log_values(scalars)
         position = self._position
-        if position.global_step and position.global_step % self._config.log_every == 0 and position.sync_now:
+        step = position.global_step
+        if step and not step % self._log_every and position.sync_now:
             return self._flush_logs()
         return None
 
@@ -557,7 +579,8 @@ class Trainer:
         """Device, precision, optimizers, loaders, steps, throughput, efficiency and memory of this run.
 
         Throughput and efficiency come from the reporter: ``samples_per_sec``, ``samples_per_hour``,
-        ``data_wait``, ``input_bound``, and where known ``flops_per_sample``, ``mfu`` and ``samples_per_dollar``.
+        ``data_wait``, ``input_bound``, and where known ``flops_per_sample``, ``peak_flops`` and ``peak_source``
+        (the peak MFU is computed against and where it comes from), ``mfu`` and ``samples_per_dollar``.
         A read-only mapping (``summary()["steps"]``) that prints as a table; ``to_dict()`` for JSON.
         """
         return RunSummary({

@@ -58,6 +58,7 @@ class TrainerState:
         Saved inside an unfinished accumulation window, the position is that of the window's start: the
         partial gradients are not saved, so a resume recomputes the whole step.
         """
+
         position, scaler = self.position, self.scaler
         open_window = 0 if position.window_closed() else position.in_window
         points = [(loader.seed, loader.resume_point(self.world_size)) for loader in self.training_loaders()]

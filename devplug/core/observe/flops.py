@@ -5,8 +5,9 @@ One training step (the second: the first carries one-time work) runs under
 forward and backward, from shapes alone (no host-device synchronisation). With the samples of that step
 it gives FLOPs per sample; the achieved FLOP/s is that times the samples/s measured at log points, and
 MFU is the achieved FLOP/s of one device over its peak for the precision in use, which the device plugin
-reports through ``devplug_peak_flops`` (asked once, when first needed). ``price_per_hour`` (of the whole
-job) turns samples/s into samples per dollar.
+reports through ``devplug_peak_flops`` (asked once, when first needed) with its source (a datasheet, a
+computation, a measurement cached per machine), or the author gives (``peak_flops=``). ``price_per_hour``
+(of the whole job) turns samples/s into samples per dollar.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from devplug.core.contract.records import PeakFlops
 from devplug.core.errors import PluginError
 from devplug.core.fallback import accelerator
 from devplug.core.log_once import log_once
@@ -37,13 +39,13 @@ _COMPILED_WITH_HOOKS = r"Using `torch\.compile\(module\)` when there are global 
 class FlopMeter:
     """Counts the FLOPs of step `COUNTED_STEP` and turns rates into MFU and samples per dollar.
 
-    ``steps_done`` and ``samples_done`` read the loop's counters; ``peak`` asks the device plugin for its
-    peak FLOP/s (``None``: unknown); ``exclude`` takes the seconds spent asking it out of the throughput
-    clock; ``enabled=False`` counts nothing (MFU stays unknown).
+    ``steps_done`` and ``samples_done`` read the loop's counters; ``peak`` asks for the device's peak
+    (a checked `PeakFlops`; ``None``: unknown); ``exclude`` takes the seconds spent asking it out of
+    the throughput clock; ``enabled=False`` counts nothing (MFU stays unknown).
     """
 
     def __init__(self, *, steps_done: Callable[[], int], samples_done: Callable[[], int],
-                 peak: Callable[[], float | None], exclude: Callable[[float], None] = lambda _s: None,
+                 peak: Callable[[], PeakFlops | float | None], exclude: Callable[[float], None] = lambda _s: None,
                  price_per_hour: float | None = None, enabled: bool = True) -> None:
         self._steps_done, self._samples_done, self._peak_hook = steps_done, samples_done, peak
         self._exclude = exclude
@@ -53,7 +55,7 @@ class FlopMeter:
         self._mode: Any = None
         self._quiet: Any = None
         self._samples_at_start = 0
-        self._peak: float | None = None
+        self._peak: PeakFlops | None = None
         self._peak_asked = False
 
     def before_batch(self) -> None:
@@ -94,7 +96,13 @@ class FlopMeter:
 
     @property
     def peak(self) -> float | None:
-        """The device's peak FLOP/s for the precision in use (asked once), or ``None``.
+        """The device's peak FLOP/s for the precision in use (asked once), or ``None``."""
+        record = self.peak_record
+        return record.value if record is not None else None
+
+    @property
+    def peak_record(self) -> PeakFlops | None:
+        """The peak with its source (asked once, said once in the log), or ``None``.
 
         A plugin whose answer is refused (a peak that is not positive and finite, or an exception in its hook)
         leaves it ``None`` with one warning naming the plugin: MFU is then not reported.
@@ -102,25 +110,31 @@ class FlopMeter:
         if not self._peak_asked:
             self._peak_asked = True
             try:
-                self._peak = self._peak_hook()
+                answer = self._peak_hook()
             except PluginError as exc:  # a reporting figure never ends a training run
                 log.warning("MFU not reported: %s", " ".join(str(exc).split()))
-                self._peak = None
+                answer = None
+            self._peak = answer if answer is None or isinstance(answer, PeakFlops) else PeakFlops(answer, "plugin")
+            if self._peak is not None:
+                detail = f": {self._peak.detail}" if self._peak.detail else ""
+                log.info("MFU against a peak of %.4g GFLOP/s (%s%s)", self._peak.value / 1e9, self._peak.source,
+                         detail)
         return self._peak
 
     def figures(self, samples_per_sec_per_device: float, samples_per_sec: float) -> dict[str, float]:
-        """``flops_per_sample``, ``mfu`` and ``samples_per_dollar`` where known, for the given rates."""
+        """``flops_per_sample``, ``peak_flops``, ``mfu`` and ``samples_per_dollar`` where known, for the given rates."""
         out: dict[str, float] = {}
         if self.flops_per_sample is not None:
             out["flops_per_sample"] = self.flops_per_sample
             if self._peak_asked and self.peak:
                 mfu = self.flops_per_sample * samples_per_sec_per_device / self.peak
+                out["peak_flops"] = self.peak
                 if mfu <= 1.0:
                     out["mfu"] = mfu
                 else:  # a peak measured while other work had the cores: no honest MFU from it
                     log_once(f"MFU not reported: the device's peak ({self.peak / 1e9:.3g} GFLOP/s) is below what "
-                             f"training achieved ({mfu * self.peak / 1e9:.3g} GFLOP/s); a measured peak is too low "
-                             "on a busy host", logging.WARNING)
+                             f"training achieved ({mfu * self.peak / 1e9:.3g} GFLOP/s); the peak "
+                             f"({self._peak.source if self._peak else 'unknown'}) is too low", logging.WARNING)
         if self.price_per_hour:
             out["samples_per_dollar"] = samples_per_sec * 3600 / self.price_per_hour
         return out
@@ -158,3 +172,16 @@ def measured_matmul_flops(device_type: str, dtype: torch.dtype, seconds: float =
     while runs < 5 or time.perf_counter() < deadline:
         best, runs = min(best, timed(a, b)), runs + 1
     return 2.0 * size**3 / best
+
+
+def cached_matmul_flops(device_type: str, dtype: torch.dtype, model: str) -> float:
+    """`measured_matmul_flops`, measured once per machine and then read from devplug's cache.
+
+    ``model`` names the device (a CPU's model name); the cache key adds the threads torch uses, the
+    number format and the torch version, so a change to any of them measures again. Later runs, busy
+    host or idle, read the same figure (see `devplug.core.observe.peak_cache`).
+    """
+    from devplug.core.observe.peak_cache import cached_peak
+
+    key = f"{device_type} | {model} | {torch.get_num_threads()} threads | {dtype} | torch {torch.__version__}"
+    return cached_peak(key, lambda: measured_matmul_flops(device_type, dtype))

@@ -13,22 +13,46 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
+
+#: The figures devplug measures itself and adds to a log point (as opposed to the values the author logs).
+MEASURED_NAMES = frozenset({"samples_per_sec", "data_wait", "mfu", "flops_per_sample", "samples_per_dollar",
+                            "peak_flops"})
 
 
 class MetricBuffer:
-    """Scalars accumulated on the device between log points."""
+    """Scalars accumulated on the device between log points.
+
+    `add_all` is on every step's path: it keeps a tensor as it is (detached only when it carries a
+    graph, no reshape or copy: those wait for the log point) and a number as a float, and appends to the
+    name's list. No device work is queued and nothing is read back.
+    """
+
+    __slots__ = ("_values",)
 
     def __init__(self) -> None:
         self._values: dict[str, list[torch.Tensor | float]] = {}
 
     def add(self, name: str, value: Any) -> None:
         """Remember one value (a tensor stays where it is; numbers are kept as floats)."""
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ValueError(f"logged value {name!r} must be a scalar, got shape {tuple(value.shape)}")
-            self._values.setdefault(name, []).append(value.detach().reshape(()))
-        else:
-            self._values.setdefault(name, []).append(float(value))
+        self.add_all({name: value})
+
+    def add_all(self, scalars: dict[str, Any]) -> None:
+        """Remember each ``name=value`` of ``scalars`` (tensors stay where they are; numbers become floats)."""
+        values = self._values
+        for name, value in scalars.items():
+            if isinstance(value, Tensor):
+                if value.numel() != 1:
+                    raise ValueError(f"logged value {name!r} must be a scalar, got shape {tuple(value.shape)}")
+                if value.requires_grad:
+                    value = value.detach()  # the graph is not kept alive until the log point
+            else:
+                value = float(value)
+            pending = values.get(name)
+            if pending is None:
+                values[name] = [value]
+            else:
+                pending.append(value)
 
     def __bool__(self) -> bool:
         return bool(self._values)
@@ -53,7 +77,7 @@ class MetricBuffer:
         )
         for name in names:
             values = self._values[name]
-            tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(v) for v in values]
+            tensors = [v.reshape(()) if isinstance(v, torch.Tensor) else torch.tensor(v) for v in values]
             stacked = torch.stack([t.to(device=device, dtype=torch.float32) for t in tensors])
             means.append(stacked.mean())
         packed = torch.stack(means)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-#: Values the Trainer adds at a log point that the bar shows in its own short form (or not at all).
-PERF_KEYS = frozenset({"samples_per_sec", "data_wait", "mfu", "flops_per_sample", "samples_per_dollar"})
+from devplug.core.observe.metrics import MEASURED_NAMES
 
 #: Logged values the bar shows at most (the first ones logged); the loggers get them all.
 SHOWN_VALUES = 2
@@ -28,7 +27,7 @@ def progress_postfix(values: Mapping[str, float]) -> str:
         parts.append(f"wait {_percent(values['data_wait'])}")
     if "mfu" in values:
         parts.append(f"mfu {_percent(values['mfu'])}")
-    logged = [k for k in values if k not in PERF_KEYS and not k.startswith("lr/")]
+    logged = [k for k in values if k not in MEASURED_NAMES and not k.startswith("lr/")]
     parts.extend(f"{name} {values[name]:.3g}" for name in logged[:SHOWN_VALUES])
     return " ".join(parts)
 

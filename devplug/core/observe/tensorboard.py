@@ -24,11 +24,12 @@ from typing import Any
 
 from devplug.core.contract.hookimpl import hookimpl
 from devplug.core.contract.records import LogPoint
+from devplug.core.observe.metrics import MEASURED_NAMES
 
 log = logging.getLogger("devplug")
 
 #: Values the Trainer measures at log points, shown under ``perf/``.
-PERF_NAMES = frozenset({"samples_per_sec", "data_wait", "mfu", "flops_per_sample", "samples_per_dollar"})
+PERF_NAMES = MEASURED_NAMES
 
 #: Prefixes that mark a logged value as an evaluation figure, shown under ``eval/`` without the prefix.
 EVAL_PREFIXES = ("eval_", "val_", "eval/", "val/")

@@ -184,10 +184,12 @@ class DeviceHooks:
         others = [pm.get_plugin(name) for name in registry.device_plugin_names() - {device.plugin_name}]
         self._callers: dict[str, Callable[..., Any]] = {}
         self._answered_by: dict[str, tuple[str, ...]] = {}
+        self._impls: dict[str, list[Any]] = {}
         for name in hookspecs.OPERATIONAL_HOOKS:
             caller = pm.subset_hook_caller(name, remove_plugins=[p for p in others if p is not None])
             self._callers[name] = _direct_call(caller, device) or functools.partial(caller, device=device)
-            self._answered_by[name] = tuple(impl.plugin_name for impl in caller.get_hookimpls())
+            self._impls[name] = caller.get_hookimpls()
+            self._answered_by[name] = tuple(impl.plugin_name for impl in self._impls[name])
 
     def answered_by(self, spec: Callable[..., Any], /) -> tuple[str, ...]:
         """The names of the plugins implementing hook ``spec`` for this device (empty: nobody does).
@@ -196,6 +198,23 @@ class DeviceHooks:
         step marking), and then leaves the call out of every step.
         """
         return self._answered_by[spec.__name__]
+
+    def first_answer(self, spec: Callable[..., Any], /, **kwargs: Any) -> tuple[Any, str | None]:
+        """A first-result hook's answer and the name of the plugin that gave it (``(None, None)``: nobody).
+
+        For hooks asked once (the peak FLOP/s), where a problem with the answer must name its plugin: the
+        implementations are called in pluggy's order; with a wrapper among them, pluggy itself is called and
+        the plugin is not known (``None``).
+        """
+        impls = self._impls[spec.__name__]
+        if any(impl.wrapper or impl.hookwrapper for impl in impls):
+            return self._callers[spec.__name__](**kwargs), None
+        kwargs["device"] = self.device
+        for impl in reversed(impls):  # pluggy calls the last registered (and tryfirst) first
+            answer = impl.function(*[kwargs[name] for name in impl.argnames])
+            if answer is not None:
+                return answer, impl.plugin_name
+        return None, None
 
     def __call__(self, spec: Callable[Concatenate[Device, P], R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Call the hook ``spec`` (a function of `devplug.core.contract.hookspecs`) with keyword arguments."""

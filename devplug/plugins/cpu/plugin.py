@@ -20,13 +20,14 @@ from devplug import (
     LoaderOptions,
     MemoryStats,
     OptimizerChoice,
+    PeakFlops,
     PrecisionPlan,
     hookimpl,
 )
+from devplug.plugins.cpu import peak
 from devplug.toolkit import (
     autocast_plan,
     log_once,
-    measured_matmul_flops,
     process_memory_stats,
     torch_dataloader,
     torch_optimizer_class,
@@ -165,7 +166,7 @@ def devplug_memory_stats(device: Device) -> MemoryStats:
 
 
 @hookimpl
-def devplug_peak_flops(device: Device, precision: str) -> float:
-    """Measured once per process: the best of a few 1024×1024 matmuls in the plan's number format."""
+def devplug_peak_flops(device: Device, precision: str) -> PeakFlops:
+    """Computed from the CPU's features and clock (`.peak`); where it cannot be, measured once per machine."""
     dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if precision.startswith("16") else torch.float32
-    return measured_matmul_flops("cpu", dtype)
+    return peak.peak_flops(dtype)

@@ -33,6 +33,7 @@ from devplug import (
     LoaderOptions,
     MemoryStats,
     OptimizerChoice,
+    PeakFlops,
     Phase,
     PrecisionPlan,
     hookimpl,
@@ -193,6 +194,8 @@ def devplug_doctor() -> DoctorReport:
 
 
 @hookimpl
-def devplug_peak_flops(device: Device, precision: str) -> float | None:
+def devplug_peak_flops(device: Device, precision: str) -> PeakFlops | None:
     """Dense peak of this GPU model for the plan's number format, from NVIDIA's datasheets (`.peaks`)."""
-    return peaks.peak_flops(torch.cuda.get_device_name(device.index or 0), precision)
+    name = torch.cuda.get_device_name(device.index or 0)
+    value = peaks.peak_flops(name, precision)
+    return None if value is None else PeakFlops(value, "datasheet", f"{name}, {precision}")

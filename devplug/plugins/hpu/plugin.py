@@ -16,6 +16,7 @@ from devplug import (
     LoaderOptions,
     MemoryStats,
     OptimizerChoice,
+    PeakFlops,
     Phase,
     PrecisionPlan,
     hookimpl,
@@ -108,7 +109,9 @@ def devplug_doctor() -> DoctorReport:
 
 
 @hookimpl
-def devplug_peak_flops(device: Device, precision: str) -> float | None:
+def devplug_peak_flops(device: Device, precision: str) -> PeakFlops | None:
     """Intel's published peak BF16 figure for Gaudi 1, 2 and 3 (`.peaks`); None for FP32 or another model."""
     name = getattr(probe.hpu_module(), "get_device_name", None)
-    return peaks.peak_flops(str(name()) if callable(name) else "", precision)
+    model = str(name()) if callable(name) else ""
+    value = peaks.peak_flops(model, precision)
+    return None if value is None else PeakFlops(value, "datasheet", f"{model}, {precision}")

@@ -13,7 +13,7 @@ import attrs
 import torch
 
 from devplug.core.contract import hookspecs
-from devplug.core.contract.records import PRECISIONS, LogPoint, MemoryStats
+from devplug.core.contract.records import PRECISIONS, LogPoint, MemoryStats, PeakFlops
 from devplug.core.errors import PrecisionError
 from devplug.testing.kit import DeviceUnderTest, conformance_check
 
@@ -123,7 +123,7 @@ def native_stderr() -> Iterator[NativeOutput]:
 
 @conformance_check("devplug_peak_flops", since="1.2")
 def check_peak_flops(dut: DeviceUnderTest) -> str:
-    """``devplug_peak_flops`` gives a positive, finite FLOP/s figure (a float), or ``None``, for each plan it runs."""
+    """``devplug_peak_flops`` gives a positive, finite FLOP/s figure (``PeakFlops`` or float), or ``None``, per plan."""
     seen = []
     for precision in PRECISIONS:
         try:
@@ -133,9 +133,12 @@ def check_peak_flops(dut: DeviceUnderTest) -> str:
         if plan is None:
             continue
         peak = dut.hooks(hookspecs.devplug_peak_flops, precision=plan.name)
-        if peak is not None and (not isinstance(peak, float) or not math.isfinite(peak) or peak <= 0):
-            raise dut.fail(f"devplug_peak_flops({plan.name!r}) returned {peak!r}, not a positive, finite float")
-        seen.append(f"{plan.name}: " + (f"{peak / 1e12:.3g} TFLOP/s" if peak else "unknown"))
+        value = peak.value if isinstance(peak, PeakFlops) else peak
+        if value is not None and (not isinstance(value, float) or not math.isfinite(value) or value <= 0):
+            raise dut.fail(f"devplug_peak_flops({plan.name!r}) returned {peak!r}, not a positive, finite float "
+                           "(or a PeakFlops holding one)")
+        source = f" ({peak.source})" if isinstance(peak, PeakFlops) else ""
+        seen.append(f"{plan.name}: " + (f"{value / 1e12:.3g} TFLOP/s{source}" if value else "unknown"))
     return "peaks: " + "; ".join(dict.fromkeys(seen))
 
 

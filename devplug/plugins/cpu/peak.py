@@ -1,0 +1,143 @@
+"""The host CPU's peak FLOP/s: computed from its features and clock, else measured once per machine.
+
+Computed: physical cores torch runs on × clock × FLOP per cycle per core, the last from the vector
+units the feature flags in ``/proc/cpuinfo`` announce (two FMA pipes of the widest vector width; AMD
+Zen 4 runs AVX-512 on 256-bit pipes). The clock is ``cpuinfo_max_freq``, else the GHz in the model name,
+else ``cpu MHz``. Where one of these cannot be read (another OS, an unknown architecture), the peak is a
+matmul measured once and cached per machine (``devplug.toolkit.cached_matmul_flops``). Either way the
+figure does not move with the machine's load.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import re
+from pathlib import Path
+
+import torch
+
+from devplug import PeakFlops
+from devplug.toolkit import cached_matmul_flops
+
+CPUINFO = Path("/proc/cpuinfo")
+MAX_FREQ = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+
+
+@functools.cache
+def cpuinfo_records() -> tuple[dict[str, str], ...]:
+    """One ``key: value`` mapping per processor in ``/proc/cpuinfo`` (empty where it does not exist)."""
+    try:
+        text = CPUINFO.read_text()
+    except OSError:
+        return ()
+    records = []
+    for block in text.split("\n\n"):
+        fields = {}
+        for line in block.splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                fields[key.strip()] = value.strip()
+        if fields:
+            records.append(fields)
+    return tuple(records)
+
+
+def clock_ghz() -> float | None:
+    """The CPU's nominal maximum clock in GHz, or ``None`` where it cannot be read."""
+    try:
+        return int(MAX_FREQ.read_text().strip()) / 1e6  # kHz
+    except (OSError, ValueError):
+        pass
+    records = cpuinfo_records()
+    first = records[0] if records else {}
+    match = re.search(r"@\s*([\d.]+)\s*GHz", first.get("model name", ""))
+    if match:
+        return float(match.group(1))
+    try:
+        mhz = float(first.get("cpu MHz", ""))
+    except ValueError:
+        return None
+    return mhz / 1000 if mhz > 0 else None
+
+
+def physical_cores() -> int:
+    """Physical cores among the CPUs this process may run on (hyper-threads share their core's units)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        allowed = set(range(os.cpu_count() or 1))
+    cores = set()
+    for fields in cpuinfo_records():
+        try:
+            cpu = int(fields.get("processor", ""))
+        except ValueError:
+            continue
+        if cpu in allowed:
+            cores.add((fields.get("physical id", "0"), fields.get("core id", str(cpu))))
+    return len(cores) or len(allowed)
+
+
+def fp32_flops_per_cycle(flags: frozenset[str], vendor: str, family: int) -> int | None:
+    """FP32 FLOP per cycle per core on x86 (two FMA pipes of the widest width), ``None``: not x86 or unknown."""
+    if "avx512f" in flags:
+        return 32 if vendor == "AuthenticAMD" and family <= 25 else 64  # Zen 4: AVX-512 on 256-bit pipes
+    if "avx2" in flags and "fma" in flags:
+        return 16 if vendor == "AuthenticAMD" and family == 23 else 32  # Zen 1/2: 128-bit pipes (conservative)
+    if "avx" in flags:
+        return 16
+    if "sse2" in flags:
+        return 8
+    return None
+
+
+def flops_per_cycle(flags: frozenset[str], dtype: torch.dtype, fp32: int) -> tuple[float, str]:
+    """FLOP per cycle per core in ``dtype`` for a CPU doing ``fp32`` in FP32, and the feature that gives it.
+
+    AMX tiles: 1024 (BF16, FP16); AVX-512 BF16/FP16 dot products: twice the FP32 rate; otherwise the
+    format is computed on the FP32 units.
+    """
+    native = {torch.bfloat16: ("amx_bf16", "avx512_bf16"), torch.float16: ("amx_fp16", "avx512_fp16")}
+    amx, vector = native.get(dtype, (None, None))
+    if amx in flags:
+        return 1024.0, str(amx)
+    if vector in flags:
+        return 2.0 * fp32, str(vector)
+    return float(fp32), "fma" if "fma" in flags else "fp32 units"
+
+
+def computed_peak(dtype: torch.dtype) -> PeakFlops | None:
+    """cores × clock × FLOP per cycle for ``dtype``, or ``None`` where the CPU's features or clock are unknown."""
+    records = cpuinfo_records()
+    if not records or platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
+        return None
+    first = records[0]
+    flags = frozenset(first.get("flags", "").split())
+    try:
+        family = int(first.get("cpu family", "0"))
+    except ValueError:
+        family = 0
+    per_cycle = fp32_flops_per_cycle(flags, first.get("vendor_id", ""), family)
+    ghz = clock_ghz()
+    if per_cycle is None or ghz is None:
+        return None
+    per_cycle_here, feature = flops_per_cycle(flags, dtype, per_cycle)
+    cores = min(physical_cores(), torch.get_num_threads())
+    detail = f"{cores} cores × {ghz:.3g} GHz × {per_cycle_here:g} FLOP/cycle ({feature}, {dtype})"
+    return PeakFlops(cores * ghz * 1e9 * per_cycle_here, "computed", detail)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``platform.processor()`` where ``/proc/cpuinfo`` does not exist)."""
+    records = cpuinfo_records()
+    return (records[0].get("model name") if records else None) or platform.processor() or platform.machine()
+
+
+def peak_flops(dtype: torch.dtype) -> PeakFlops:
+    """The computed peak for ``dtype``; where it cannot be computed, a matmul measured once per machine."""
+    computed = computed_peak(dtype)
+    if computed is not None:
+        return computed
+    return PeakFlops(cached_matmul_flops("cpu", dtype, cpu_model()), "measured (cached)",
+                     f"best {dtype} matmul on {cpu_model()}, measured once on this machine")
