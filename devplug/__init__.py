@@ -25,6 +25,7 @@ from devplug.core.contract.records import (
     OptimizerChoice,
     Phase,
     PrecisionPlan,
+    ShardingPlan,
 )
 from devplug.core.distributed.launch import detect_launch
 from devplug.core.errors import (
@@ -83,6 +84,7 @@ __all__ = [
     "PluginError",
     "PrecisionError",
     "PrecisionPlan",
+    "ShardingPlan",
     "TensorBoardLogger",
     "Trainer",
     "TrainerConfig",

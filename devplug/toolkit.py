@@ -67,6 +67,7 @@ from devplug.core.fallback.accelerator import (
     synchronize,
 )
 from devplug.core.fallback.precision import autocast_plan, torch_precision_plan
+from devplug.core.fallback.sharding import torch_sharding_plan
 from devplug.core.log_once import forget_logged, log_once
 from devplug.core.observe.flops import measured_matmul_flops
 from devplug.core.optim.conversion import (
@@ -141,5 +142,6 @@ __all__ = [
     "torch_optimizer_class",
     "torch_optimizer_defaults",
     "torch_precision_plan",
+    "torch_sharding_plan",
     "tune_loader",
 ]

@@ -69,6 +69,9 @@ class TrainerConfig:
     - ``device_options``: free-form options for the device plugin (see each plugin's docs).
     - ``stop_signals``: signals that end ``epochs()`` at the next step boundary (default SIGINT, SIGTERM,
       SIGUSR1; ``()`` leaves every signal alone).
+    - ``strategy``: ``"auto"`` (DDP when launched with more than one process), ``"ddp"``, or ``"fsdp"``: shard
+      parameters, gradients and optimizer state across ranks with PyTorch's ``fully_shard`` as the device
+      plugin's sharding plan says (one process too: a process group of one).
     - ``checkpoints``: a :class:`~devplug.CheckpointPolicy`: periodic, best-k and end-of-run checkpoints
       into one folder, and auto-resume from its newest intact one.
     """
@@ -99,6 +102,7 @@ class TrainerConfig:
     device_options: Mapping[str, Any] = attrs.field(factory=dict)
     stop_signals: tuple[str, ...] = attrs.field(default=DEFAULT_STOP_SIGNALS, converter=tuple,
                                                 validator=lambda _i, _a, v: signal_numbers(v))
+    strategy: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "ddp", "fsdp")))
     checkpoints: CheckpointPolicy | None = attrs.field(
         default=None, validator=_optional(attrs.validators.instance_of(CheckpointPolicy)))
 

@@ -30,7 +30,7 @@ from devplug.toolkit import (
     torch_optimizer_class,
 )
 
-DEVPLUG_CONTRACT = "1.3"
+DEVPLUG_CONTRACT = "1.4"
 
 #: Optimizers that torch implements with a fused CPU kernel in recent releases.
 FUSED_CANDIDATES = ("adam", "adamw", "sgd", "adagrad")

@@ -44,7 +44,7 @@ from devplug.plugins.cuda.precision import configure_tf32, plan_precision
 from devplug.plugins.cuda.probe import compute_capability, device_count, probe
 from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_dataloader
 
-DEVPLUG_CONTRACT = "1.3"
+DEVPLUG_CONTRACT = "1.4"
 
 log = logging.getLogger("devplug")
 

@@ -23,7 +23,7 @@ from devplug.plugins.generic.catalog import declared_types, facts, priority
 from devplug.plugins.generic.probe import count, probe
 from devplug.toolkit import log_once, torch_dataloader
 
-DEVPLUG_CONTRACT = "1.3"
+DEVPLUG_CONTRACT = "1.4"
 
 
 def device_spec(device_type: str) -> DeviceSpec:

@@ -23,7 +23,7 @@ from devplug import (
 from devplug.plugins.hpu import clipping, data, distributed, doctor, mode, optimizers, peaks, probe, stats
 from devplug.plugins.hpu import precision as precision_plans
 
-DEVPLUG_CONTRACT = "1.3"
+DEVPLUG_CONTRACT = "1.4"
 
 
 @hookimpl
