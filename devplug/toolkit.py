@@ -30,6 +30,9 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   :func:`momentum_to_canonical`, :func:`momentum_from_canonical` — for an optimizer whose state is not in
   torch.optim's layout: the pieces of its ``OptimizerChoice.to_canonical``/``from_canonical`` converters
   (step counts per group or per parameter, the hyperparameters each side has, fused Adam and SGD layouts);
+- :func:`consolidate_checkpoint` — one module's full weights from a sharded checkpoint folder
+  (``Trainer(strategy="fsdp").save``) in one file that ``torch.load(weights_only=True)`` reads into a plain module;
+  :func:`torch_sharding_plan` — the fallback's FSDP plan for a device and precision, to adjust;
 - :func:`remove_stale_temp_files` — delete the temporary files of checkpoint saves whose process is gone
   (``Trainer.save`` does it itself; call it at start to tidy a checkpoint folder at once);
 - :func:`log_once` — say something (a fallback and its reason) once per process (:func:`forget_logged`
@@ -43,6 +46,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from devplug.core.checkpoint.sharded import consolidate_checkpoint
 from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.data.images import display_path, load_rgb, printable
 from devplug.core.data.torch_loader import (
@@ -110,6 +114,7 @@ __all__ = [
     "bias_corrected_to_canonical",
     "builtin_plugin",
     "collective_backend",
+    "consolidate_checkpoint",
     "current_accelerator_type",
     "device_available",
     "device_count",

@@ -149,7 +149,7 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     return ckpt.read_checkpoint(folder / STATE_FILE)
 
 
-def consolidate(src: str | os.PathLike[str], dst: str | os.PathLike[str], module: str | None = None) -> Path:
+def consolidate_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str], module: str | None = None) -> Path:
     """Write one module's full weights from sharded checkpoint ``src`` into the file ``dst``.
 
     The file holds a plain ``state_dict`` (parameter names to CPU tensors) that ``torch.load(dst,

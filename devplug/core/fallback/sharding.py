@@ -31,7 +31,7 @@ def torch_sharding_plan(device: Device, precision: str, *, optimizer_kernel: str
     if kind != "cpu" and backend == accelerator.PORTABLE_BACKEND and not accelerator.is_current_accelerator(kind):
         return ShardingPlan.unsupported(
             f"{device}: torch knows no collective backend for device type {kind!r}, which FSDP's reduce-scatter "
-            "needs; use strategy='ddp' or one process")
+            "needs; train on one process without sharding (strategy='auto')")
     low = LOW_PRECISION.get(precision)
     if gather_low_precision is None:
         gather_low_precision = backend != accelerator.PORTABLE_BACKEND

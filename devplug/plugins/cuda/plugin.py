@@ -35,6 +35,7 @@ from devplug import (
     OptimizerChoice,
     Phase,
     PrecisionPlan,
+    ShardingPlan,
     hookimpl,
 )
 from devplug.plugins.cuda import doctor, peaks
@@ -42,7 +43,7 @@ from devplug.plugins.cuda.dali import build_dali_loader, dali_status
 from devplug.plugins.cuda.optimizers import build_optimizer
 from devplug.plugins.cuda.precision import configure_tf32, plan_precision
 from devplug.plugins.cuda.probe import compute_capability, device_count, probe
-from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_dataloader
+from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_dataloader, torch_sharding_plan
 
 DEVPLUG_CONTRACT = "1.4"
 
@@ -196,3 +197,15 @@ def devplug_doctor() -> DoctorReport:
 def devplug_peak_flops(device: Device, precision: str) -> float | None:
     """Dense peak of this GPU model for the plan's number format, from NVIDIA's datasheets (:mod:`.peaks`)."""
     return peaks.peak_flops(torch.cuda.get_device_name(device.index or 0), precision)
+
+
+@hookimpl
+def devplug_sharding(device: Device, precision: str) -> ShardingPlan:
+    """FSDP over NCCL: bf16 or fp16 gathers with fp32 reduce-scatters, CPU offload, torch's fused kernel.
+
+    torch's fused Adam/AdamW/SGD CUDA kernels run over DTensor parameters (apex's do not: they are not
+    used under FSDP). ``Trainer(device_options={"cpu_offload": True})`` keeps shards in pinned host memory.
+    """
+    return torch_sharding_plan(device, precision, optimizer_kernel="fused", cpu_offload=True, gather_low_precision=True,
+                               optimizer_reason="torch.optim's fused CUDA kernel runs over DTensor shards; "
+                                                "apex optimizers do not take DTensors")

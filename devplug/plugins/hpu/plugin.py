@@ -18,9 +18,10 @@ from devplug import (
     OptimizerChoice,
     Phase,
     PrecisionPlan,
+    ShardingPlan,
     hookimpl,
 )
-from devplug.plugins.hpu import clipping, data, distributed, doctor, mode, optimizers, peaks, probe, stats
+from devplug.plugins.hpu import clipping, data, distributed, doctor, mode, optimizers, peaks, probe, sharding, stats
 from devplug.plugins.hpu import precision as precision_plans
 
 DEVPLUG_CONTRACT = "1.4"
@@ -112,3 +113,9 @@ def devplug_peak_flops(device: Device, precision: str) -> float | None:
     """Intel's published peak BF16 figure for Gaudi 1, 2 and 3 (:mod:`.peaks`); None for FP32 or another model."""
     name = getattr(probe.hpu_module(), "get_device_name", None)
     return peaks.peak_flops(str(name()) if callable(name) else "", precision)
+
+
+@hookimpl
+def devplug_sharding(device: Device, precision: str) -> ShardingPlan:
+    """FSDP over HCCL in eager mode (with or without torch.compile); refused in lazy mode, saying how to switch."""
+    return sharding.sharding_plan(device, precision)

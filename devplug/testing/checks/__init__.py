@@ -9,6 +9,7 @@
 - :mod:`~devplug.testing.checks.steps`: step marking, gradient clipping, compilation;
 - :mod:`~devplug.testing.checks.collectives`: ``devplug_collective_setup``;
 - :mod:`~devplug.testing.checks.data`: ``devplug_dataloader``;
+- :mod:`~devplug.testing.checks.sharding`: ``devplug_sharding`` (the plan's fields agree);
 - :mod:`~devplug.testing.checks.training`: a Trainer end to end, and its checkpoint.
 
 Importing this package registers every check (:mod:`devplug.testing.kit` holds the registry). The kit
@@ -26,6 +27,7 @@ from devplug.testing.checks import (
     optimizers,
     precision,
     registration,
+    sharding,
     state,
     steps,
     training,
@@ -41,6 +43,7 @@ __all__ = [
     "precision",
     "registered_checks",
     "registration",
+    "sharding",
     "state",
     "steps",
     "training",
