@@ -33,7 +33,7 @@ def test_a_plan_that_cannot_shard_needs_its_reason():
         ShardingPlan(supported=False)
     with pytest.raises(ValueError, match="optimizer_kernel"):
         ShardingPlan(supported=True, optimizer_kernel="apex")
-    with pytest.raises(ValueError, match="torch.dtype"):
+    with pytest.raises(ValueError, match=r"torch\.dtype"):
         ShardingPlan(supported=True, param_dtype="bf16")
     assert ShardingPlan.unsupported("x: no; use y").reason == "x: no; use y"
 
