@@ -235,7 +235,7 @@ def test_precedence_is_the_same_whatever_the_sys_path_order(tmp_path, monkeypatc
 # ---- contract versions ---------------------------------------------------------------------------------------
 def test_a_plugin_needing_a_newer_contract_says_upgrade_devplug():
     class Newer:
-        DEVPLUG_CONTRACT = "1.4"
+        DEVPLUG_CONTRACT = "1.5"
 
         @devplug.hookimpl
         def devplug_hook_of_the_future(self, device):
@@ -243,7 +243,7 @@ def test_a_plugin_needing_a_newer_contract_says_upgrade_devplug():
 
     pm = create_plugin_manager(autoload=False, extra_plugins=[("newer", Newer())])
     error = pm.failures[0].error
-    assert error == (f"it needs hook contract '1.4' but devplug {devplug.__version__} speaks "
+    assert error == (f"it needs hook contract '1.5' but devplug {devplug.__version__} speaks "
                      f"{devplug.CONTRACT_VERSION}: upgrade devplug (pip install -U devplug)")
 
 

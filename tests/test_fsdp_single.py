@@ -253,3 +253,8 @@ def test_a_sharded_checkpoint_that_does_not_fit_is_refused(tmp_path):
         other.load(tmp_path / "ckpt")
     with pytest.raises(CheckpointError, match="holds no module 'x'"):
         toolkit.consolidate_checkpoint(tmp_path / "ckpt", tmp_path / "x.pt", module="x")
+
+
+def test_a_checkpoint_policy_is_refused_under_sharding(tmp_path):
+    with pytest.raises(ConfigError, match="save sharded checkpoints with trainer.save"):
+        _trainer(strategy="fsdp", checkpoints=devplug.CheckpointPolicy(directory=str(tmp_path)))
