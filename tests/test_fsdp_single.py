@@ -256,5 +256,5 @@ def test_a_sharded_checkpoint_that_does_not_fit_is_refused(tmp_path):
 
 
 def test_a_checkpoint_policy_is_refused_under_sharding(tmp_path):
-    with pytest.raises(ConfigError, match="save sharded checkpoints with trainer.save"):
+    with pytest.raises(ConfigError, match=r"save sharded checkpoints with trainer\.save"):
         _trainer(strategy="fsdp", checkpoints=devplug.CheckpointPolicy(directory=str(tmp_path)))
