@@ -258,3 +258,21 @@ def test_a_sharded_checkpoint_that_does_not_fit_is_refused(tmp_path):
 def test_a_checkpoint_policy_is_refused_under_sharding(tmp_path):
     with pytest.raises(ConfigError, match=r"save sharded checkpoints with trainer\.save"):
         _trainer(strategy="fsdp", checkpoints=devplug.CheckpointPolicy(directory=str(tmp_path)))
+
+
+@pytest.mark.slow
+def test_the_sharded_example_runs_on_one_process_and_resumes_without_sharding(tmp_path):
+    import subprocess
+    import sys
+
+    from dist_scripts.common import REPO, clean_env
+
+    script = [sys.executable, str(REPO / "examples" / "sharded_lm.py"), "--device", "cpu", "--width", "32"]
+    first = subprocess.run([*script, "--steps", "5", "--consolidate", "lm.pt"], cwd=tmp_path, env=clean_env(),
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "1 rank(s), strategy fsdp" in first.stdout and (tmp_path / "lm.pt").is_file()
+    again = subprocess.run([*script, "--steps", "10", "--resume", "--strategy", "auto"], cwd=tmp_path,
+                           env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "strategy none" in again.stdout and "step 10: loss" in again.stdout and "step 5:" not in again.stdout
