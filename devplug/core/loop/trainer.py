@@ -573,6 +573,9 @@ class Trainer:
         Call after ``setup`` and ``optimizer``; the optimizers may be other implementations than the ones
         that saved (another device's). Raises :class:`CheckpointError` if the file is unreadable, damaged or
         does not match what this trainer holds; nothing is modified in that case. Returns ``extra``.
+        A sharded checkpoint folder (``strategy="fsdp"``) loads on any world size, sharded or not: a
+        collective under several processes (call it on every rank). Its fit is checked first; the shards are
+        then read in place, so a read failing midway (a damaged shard file) can leave weights partly loaded.
         """
         self._writer.wait()
         extra = sharded_state.load_any(self._state, path, sharded_run=self.sharding is not None)
