@@ -276,3 +276,20 @@ def test_the_sharded_example_runs_on_one_process_and_resumes_without_sharding(tm
                            env=clean_env(), capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "strategy none" in again.stdout and "step 10: loss" in again.stdout and "step 5:" not in again.stdout
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_mixed_precision_trains_sharded_through_autocast_and_the_grad_scaler(precision):
+    trainer = devplug.Trainer(device="cpu", precision=precision, progress=False, seed=0, strategy="fsdp")
+    assert (trainer.precision.scaler is not None) == (precision == "16-mixed")
+    model = trainer.setup(make_lm(), name="lm", shard=[Block])
+    opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(3):
+        with trainer.autocast():
+            loss = lm_loss(model, rank_batch(step, 0, 1))
+        trainer.backward(loss)
+        norm = trainer.clip_grad_norm(opt, 1.0)
+        assert trainer.step(opt) and torch.isfinite(norm)
+        losses.append(float(loss.detach()))
+    assert all(torch.isfinite(torch.tensor(losses)))
