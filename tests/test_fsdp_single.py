@@ -293,3 +293,20 @@ def test_mixed_precision_trains_sharded_through_autocast_and_the_grad_scaler(pre
         assert trainer.step(opt) and torch.isfinite(norm)
         losses.append(float(loss.detach()))
     assert all(torch.isfinite(torch.tensor(losses)))
+
+
+@pytest.mark.slow
+def test_a_sharded_module_is_compiled_after_sharding_and_trains_the_same():
+    losses = {}
+    for compiled in (False, True):
+        options = {"compile": True, "compile_options": {"backend": "aot_eager"}} if compiled else {}
+        trainer = _trainer(strategy="fsdp", **options)
+        model = trainer.setup(make_lm(), name="lm", shard=[Block])
+        assert fsdp.is_sharded(trainer._modules["lm"]) and (type(model).__name__ == "OptimizedModule") == compiled
+        opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2)
+        for step in range(3):
+            loss = lm_loss(model, rank_batch(step, 0, 1))
+            trainer.backward(loss)
+            trainer.step(opt)
+        losses[compiled] = float(loss.detach())
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)

@@ -223,18 +223,18 @@ class Trainer:
             module = self.precision.convert_module(module) or module
         module = self.to_device(module)
         self._modules[key] = module
-        if self._config.compile:
-            compiled = self._hooks(spec.devplug_compile, module=module, options=dict(self._config.compile_options))
-            module = compiled if compiled is not None else module
         if activation_checkpointing:
             from devplug.core.loop.recompute import apply_activation_checkpointing
 
             apply_activation_checkpointing(module, activation_checkpointing)
-        if self.sharding is not None:
-            return fsdp.shard_module(module, self.sharding, self.device, shard)
-        if shard is not None:
+        if self.sharding is not None:  # sharded in place, before compiling, as torch's FSDP expects
+            fsdp.shard_module(module, self.sharding, self.device, shard)
+        elif shard is not None:
             raise ConfigError(f"setup(shard=...) needs Trainer(strategy='fsdp'); this trainer's is {self.strategy!r}")
-        if self._launch.distributed:
+        if self._config.compile:
+            compiled = self._hooks(spec.devplug_compile, module=module, options=dict(self._config.compile_options))
+            module = compiled if compiled is not None else module
+        if self._launch.distributed and self.sharding is None:
             from devplug.core.distributed.ddp import wrap_ddp
 
             module = wrap_ddp(module, self._collective, self._config.ddp_overrides())
