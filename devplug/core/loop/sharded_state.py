@@ -19,7 +19,7 @@ import torch.distributed as dist
 from devplug.core.checkpoint import file as ckpt
 from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.finite import nonfinite
-from devplug.core.checkpoint.sharded import ShardedWriter, is_sharded_checkpoint, load_tensors, read_state
+from devplug.core.checkpoint.sharded import ShardedWriter, load_tensors, read_state
 from devplug.core.errors import CheckpointError, NonFiniteLossError
 from devplug.core.loop.trainer_state import TrainerState
 from devplug.core.optim.canonical import import_state
@@ -154,5 +154,3 @@ def load_any(ts: TrainerState, path: str | os.PathLike[str], sharded_run: bool) 
         return load_plain_into_sharded(ts, path)
     return ts.load(path)
 
-
-__all__ = ["is_sharded_checkpoint", "load_any", "save_sharded"]
