@@ -27,6 +27,7 @@ from devplug.core.contract.records import (
     PeakFlops,
     Phase,
     PrecisionPlan,
+    ShardingPlan,
 )
 from devplug.core.distributed.launch import detect_launch
 from devplug.core.errors import (
@@ -91,6 +92,7 @@ __all__ = [
     "PrecisionPlan",
     "Resumed",
     "RunSummary",
+    "ShardingPlan",
     "TensorBoardLogger",
     "Trainer",
     "TrainerConfig",

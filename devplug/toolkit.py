@@ -34,6 +34,9 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   `momentum_to_canonical`, `momentum_from_canonical` — for an optimizer whose state is not in
   torch.optim's layout: the pieces of its ``OptimizerChoice.to_canonical``/``from_canonical`` converters
   (step counts per group or per parameter, the hyperparameters each side has, fused Adam and SGD layouts);
+- `consolidate_checkpoint` — one module's full weights from a sharded checkpoint folder
+  (``Trainer(strategy="fsdp").save``) in one file that ``torch.load(weights_only=True)`` reads into a plain module;
+  `torch_sharding_plan` — the fallback's FSDP plan for a device and precision, to adjust;
 - `remove_stale_temp_files` — delete the temporary files of checkpoint saves whose process is gone
   (``Trainer.save`` does it itself; call it at start to tidy a checkpoint folder at once);
 - `log_once` — say something (a fallback and its reason) once per process (`forget_logged`
@@ -50,6 +53,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from devplug.core.checkpoint.sharded import consolidate_checkpoint
 from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.data.evaluation import EvaluationSampler, evaluation_shard
 from devplug.core.data.images import display_path, load_rgb, printable
@@ -75,6 +79,7 @@ from devplug.core.fallback.accelerator import (
     synchronize,
 )
 from devplug.core.fallback.precision import autocast_plan, torch_precision_plan
+from devplug.core.fallback.sharding import torch_sharding_plan
 from devplug.core.log_once import forget_logged, log_once
 from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops
 from devplug.core.observe.peak_cache import cache_dir
@@ -122,6 +127,7 @@ __all__ = [
     "cache_dir",
     "cached_matmul_flops",
     "collective_backend",
+    "consolidate_checkpoint",
     "current_accelerator_type",
     "device_available",
     "device_count",
@@ -156,5 +162,6 @@ __all__ = [
     "torch_optimizer_class",
     "torch_optimizer_defaults",
     "torch_precision_plan",
+    "torch_sharding_plan",
     "tune_loader",
 ]

@@ -429,3 +429,31 @@ def test_synchronize_and_memory_stats_come_from_torch_hpu(hpu):
     stats = hooks(hookspecs.devplug_memory_stats)
     assert stats == devplug.MemoryStats(allocated=3 * 2**20, reserved=96 * 2**30, peak_allocated=5 * 2**20,
                                         total=96 * 2**30)
+
+
+def test_sharding_is_refused_in_lazy_mode_with_the_switch_to_eager(hpu):
+    plan = hpu.hooks()(hookspecs.devplug_sharding, precision="bf16-mixed")
+    assert not plan.supported and plan.reason.startswith("hpu")
+    assert "PT_HPU_LAZY_MODE=0" in plan.reason and "strategy='ddp'" in plan.reason and "\n" not in plan.reason
+    with pytest.raises(devplug.ConfigError, match="strategy='fsdp' is not available: hpu"):
+        devplug.Trainer(device="hpu", strategy="fsdp", progress=False, plugin_manager=hpu.plugin_manager())
+
+
+def test_sharding_in_eager_mode_gathers_bf16_over_hccl_with_torch_foreach(hpu):
+    hpu.lazy(False)
+    plan = hpu.hooks()(hookspecs.devplug_sharding, precision="bf16-mixed")
+    assert plan.supported and (plan.param_dtype, plan.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert (plan.optimizer_kernel, plan.cpu_offload) == ("foreach", False) and "FusedAdamW" in plan.optimizer_reason
+    assert "hccl" in plan.reason
+
+
+def test_clipping_sharded_gradients_leaves_the_fused_kernel_to_unsharded_runs(hpu):
+    from devplug.plugins.hpu import clipping
+
+    class Sharded(torch.Tensor):
+        placements = ()
+
+    param = nn.Parameter(torch.ones(2))
+    param.grad = torch.ones(2).as_subclass(Sharded)
+    assert clipping.clip_grad_norm(hpu.device(), [param], 1.0, 2.0) is None
+    assert hpu.count("FusedClipNorm") == 0

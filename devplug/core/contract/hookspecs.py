@@ -56,6 +56,7 @@ from devplug.core.contract.records import (
     PeakFlops,
     Phase,
     PrecisionPlan,
+    ShardingPlan,
 )
 
 PROJECT = "devplug"
@@ -201,10 +202,25 @@ def devplug_clip_grad_norm(
 def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSetup | None:
     """Prepare ``device`` for a multi-process job and name its collective backend.
 
-    Called once, before ``torch.distributed.init_process_group``, only when ``launch.world_size > 1``.
+    Called once, before ``torch.distributed.init_process_group``, when ``launch.world_size > 1``, and when a
+    single process shards a model (``strategy="fsdp"``: a process group of one).
     May have side effects the device needs (select the local device, import a collective library).
     Return a `CollectiveSetup` with the backend, DDP defaults and extra init arguments.
     First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_sharding(device: Device, precision: str) -> ShardingPlan | None:
+    """Say how ``device`` shards a model with PyTorch's FSDP (``fully_shard``) at precision ``precision``.
+
+    Called once per Trainer built with ``strategy="fsdp"`` (contract 1.4), after the precision plan is
+    resolved (``precision`` is its name, never ``"auto"``). Return a `ShardingPlan`: whether the
+    device supports sharding (if not, ``reason`` says so in one line naming the device and what to use
+    instead), the ``MixedPrecisionPolicy`` dtypes for the precision, ``reshard_after_forward``, CPU offload
+    support, and the torch.optim kernel allowed over sharded (DTensor) parameters with the reason. ``None``
+    defers (the core's fallback: FSDP where torch has a collective backend for the device type, the foreach
+    kernel). First-result.
     """
 
 

@@ -242,6 +242,55 @@ class PrecisionPlan:
                 "needed'")
 
 
+#: The optimizer kernels a ShardingPlan may allow over sharded (DTensor) parameters, as torch.optim options.
+SHARDED_OPTIMIZER_KERNELS = ("fused", "foreach", "for-loop")
+
+
+def _dtype_or_none(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, torch.dtype):
+        raise ValueError(f"ShardingPlan.{attribute.name} must be a torch.dtype or None, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ShardingPlan:
+    """How a device shards a model with PyTorch's FSDP (``fully_shard``), as ``devplug_sharding`` answers.
+
+    - ``supported``: False when the device cannot shard; ``reason`` then says so in one line naming the
+      device and what to use instead (``"mydev: no reduce-scatter in its collective library; use
+      strategy='ddp'"``).
+    - ``param_dtype`` / ``reduce_dtype``: FSDP's ``MixedPrecisionPolicy`` for the run's precision: the dtype
+      parameters are gathered in for forward and backward, and the dtype gradients are reduce-scattered
+      in (``None``: the parameters' own, fp32).
+    - ``reshard_after_forward``: free the gathered parameters after forward (less memory, one more
+      all-gather in backward).
+    - ``cpu_offload``: the device supports FSDP's ``CPUOffloadPolicy`` (sharded parameters, gradients and
+      optimizer state kept in host memory).
+    - ``optimizer_kernel``: the torch.optim kernel allowed over sharded parameters: ``"fused"``,
+      ``"foreach"`` or ``"for-loop"``; ``optimizer_reason`` says why (the Trainer records it in the
+      `OptimizerChoice`).
+    - ``reason``: what the plugin decided and why, for summaries (required when not supported).
+    """
+
+    supported: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    param_dtype: torch.dtype | None = attrs.field(default=None, validator=_dtype_or_none)
+    reduce_dtype: torch.dtype | None = attrs.field(default=None, validator=_dtype_or_none)
+    reshard_after_forward: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    cpu_offload: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    optimizer_kernel: str = attrs.field(default="foreach", validator=attrs.validators.in_(SHARDED_OPTIMIZER_KERNELS))
+    optimizer_reason: str = ""
+    reason: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if not self.supported and not self.reason.strip():
+            raise ValueError("a ShardingPlan that is not supported needs a reason naming the device and what to "
+                             "use instead")
+
+    @classmethod
+    def unsupported(cls, reason: str) -> ShardingPlan:
+        """A device that cannot shard: ``reason`` names it and what to use instead, in one line."""
+        return cls(supported=False, reason=reason)
+
+
 @attrs.frozen
 class LaunchInfo:
     """Where this process sits in a distributed job, as read from the launcher's environment."""

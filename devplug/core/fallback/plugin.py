@@ -26,9 +26,11 @@ from devplug.core.contract.records import (
     MemoryStats,
     OptimizerChoice,
     PrecisionPlan,
+    ShardingPlan,
 )
 from devplug.core.fallback import accelerator
 from devplug.core.fallback.precision import torch_precision_plan
+from devplug.core.fallback.sharding import torch_sharding_plan
 from devplug.core.optim.torch_optimizers import fastest_torch_optimizer
 from devplug.core.tree import move_to
 
@@ -56,6 +58,12 @@ def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str,
 def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
     """torch.autocast; ``"auto"`` is bf16 where torch reports autocast and native bf16 for the type, else fp32."""
     return torch_precision_plan(device, precision)
+
+
+@hookimpl(trylast=True)
+def devplug_sharding(device: Device, precision: str) -> ShardingPlan:
+    """FSDP where torch has a collective backend for the device type; fp32 reductions; the foreach kernel."""
+    return torch_sharding_plan(device, precision)
 
 
 @hookimpl(trylast=True)

@@ -78,6 +78,9 @@ class TrainerConfig:
     - ``device_options``: free-form options for the device plugin (see each plugin's docs).
     - ``stop_signals``: signals that end ``epochs()`` at the next step boundary (default SIGINT, SIGTERM,
       SIGUSR1; ``()`` leaves every signal alone).
+    - ``strategy``: ``"auto"`` (DDP when launched with more than one process), ``"ddp"``, or ``"fsdp"``: shard
+      parameters, gradients and optimizer state across ranks with PyTorch's ``fully_shard`` as the device
+      plugin's sharding plan says (one process too: a process group of one).
     - ``checkpoints``: a `CheckpointPolicy`: periodic, best-k and end-of-run checkpoints
       into one folder, and auto-resume from its newest intact one.
     """
@@ -110,6 +113,7 @@ class TrainerConfig:
     device_options: Mapping[str, Any] = attrs.field(factory=dict)
     stop_signals: tuple[str, ...] = attrs.field(default=DEFAULT_STOP_SIGNALS, converter=tuple,
                                                 validator=lambda _i, _a, v: signal_numbers(v))
+    strategy: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "ddp", "fsdp")))
     checkpoints: CheckpointPolicy | None = attrs.field(
         default=None, validator=_optional(attrs.validators.instance_of(CheckpointPolicy)))
 
@@ -119,6 +123,9 @@ class TrainerConfig:
             raise ValueError(f"loggers {', '.join(named)} write into log_dir: set log_dir too")
         if self.profile is not None and self.log_dir is None:
             raise ValueError("profile writes its trace under log_dir/profiler: set log_dir too")
+        if self.strategy == "fsdp" and self.checkpoints is not None:
+            raise ValueError("checkpoints= (a CheckpointPolicy) keeps single-file checkpoints; with strategy='fsdp' "
+                             "save sharded checkpoints with trainer.save(path) and resume with trainer.load(path)")
 
     @property
     def logger_items(self) -> tuple[Any, ...]:

@@ -28,6 +28,7 @@ from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.compiled import plain_module
 from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.checkpoint.resume import Resumed
+from devplug.core.checkpoint.sharded import ShardedWriter
 from devplug.core.contract import hookspecs as spec
 from devplug.core.contract.records import (
     LaunchInfo,
@@ -36,14 +37,17 @@ from devplug.core.contract.records import (
     PeakFlops,
     Phase,
     PrecisionPlan,
+    ShardingPlan,
 )
 from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
 from devplug.core.data.position import LoopPosition
+from devplug.core.distributed import fsdp
 from devplug.core.distributed.launch import detect_launch
 from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
 from devplug.core.errors import ConfigError, NonFiniteLossError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.log_once import log_once
+from devplug.core.loop import sharded_state
 from devplug.core.loop.config import TrainerConfig
 from devplug.core.loop.signals import StopRequest
 from devplug.core.loop.step import NO_REGION, Regioned, StepRoute, parameters_with_grad
@@ -56,6 +60,7 @@ from devplug.core.observe.profiling import StepProfiler
 from devplug.core.observe.reporter import Reporter
 from devplug.core.observe.summary import RunSummary
 from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key, optimizers_not_saved
+from devplug.core.optim.torch_optimizers import sharded_torch_optimizer
 from devplug.core.registry.bounded import call_with_limit
 from devplug.core.registry.devices import DeviceRegistry
 from devplug.core.registry.manager import FALLBACK_NAME, DevplugPluginManager, get_plugin_manager
@@ -107,6 +112,13 @@ class Trainer:
                                "devplug_precision", before=current_index_carrier(self.device.torch_device.type))
         assert plan is not None  # the core fallback always answers
         self.precision: PrecisionPlan = plan
+        self.strategy = fsdp.resolve_strategy(self._config.strategy, self._launch)
+        self.sharding: ShardingPlan | None = None
+        if self.strategy == "fsdp":
+            self.sharding = fsdp.require_plan(self._hooks(spec.devplug_sharding, precision=plan.name), self.device)
+            if not self._launch.distributed:
+                fsdp.join_single_process(self._hooks(spec.devplug_collective_setup, launch=self._launch), self.device)
+        self._writer = ShardedWriter()
         self._modules: dict[str, torch.nn.Module] = {}
         self._optimizers: dict[str, OptimizerChoice] = {}
         self._stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # what step() was given
@@ -230,12 +242,17 @@ class Trainer:
         """Move a module, tensor or nested batch to the device (through the device plugin)."""
         return self._hooks(spec.devplug_to_device, obj=obj)
 
-    def setup(self, module: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
-        """Prepare ``module`` for training: precision conversion, device, compile, DDP when launched.
+    def setup(self, module: torch.nn.Module, name: str | None = None, *, shard: Any = None,
+              activation_checkpointing: Any = None) -> torch.nn.Module:
+        """Prepare ``module`` for training: precision conversion, device, compile, DDP or FSDP.
 
         The module is registered under ``name`` (default: its class name, lower-cased) for checkpoints; a
         model you compiled yourself (``torch.compile(model)``) is named and saved as the model it compiled.
-        Returns the module to call in the loop (DDP-wrapped when the world size is above 1).
+        Returns the module to call in the loop: DDP-wrapped when launched with more than one process
+        (``strategy="auto"`` or ``"ddp"``); with ``strategy="fsdp"``, sharded in place with ``fully_shard``
+        over every instance of the classes in ``shard`` (a parameter count instead: every submodule that
+        large; left out: 1,000,000), then the root. ``activation_checkpointing=[Block]`` recomputes those
+        blocks' activations in backward instead of keeping them.
         """
         key = name or type(plain_module(module)).__name__.lower()  # a model you compiled: its own class
         if key in self._modules:
@@ -244,10 +261,18 @@ class Trainer:
             module = self.precision.convert_module(module) or module
         module = self.to_device(module)
         self._modules[key] = module
+        if activation_checkpointing:
+            from devplug.core.loop.recompute import apply_activation_checkpointing
+
+            apply_activation_checkpointing(module, activation_checkpointing)
+        if self.sharding is not None:  # sharded in place, before compiling, as torch's FSDP expects
+            fsdp.shard_module(module, self.sharding, self.device, shard)
+        elif shard is not None:
+            raise ConfigError(f"setup(shard=...) needs Trainer(strategy='fsdp'); this trainer's is {self.strategy!r}")
         if self._config.compile:
             compiled = self._hooks(spec.devplug_compile, module=module, options=dict(self._config.compile_options))
             module = compiled if compiled is not None else module
-        if self._launch.distributed:
+        if self._launch.distributed and self.sharding is None:
             from devplug.core.distributed.ddp import wrap_ddp
 
             module = wrap_ddp(module, self._collective, self._config.ddp_overrides())
@@ -263,8 +288,11 @@ class Trainer:
         params = list(params)
         algo, own_class = algorithm_name(algorithm)
         key = optimizer_key(params, self._modules, self._optimizers, algo, name)
-        choice = build_choice(algo, own_class, params, options, lambda: self._hooks(
-            spec.devplug_optimizer, name=algo, params=params, options=dict(options)), str(self.device))
+        plan = self.sharding
+        ask = (lambda: self._hooks(spec.devplug_optimizer, name=algo, params=params, options=dict(options))) \
+            if plan is None else (lambda: sharded_torch_optimizer(algo, params, dict(options), plan.optimizer_kernel,
+                                                                  plan.optimizer_reason))
+        choice = build_choice(algo, own_class, params, options, ask, str(self.device))
         self._optimizers[key] = choice
         self._reporter.log_run(self.global_step, tags={f"optimizer/{key}": choice.implementation})
         if choice.reason:
@@ -395,8 +423,8 @@ class Trainer:
             return None
         self._unscale(optimizer)
         parameters = parameters_with_grad(optimizer)
-        return self._hooks(spec.devplug_clip_grad_norm, parameters=parameters, max_norm=float(max_norm),
-                          norm_type=float(norm_type))
+        return fsdp.local_tensor(self._hooks(spec.devplug_clip_grad_norm, parameters=parameters,
+                                             max_norm=float(max_norm), norm_type=float(norm_type)))
 
     def clip_grad_value(self, optimizer: torch.optim.Optimizer, clip_value: float) -> bool:
         """Clamp ``optimizer``'s gradients to ``[-clip_value, clip_value]`` (after unscaling); True if it clipped.
@@ -411,9 +439,14 @@ class Trainer:
 
     @contextlib.contextmanager
     def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
-        """Skip DDP's gradient all-reduce inside; a no-op without DDP (prefer `accumulate`)."""
+        """Skip DDP's all-reduce (FSDP's reduce-scatter) of gradients inside; a no-op without them (prefer
+        `accumulate`)."""
         sync_off = getattr(module, "no_sync", None)
-        with sync_off() if callable(sync_off) else contextlib.nullcontext():
+        if callable(sync_off):
+            context = sync_off()
+        else:
+            context = fsdp.gradient_sync_off(module) if fsdp.is_sharded(module) else contextlib.nullcontext()
+        with context:
             yield
 
     @contextlib.contextmanager
@@ -605,12 +638,15 @@ class Trainer:
         """Everything needed to resume: modules, optimizers, scaler, counters, RNG states."""
         return self._state.state_dict()
 
-    def save(self, path: str | os.PathLike[str], **extra: Any) -> str | None:
+    def save(self, path: str | os.PathLike[str], *, async_save: bool = False, **extra: Any) -> str | None:
         """Write a checkpoint atomically (rank 0 only); ``extra`` holds the author's own state.
 
         Returns the path written, or ``None`` on other ranks. Raises ``devplug.NonFiniteLossError`` and
         writes nothing when a weight or optimizer state holds NaN or infinity (docs/trainer.md, Checkpoints).
         Warns, naming it, about an optimizer given to `step` whose state the checkpoint does not hold.
+        With ``strategy="fsdp"`` it writes a sharded checkpoint folder instead, every rank its shards (call
+        it on every rank; it returns the path on all); ``async_save=True`` writes it in the background, and
+        the next save or `close` waits for it (plain checkpoints are always written at once).
         """
         for described in optimizers_not_saved(self._stepped, self._optimizers, self._registered.values(),
                                               self._modules):
@@ -620,6 +656,8 @@ class Trainer:
                           RuntimeWarning, stacklevel=2)
         if self._registered:
             extra = {**self._registered_state(), **extra}
+        if self.sharding is not None:
+            return sharded_state.save_sharded(self._state, self._writer, path, extra, async_save=async_save)
         return self._state.save(path, extra) if self.is_main_process else None
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -628,8 +666,12 @@ class Trainer:
         Call after ``setup`` and ``optimizer``; the optimizers may be other implementations than the ones
         that saved (another device's). Raises `CheckpointError` if the file is unreadable, damaged or
         does not match what this trainer holds; nothing is modified in that case. Returns ``extra``.
+        A sharded checkpoint folder (``strategy="fsdp"``) loads on any world size, sharded or not: a
+        collective under several processes (call it on every rank). Its fit is checked first; the shards are
+        then read in place, so a read failing midway (a damaged shard file) can leave weights partly loaded.
         """
-        extra = self._state.load(path)
+        self._writer.wait()
+        extra = sharded_state.load_any(self._state, path, sharded_run=self.sharding is not None)
         self._restore_registered(extra)
         return extra
 
@@ -760,6 +802,7 @@ class Trainer:
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
         """
         self.profiler.stop()
+        self._writer.wait()
         summary: dict[str, Any] = {}
         if self.is_main_process and not self._reporter.closed:
             try:

@@ -49,7 +49,7 @@ class TrainerState:
         """The training loaders, primary first (evaluation loaders hold no position)."""
         return [loader for loader in self.loaders if loader.train]
 
-    def _device_rng(self) -> Any:
+    def device_rng(self) -> Any:
         return rng.device_module(self.device.torch_device.type)
 
     def state_dict(self) -> dict[str, Any]:
@@ -58,7 +58,12 @@ class TrainerState:
         Saved inside an unfinished accumulation window, the position is that of the window's start: the
         partial gradients are not saved, so a resume recomputes the whole step.
         """
+        return {**self.loop_state(),
+                "modules": {k: plain_state(m.state_dict()) for k, m in self.modules.items()},
+                "optimizers": {k: export_state(c) for k, c in self.optimizers.items()}}
 
+    def loop_state(self) -> dict[str, Any]:
+        """What a checkpoint holds besides module and optimizer tensors: counters, positions, scaler, RNG."""
         position, scaler = self.position, self.scaler
         open_window = 0 if position.window_closed() else position.in_window
         points = [(loader.seed, loader.resume_point(self.world_size)) for loader in self.training_loaders()]
@@ -71,10 +76,8 @@ class TrainerState:
             "batches_in_epoch": position.batches_in_epoch - open_window,
             "world_size": self.world_size,
             "loaders": [{"seed": seed, **attrs.asdict(point)} for seed, point in points],
-            "modules": {k: plain_state(m.state_dict()) for k, m in self.modules.items()},
-            "optimizers": {k: export_state(c) for k, c in self.optimizers.items()},
             "scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": rng.rng_state(self._device_rng()),
+            "rng": rng.rng_state(self.device_rng()),
         }
 
     def save(self, path: str | os.PathLike[str], extra: Mapping[str, Any]) -> str:
@@ -123,14 +126,23 @@ class TrainerState:
         check_matches(state, self.modules, self.optimizers, path)
         natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in self.optimizers.items()}
         check_loaded_optimizers(state["optimizers"], natives, self.optimizers, path)
+        points = self.resume_points(state)
+        restore(state, natives, modules=self.modules, optimizers=self.optimizers, scaler=self.scaler,
+                device_module=self.device_rng(), path=path)
+        return self.continue_from(state, points)
+
+    def resume_points(self, state: Mapping[str, Any]) -> dict[int, ResumePoint]:
+        """The saved loader positions; a loader that cannot continue at the same sample raises now."""
         points = {i: ResumePoint(**{k: v for k, v in entry.items() if k != "seed"})
                   for i, entry in enumerate(state["loaders"])}
-        for loader in self.training_loaders():  # a loader that cannot continue at the same sample says so now
+        for loader in self.training_loaders():
             if loader.index in points:
                 points[loader.index].skip(loader.batch_size, self.world_size, loader.sharded,
                                           f"training loader {loader.index}")
-        restore(state, natives, modules=self.modules, optimizers=self.optimizers, scaler=self.scaler,
-                device_module=self._device_rng(), path=path)
+        return points
+
+    def continue_from(self, state: Mapping[str, Any], points: dict[int, ResumePoint]) -> dict[str, Any]:
+        """Set the loop position and loader seeds from a restored ``state``; its ``extra``."""
         position = self.position
         position.global_step = int(state["global_step"])
         position.epoch = int(state["epoch"])

@@ -124,3 +124,22 @@ def fastest_torch_optimizer(device: Device, name: str, params: Any, options: dic
         except (RuntimeError, ValueError, TypeError) as exc:  # e.g. fused with differentiable=True
             reason = f"{kernel}=True does not take these options ({exc})"
     return OptimizerChoice(cls(params, **options), base, reason)
+
+
+def sharded_torch_optimizer(name: str, params: Any, options: dict[str, Any], kernel: str,
+                            reason: str) -> OptimizerChoice:
+    """torch.optim's ``name`` over sharded (DTensor) parameters with the ``kernel`` a ShardingPlan allows.
+
+    ``kernel`` is ``"fused"``, ``"foreach"`` or ``"for-loop"``; ``reason`` (the plan's) is recorded in the
+    choice. ``fused`` or ``foreach`` in ``options`` is the author's choice and is kept.
+    """
+    cls = torch_optimizer_class(name)
+    base = f"torch.optim.{cls.__name__}"
+    chosen = {k: options[k] for k in KERNELS if k in options}
+    if chosen:
+        described = ", ".join(f"{k}={v!r}" for k, v in chosen.items())
+        return OptimizerChoice(cls(params, **options), f"{base}({described})", "the author chose the implementation")
+    if kernel in KERNELS and kernel in inspect.signature(cls).parameters:
+        optimizer = cls(params, **{kernel: True}, **options)  # type: ignore[arg-type]  # a torch.optim subclass
+        return OptimizerChoice(optimizer, f"{base}({kernel}=True)", reason)
+    return OptimizerChoice(cls(params, **options), base, reason)

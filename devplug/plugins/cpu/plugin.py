@@ -22,6 +22,7 @@ from devplug import (
     OptimizerChoice,
     PeakFlops,
     PrecisionPlan,
+    ShardingPlan,
     hookimpl,
 )
 from devplug.plugins.cpu import peak
@@ -31,6 +32,7 @@ from devplug.toolkit import (
     process_memory_stats,
     torch_dataloader,
     torch_optimizer_class,
+    torch_sharding_plan,
 )
 
 DEVPLUG_CONTRACT = "1.4"
@@ -170,3 +172,16 @@ def devplug_peak_flops(device: Device, precision: str) -> PeakFlops:
     """Computed from the CPU's features and clock (`.peak`); where it cannot be, measured once per machine."""
     dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if precision.startswith("16") else torch.float32
     return peak.peak_flops(dtype)
+
+
+@hookimpl
+def devplug_sharding(device: Device, precision: str) -> ShardingPlan:
+    """FSDP over gloo: parameters travel in fp32 (autocast computes in bf16), the foreach kernel over DTensors.
+
+    gloo's reductions in bf16 are slow and it has none in fp16, so gathers and reduce-scatters stay fp32;
+    torch's fused CPU kernels are not used over sharded parameters (foreach is). Host memory holds
+    everything already, so CPU offload has nothing to offer.
+    """
+    return torch_sharding_plan(device, precision, gather_low_precision=False, cpu_offload=False,
+                               optimizer_reason="torch.optim's foreach kernel over DTensor shards; "
+                                                "the fused CPU kernels are left to unsharded runs")

@@ -36,6 +36,7 @@ from devplug import (
     PeakFlops,
     Phase,
     PrecisionPlan,
+    ShardingPlan,
     hookimpl,
 )
 from devplug.plugins.cuda import doctor, peaks
@@ -43,7 +44,7 @@ from devplug.plugins.cuda.dali import build_dali_loader, dali_status
 from devplug.plugins.cuda.optimizers import build_optimizer
 from devplug.plugins.cuda.precision import configure_tf32, plan_precision
 from devplug.plugins.cuda.probe import compute_capability, device_count, probe
-from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_dataloader
+from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_dataloader, torch_sharding_plan
 
 DEVPLUG_CONTRACT = "1.4"
 
@@ -199,3 +200,15 @@ def devplug_peak_flops(device: Device, precision: str) -> PeakFlops | None:
     name = torch.cuda.get_device_name(device.index or 0)
     value = peaks.peak_flops(name, precision)
     return None if value is None else PeakFlops(value, "datasheet", f"{name}, {precision}")
+
+
+@hookimpl
+def devplug_sharding(device: Device, precision: str) -> ShardingPlan:
+    """FSDP over NCCL: bf16 or fp16 gathers with fp32 reduce-scatters, CPU offload, torch's fused kernel.
+
+    torch's fused Adam/AdamW/SGD CUDA kernels run over DTensor parameters (apex's do not: they are not
+    used under FSDP). ``Trainer(device_options={"cpu_offload": True})`` keeps shards in pinned host memory.
+    """
+    return torch_sharding_plan(device, precision, optimizer_kernel="fused", cpu_offload=True, gather_low_precision=True,
+                               optimizer_reason="torch.optim's fused CUDA kernel runs over DTensor shards; "
+                                                "apex optimizers do not take DTensors")

@@ -18,10 +18,10 @@ from typing import Any
 
 import attrs
 
-from devplug import Device, DeviceSpec, LoaderChoice, LoaderOptions, hookimpl
+from devplug import Device, DeviceSpec, LoaderChoice, LoaderOptions, ShardingPlan, hookimpl
 from devplug.plugins.generic.catalog import declared_types, facts, priority
 from devplug.plugins.generic.probe import count, probe
-from devplug.toolkit import log_once, torch_dataloader
+from devplug.toolkit import log_once, torch_dataloader, torch_sharding_plan
 
 DEVPLUG_CONTRACT = "1.4"
 
@@ -62,3 +62,10 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
     if options.pin_memory is None:
         options = attrs.evolve(options, pin_memory=facts(device.torch_device.type).pin_memory)
     return torch_dataloader(source, options, compute_competes=False)
+
+
+@hookimpl
+def devplug_sharding(device: Device, precision: str) -> ShardingPlan:
+    """FSDP over torch's collective backend for the type (``xccl`` for XPU); refused, saying so, where torch has
+    none (MPS): one process without sharding is the alternative there."""
+    return torch_sharding_plan(device, precision)

@@ -27,6 +27,10 @@ def clip_grad_norm(device: Device, parameters: list[torch.Tensor], max_norm: flo
         return None
     if not parameters:
         return None
+    if any(hasattr(p.grad, "placements") for p in parameters):
+        runtime.log_once("gradient clipping: the gradients are sharded (FSDP); FusedClipNorm would see this card's "
+                         "shard only, so torch.nn.utils.clip_grad_norm_ computes the norm across ranks")
+        return None
     try:
         fused = importlib.import_module(HPEX_NORMALIZATION).FusedClipNorm
     except (ImportError, AttributeError) as exc:

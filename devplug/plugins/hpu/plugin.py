@@ -19,9 +19,10 @@ from devplug import (
     PeakFlops,
     Phase,
     PrecisionPlan,
+    ShardingPlan,
     hookimpl,
 )
-from devplug.plugins.hpu import clipping, data, distributed, doctor, mode, optimizers, peaks, probe, stats
+from devplug.plugins.hpu import clipping, data, distributed, doctor, mode, optimizers, peaks, probe, sharding, stats
 from devplug.plugins.hpu import precision as precision_plans
 
 DEVPLUG_CONTRACT = "1.4"
@@ -115,3 +116,9 @@ def devplug_peak_flops(device: Device, precision: str) -> PeakFlops | None:
     model = str(name()) if callable(name) else ""
     value = peaks.peak_flops(model, precision)
     return None if value is None else PeakFlops(value, "datasheet", f"{model}, {precision}")
+
+
+@hookimpl
+def devplug_sharding(device: Device, precision: str) -> ShardingPlan:
+    """FSDP over HCCL in eager mode (with or without torch.compile); refused in lazy mode, saying how to switch."""
+    return sharding.sharding_plan(device, precision)

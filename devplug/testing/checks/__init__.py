@@ -9,6 +9,7 @@
 - `steps`: step marking, gradient clipping, compilation;
 - `collectives`: ``devplug_collective_setup``;
 - `data`: ``devplug_dataloader``;
+- `sharding`: ``devplug_sharding`` (the plan's fields agree);
 - `training`: a Trainer end to end, and its checkpoint.
 
 Importing this package registers every check (`devplug.testing.kit` holds the registry). The kit
@@ -26,6 +27,7 @@ from devplug.testing.checks import (
     optimizers,
     precision,
     registration,
+    sharding,
     state,
     steps,
     training,
@@ -41,6 +43,7 @@ __all__ = [
     "precision",
     "registered_checks",
     "registration",
+    "sharding",
     "state",
     "steps",
     "training",

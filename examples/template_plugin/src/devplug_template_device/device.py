@@ -33,7 +33,14 @@ import attrs
 import torch
 
 import devplug
-from devplug.toolkit import autocast_plan, measured_matmul_flops, move_to, torch_dataloader, torch_optimizer_class
+from devplug.toolkit import (
+    autocast_plan,
+    measured_matmul_flops,
+    move_to,
+    torch_dataloader,
+    torch_optimizer_class,
+    torch_sharding_plan,
+)
 
 #: The hook contract this plugin was written for (``devplug.CONTRACT_VERSION`` when it was written).
 #: devplug skips, with a clear message, a plugin written for a newer contract or another major version.
@@ -193,6 +200,17 @@ def devplug_dataloader(
         options = attrs.evolve(options, pin_memory=False)
     choice = torch_dataloader(source, options)
     return attrs.evolve(choice, implementation=f"cpusim: {choice.implementation}")
+
+
+@devplug.hookimpl
+def devplug_sharding(device: devplug.Device, precision: str) -> devplug.ShardingPlan:
+    """FSDP over gloo, as on the CPU: parameters gathered in fp32, torch's foreach kernel over the shards.
+
+    A real plugin says here which dtypes its collective library gathers and reduces in, whether shards can
+    wait in host memory (CPU offload), and which of its optimizers take DTensor parameters.
+    """
+    return torch_sharding_plan(device, precision, gather_low_precision=False,
+                               optimizer_reason="torch.optim's foreach kernel over DTensor shards")
 
 
 @devplug.hookimpl

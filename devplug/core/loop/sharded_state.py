@@ -1,0 +1,156 @@
+"""A Trainer's checkpoints under FSDP, and sharded checkpoints in any run.
+
+Module and optimizer tensors go through ``torch.distributed.checkpoint.state_dict`` (parameter names as
+keys, so the same checkpoint fits a sharded model, a DDP replica or one process) into a DCP folder
+(`devplug.core.checkpoint.sharded`); the loop position, RNG, scaler and the author's extra state
+ride along in the folder's small state file. A plain checkpoint file loads into a sharded run too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from devplug.core.checkpoint import file as ckpt
+from devplug.core.checkpoint import rng
+from devplug.core.checkpoint.finite import nonfinite
+from devplug.core.checkpoint.sharded import ShardedWriter, load_tensors, read_state
+from devplug.core.errors import CheckpointError, NonFiniteLossError
+from devplug.core.loop.trainer_state import TrainerState
+from devplug.core.optim.canonical import import_state
+
+
+def _options(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**kwargs)
+
+
+def optimizer_owners(ts: TrainerState) -> dict[str, str]:
+    """For each optimizer, the set-up module holding all its parameters (a sharded state is keyed by name)."""
+    owners = {}
+    for key, choice in ts.optimizers.items():
+        ids = {id(p) for group in choice.optimizer.param_groups for p in group["params"]}
+        owner = next((name for name, m in ts.modules.items() if ids <= {id(p) for p in m.parameters()}), None)
+        if owner is None:
+            raise CheckpointError(f"optimizer {key!r} holds parameters of several modules or of one not set up: a "
+                                  "sharded checkpoint needs each optimizer over one set-up module's parameters")
+        owners[key] = owner
+    return owners
+
+
+def _tensors(ts: TrainerState, owners: Mapping[str, str]) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    return {"modules": {k: get_model_state_dict(m) for k, m in ts.modules.items()},
+            "optimizers": {k: get_optimizer_state_dict(ts.modules[owners[k]], c.optimizer)
+                           for k, c in ts.optimizers.items()}}
+
+
+def _local(value: Any) -> torch.Tensor:
+    to_local = getattr(value, "to_local", None)
+    return to_local() if callable(to_local) else value
+
+
+def refuse_nonfinite(ts: TrainerState, path: Any) -> None:
+    """Raise `NonFiniteLossError` on every rank when any rank's shards hold NaN or infinity."""
+    bad = nonfinite((name, _local(t)) for name, t in ts.named_tensors())
+    flag = torch.tensor([1 if bad else 0])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        flag = flag.to(ts.device.torch_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if int(flag.item()):
+        where = ", ".join(bad[:5]) if bad else "another rank's shards"
+        raise NonFiniteLossError(f"not saving checkpoint {str(path)!r}: non-finite values (NaN or inf) in {where}; "
+                                 "the earlier checkpoints are kept. Resume from the last one, with a lower learning "
+                                 "rate or gradient clipping")
+
+
+def save_sharded(ts: TrainerState, writer: ShardedWriter, path: str | os.PathLike[str], extra: Mapping[str, Any],
+                 *, async_save: bool = False) -> str:
+    """Write a sharded checkpoint folder (a collective: every rank calls it); the path written."""
+    refuse_nonfinite(ts, path)
+    owners = optimizer_owners(ts)
+    state = {**ts.loop_state(), "modules": {}, "optimizers": {}, "extra": dict(extra),
+             "sharded_modules": sorted(ts.modules), "sharded_optimizers": owners,
+             "optimizer_algorithms": {k: c.algorithm for k, c in ts.optimizers.items()}}
+    return str(writer.save(path, _tensors(ts, owners), state, async_save=async_save))
+
+
+def load_sharded(ts: TrainerState, path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Restore a sharded checkpoint folder into this run, whatever its world size and strategy; ``extra``."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    state = read_state(path)
+    owners = optimizer_owners(ts)
+    problems = []
+    if sorted(state["sharded_modules"]) != sorted(ts.modules):
+        problems.append(f"it holds modules {sorted(state['sharded_modules'])}, this run set up {sorted(ts.modules)}")
+    if sorted(state["sharded_optimizers"]) != sorted(owners):
+        problems.append(f"it holds optimizers {sorted(state['sharded_optimizers'])}, this run built {sorted(owners)}")
+    for key, algorithm in state.get("optimizer_algorithms", {}).items():
+        if key in ts.optimizers and ts.optimizers[key].algorithm != algorithm:
+            problems.append(f"optimizer {key!r} is {algorithm} there and {ts.optimizers[key].algorithm} here")
+    if problems:
+        raise CheckpointError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
+    points = ts.resume_points(state)
+    tensors = _tensors(ts, owners)
+    load_tensors(path, tensors)
+    for key, module in ts.modules.items():
+        set_model_state_dict(module, tensors["modules"][key])
+    for key, choice in ts.optimizers.items():
+        set_optimizer_state_dict(ts.modules[owners[key]], choice.optimizer, tensors["optimizers"][key])
+    _restore_rest(ts, state)
+    return ts.continue_from(state, points)
+
+
+def load_plain_into_sharded(ts: TrainerState, path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Restore a plain checkpoint file (one process or DDP) into sharded modules and optimizers; ``extra``."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    state = ckpt.read_checkpoint(path)
+    if sorted(state["modules"]) != sorted(ts.modules) or sorted(state["optimizers"]) != sorted(ts.optimizers):
+        raise CheckpointError(f"checkpoint {str(path)!r} does not match this run: it holds modules "
+                              f"{sorted(state['modules'])} and optimizers {sorted(state['optimizers'])}, this run "
+                              f"set up {sorted(ts.modules)} and {sorted(ts.optimizers)}")
+    owners = optimizer_owners(ts)
+    points = ts.resume_points(state)
+    full = _options(full_state_dict=True)
+    for key, module in ts.modules.items():
+        set_model_state_dict(module, state["modules"][key], options=full)
+    for key, choice in ts.optimizers.items():
+        native = import_state(choice, state["optimizers"][key], key)
+        module = ts.modules[owners[key]]
+        set_optimizer_state_dict(module, choice.optimizer, by_name(module, choice.optimizer, native), options=full)
+    _restore_rest(ts, state)
+    return ts.continue_from(state, points)
+
+
+def by_name(module: torch.nn.Module, optimizer: torch.optim.Optimizer, native: Mapping[str, Any]) -> dict[str, Any]:
+    """A torch.optim state dict keyed by parameter index turned into one keyed by parameter name."""
+    names = {id(p): name for name, p in module.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    state = {order[int(i)]: value for i, value in native["state"].items()}
+    groups = [{**g, "params": [order[int(i)] for i in g["params"]]} for g in native["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def _restore_rest(ts: TrainerState, state: Mapping[str, Any]) -> None:
+    if ts.scaler is not None and state["scaler"]:
+        ts.scaler.load_state_dict(state["scaler"])
+    rng.restore_rng_state(state["rng"], ts.device_rng())
+
+
+def load_any(ts: TrainerState, path: str | os.PathLike[str], sharded_run: bool) -> dict[str, Any]:
+    """Restore ``path`` (a sharded folder or a plain file) into this run; the author's ``extra`` state."""
+    if Path(path).is_dir():
+        return load_sharded(ts, path)
+    if sharded_run:
+        return load_plain_into_sharded(ts, path)
+    return ts.load(path)
+

@@ -1,0 +1,84 @@
+"""Two ranks under a torchrun-like launch: DDP and FSDP train the same model on the same data, and resume.
+
+Run by tests/test_fsdp.py through ``common.run_ranks``. In one process group, one Trainer after another:
+
+1. ``ddp``: strategy="ddp", STEPS steps, a plain checkpoint after step 3;
+2. ``fsdp``: strategy="fsdp" (each Block a unit), STEPS steps, a sharded checkpoint after step 3 and an
+   asynchronous one after the last step;
+3. ``fsdp_resume``: strategy="fsdp" with activation checkpointing, resumed from the sharded checkpoint;
+4. ``fsdp_from_ddp``: strategy="fsdp", resumed from DDP's plain checkpoint.
+
+Each phase records its global-batch losses, the bytes this rank holds for parameters, gradients and
+optimizer state, and its full weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from fsdp_model import STEPS, Block, full_weights, lm_loss, local_bytes, make_lm, rank_batch
+
+import devplug
+
+SAVE_AFTER = 3
+#: eps well above the noise-level gradients (the key bias of attention has none mathematically), so Adam does
+#: not blow rounding differences between reduction orders up to learning-rate-sized steps.
+ADAMW = {"lr": 1e-2, "weight_decay": 0.01, "eps": 1e-4}
+
+
+def run(strategy: str, out: Path, *, save: str | None = None, resume: str | None = None, asynchronous: bool = False,
+        recompute: bool = False) -> dict:
+    """Train (or resume and finish) one run; what it recorded."""
+    trainer = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False, strategy=strategy)
+    options = {"shard": [Block]} if strategy == "fsdp" else {}
+    if recompute:
+        options["activation_checkpointing"] = [Block]
+    model = trainer.setup(make_lm(0), name="lm", **options)
+    opt = trainer.optimizer("adamw", model.parameters(), **ADAMW)
+    first, record = 0, {"losses": {}, "implementation": trainer.optimizer_implementation(opt)}
+    if resume:
+        first = trainer.load(out / resume)["step"]
+        record["loaded"] = full_weights(trainer._modules["lm"])
+    for step in range(first, STEPS):
+        tokens = rank_batch(step, trainer.rank, trainer.world_size)
+        with trainer.accumulate(model):
+            loss = lm_loss(model, tokens)
+            trainer.backward(loss)
+            if step == STEPS - 1:
+                record["param_bytes"] = local_bytes(model.parameters())
+                record["grad_bytes"] = local_bytes(p.grad for p in model.parameters() if p.grad is not None)
+            record.setdefault("norms", []).append(float(trainer.clip_grad_norm(opt, 1.0)))
+            trainer.step(opt)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        record["losses"][step] = float(mean) / trainer.world_size
+        if save and step + 1 == SAVE_AFTER:
+            trainer.save(out / save, step=step + 1)
+    record["state_bytes"] = local_bytes(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+    record["final"] = full_weights(trainer._modules["lm"])
+    if asynchronous:
+        trainer.save(out / f"{strategy}_end", async_save=True, step=STEPS)
+    trainer.close()
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    results = {
+        "ddp": run("ddp", args.out, save="ddp3.pt"),
+        "fsdp": run("fsdp", args.out, save="fsdp3", asynchronous=True),
+        "fsdp_resume": run("fsdp", args.out, resume="fsdp3", recompute=True),
+        "fsdp_from_ddp": run("fsdp", args.out, resume="ddp3.pt"),
+    }
+    torch.save(results, args.out / f"rank{os.environ['RANK']}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

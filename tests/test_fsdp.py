@@ -1,0 +1,132 @@
+"""Sharding with PyTorch's FSDP: 2 gloo ranks against DDP on the same data, sharded checkpoints across world sizes.
+
+The 2-rank scenario (tests/dist_scripts/train_fsdp.py) runs once per module: DDP, FSDP, FSDP resumed from
+its own sharded checkpoint (with activation checkpointing), FSDP resumed from DDP's plain checkpoint. Each
+test checks one promise from what the ranks recorded; the one-process resume runs here.
+
+Tolerances (fp32): DDP all-reduces gradients, FSDP reduce-scatters them, and DDP's optimizer is torch's
+fused AdamW where FSDP's is the foreach one over DTensor shards; the same sums are added in another order,
+so results agree to a few float32 ulps per step (measured: losses equal to 1e-7 relative, weights within
+3e-7 after 6 steps). Losses are compared at rtol 1e-5 and weights at atol 1e-5: well above that rounding,
+far below what a wrong gradient average (a factor of 2) or a missed reduction would give. Resuming on the
+same world size and strategy repeats the same operations in the same order, so it is compared bitwise.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_scripts.common import HERE, run_ranks
+from dist_scripts.fsdp_model import STEPS, TinyLM, lm_loss, make_lm, rank_batch
+
+import devplug
+from devplug import toolkit
+from devplug.core.checkpoint.sharded import is_sharded_checkpoint, partial_path
+
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    """Run the 2-rank scenario once; the folder it wrote into and each rank's records."""
+    out = tmp_path_factory.mktemp("fsdp")
+    run_ranks(HERE / "train_fsdp.py", ["--out", str(out)], world_size=WORLD, timeout=300)
+    return out, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _close(actual: dict, expected: dict) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=1e-5, msg=name)
+
+
+def _curve(record: dict) -> list[float]:
+    return [record["losses"][step] for step in sorted(record["losses"])]
+
+
+@pytest.mark.slow
+def test_an_fsdp_rank_holds_half_the_bytes_of_a_ddp_rank(fsdp_run):
+    _out, ranks = fsdp_run
+    for record in ranks:
+        ddp, fsdp = record["ddp"], record["fsdp"]
+        for kind in ("param_bytes", "grad_bytes", "state_bytes"):
+            ratio = fsdp[kind] / ddp[kind]
+            assert 0.49 < ratio < 0.52, f"{kind}: FSDP {fsdp[kind]} bytes, DDP {ddp[kind]} bytes"
+        total = sum(fsdp[k] for k in ("param_bytes", "grad_bytes", "state_bytes"))
+        assert total / sum(ddp[k] for k in ("param_bytes", "grad_bytes", "state_bytes")) == pytest.approx(0.5, abs=0.01)
+    assert "foreach=True" in ranks[0]["fsdp"]["implementation"]
+
+
+@pytest.mark.slow
+def test_fsdp_loss_curve_gradient_norms_and_weights_match_ddp(fsdp_run):
+    _out, (r0, r1) = fsdp_run
+    assert len(r0["fsdp"]["losses"]) == STEPS
+    torch.testing.assert_close(_curve(r0["fsdp"]), _curve(r0["ddp"]), rtol=1e-5, atol=0)
+    assert _curve(r0["fsdp"])[-1] < _curve(r0["fsdp"])[0], "training did not lower the loss"
+    # the norm over sharded gradients is the norm of the whole gradient, as DDP's replicas see it
+    torch.testing.assert_close(r0["fsdp"]["norms"], r0["ddp"]["norms"], rtol=1e-5, atol=0)
+    assert r0["fsdp"]["norms"] == r1["fsdp"]["norms"]
+    _close(r0["fsdp"]["final"], r0["ddp"]["final"])
+    assert _equal(r0["fsdp"]["final"], r1["fsdp"]["final"])
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_resumes_on_two_ranks_bitwise_with_activation_checkpointing(fsdp_run):
+    _out, (r0, _r1) = fsdp_run
+    assert sorted(r0["fsdp_resume"]["losses"]) == [3, 4, 5]
+    assert _curve(r0["fsdp_resume"]) == _curve(r0["fsdp"])[3:]
+    assert _equal(r0["fsdp_resume"]["final"], r0["fsdp"]["final"])
+
+
+@pytest.mark.slow
+def test_a_ddp_checkpoint_resumes_under_fsdp(fsdp_run):
+    out, (r0, _r1) = fsdp_run
+    saved = torch.load(out / "ddp3.pt", weights_only=True)["modules"]["lm"]
+    assert _equal(r0["fsdp_from_ddp"]["loaded"], saved)
+    torch.testing.assert_close(_curve(r0["fsdp_from_ddp"]), _curve(r0["ddp"])[3:], rtol=1e-5, atol=0)
+    _close(r0["fsdp_from_ddp"]["final"], r0["ddp"]["final"])
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_resumes_on_one_process_without_sharding(fsdp_run):
+    out, (r0, _r1) = fsdp_run
+    trainer = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False)
+    model = trainer.setup(make_lm(1), name="lm")
+    opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2, weight_decay=0.01, eps=1e-4)
+    first = trainer.load(out / "fsdp3")["step"]
+    assert first == 3 and _equal(model.state_dict(), r0["fsdp_resume"]["loaded"])
+    losses = []
+    for step in range(first, STEPS):
+        loss = lm_loss(model, rank_batch(step, 0, 1))  # the whole global batch
+        trainer.backward(loss)
+        trainer.clip_grad_norm(opt, 1.0)
+        trainer.step(opt)
+        losses.append(float(loss.detach()))
+    torch.testing.assert_close(losses, _curve(r0["fsdp"])[3:], rtol=1e-5, atol=0)
+    _close(model.state_dict(), r0["fsdp"]["final"])
+
+
+@pytest.mark.slow
+def test_the_asynchronous_save_completes_and_loads(fsdp_run):
+    out, (r0, _r1) = fsdp_run
+    assert is_sharded_checkpoint(out / "fsdp_end") and not partial_path(out / "fsdp_end").exists()
+    assert not partial_path(out / "fsdp3").exists()
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
+    model = trainer.setup(make_lm(1), name="lm")
+    trainer.optimizer("adamw", model.parameters(), lr=1e-2)
+    assert trainer.load(out / "fsdp_end")["step"] == STEPS
+    assert _equal(model.state_dict(), r0["fsdp"]["final"])
+
+
+@pytest.mark.slow
+def test_a_consolidated_checkpoint_loads_into_a_plain_module_with_weights_only(fsdp_run, tmp_path):
+    out, (r0, _r1) = fsdp_run
+    written = toolkit.consolidate_checkpoint(out / "fsdp3", tmp_path / "lm.pt")
+    weights = torch.load(written, weights_only=True)
+    model = TinyLM()
+    model.load_state_dict(weights)  # strict: every name, no extra
+    assert _equal(model.state_dict(), r0["fsdp_resume"]["loaded"])

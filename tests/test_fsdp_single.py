@@ -1,0 +1,312 @@
+"""Sharding on one process and its pieces: the plan records and hooks, unit choice, accumulation, clipping,
+activation checkpointing, atomic sharded saves, and the refusal of a device that cannot shard."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_scripts.fsdp_model import Block, TinyLM, lm_loss, make_lm, rank_batch
+
+import devplug
+from devplug import ShardingPlan, toolkit
+from devplug.core.checkpoint import sharded
+from devplug.core.distributed import fsdp
+from devplug.core.errors import CheckpointError, ConfigError
+from devplug.core.registry.manager import create_plugin_manager
+
+
+def _trainer(**options):
+    return devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=0, **options)
+
+
+def _spec_device(name="cpu"):
+    from devplug.core.registry.devices import DeviceRegistry
+
+    return DeviceRegistry(create_plugin_manager(autoload=False)).resolve(name)
+
+
+# ---- the plan ------------------------------------------------------------------------------------------
+
+
+def test_a_plan_that_cannot_shard_needs_its_reason():
+    with pytest.raises(ValueError, match="needs a reason"):
+        ShardingPlan(supported=False)
+    with pytest.raises(ValueError, match="optimizer_kernel"):
+        ShardingPlan(supported=True, optimizer_kernel="apex")
+    with pytest.raises(ValueError, match=r"torch\.dtype"):
+        ShardingPlan(supported=True, param_dtype="bf16")
+    assert ShardingPlan.unsupported("x: no; use y").reason == "x: no; use y"
+
+
+def test_the_cpu_plan_keeps_gloo_in_fp32_and_the_generic_plan_gathers_in_low_precision():
+    device = _spec_device("cpu")
+    from devplug.plugins.cpu import plugin as cpu_plugin
+
+    plan = cpu_plugin.devplug_sharding(device, "bf16-mixed")
+    assert plan.supported and plan.param_dtype is None and plan.optimizer_kernel == "foreach"
+    generic = toolkit.torch_sharding_plan(device, "bf16-mixed", gather_low_precision=True)
+    assert (generic.param_dtype, generic.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert toolkit.torch_sharding_plan(device, "32-true").reduce_dtype is None
+
+
+def test_the_cuda_plan_uses_the_fused_kernel_and_offers_offload():
+    from devplug.plugins.cuda import plugin as cuda_plugin
+
+    plan = cuda_plugin.devplug_sharding(_spec_device("cpu"), "16-mixed")
+    assert (plan.param_dtype, plan.reduce_dtype, plan.optimizer_kernel, plan.cpu_offload) == \
+        (torch.float16, torch.float32, "fused", True)
+
+
+def test_a_device_type_without_a_collective_backend_cannot_shard(monkeypatch):
+    from devplug.core.fallback import accelerator
+
+    device = _spec_device("cpu")
+    monkeypatch.setattr(accelerator, "collective_backend", lambda kind: "gloo")
+    monkeypatch.setattr(accelerator, "is_current_accelerator", lambda kind: False)
+    monkeypatch.setattr(type(device), "torch_device", property(lambda self: torch.device("meta")))
+    plan = toolkit.torch_sharding_plan(device, "32-true")
+    assert not plan.supported and plan.reason.startswith("cpu:") and "strategy='auto'" in plan.reason
+    assert "\n" not in plan.reason
+
+
+class NoSharding:
+    @devplug.hookimpl(tryfirst=True)
+    def devplug_sharding(self, device, precision):
+        return ShardingPlan.unsupported(f"{device}: no reduce-scatter here; use strategy='ddp'")
+
+
+def test_a_trainer_on_a_device_that_cannot_shard_says_so_in_one_line():
+    manager = create_plugin_manager(autoload=False)
+    manager.register(NoSharding(), name="no-sharding")
+    with pytest.raises(ConfigError, match=r"strategy='fsdp' is not available: cpu: no reduce-scatter here; use"):
+        devplug.Trainer(device="cpu", precision="32-true", progress=False, strategy="fsdp", plugin_manager=manager)
+
+
+def test_strategy_and_shard_are_validated():
+    with pytest.raises(ConfigError, match="strategy"):
+        _trainer(strategy="zero3")
+    trainer = _trainer()
+    assert trainer.strategy == "none" and trainer.sharding is None
+    with pytest.raises(ConfigError, match="needs Trainer\\(strategy='fsdp'\\)"):
+        trainer.setup(make_lm(), shard=[Block])
+
+
+# ---- units -----------------------------------------------------------------------------------------------
+
+
+def test_units_are_the_named_classes_innermost_first_or_submodules_above_a_size():
+    model = make_lm()
+    assert fsdp.shard_targets(model, [Block]) == [model.blocks[1], model.blocks[0]]
+    # each Block holds 3,312 parameters; the embedding 512
+    assert fsdp.shard_targets(model, 3000) == [model.blocks[0], model.blocks[1]]
+    assert fsdp.shard_targets(model, None) == []  # below the default: the root alone
+    with pytest.raises(ConfigError, match="holds no instance"):
+        fsdp.shard_targets(model, [torch.nn.Conv2d])
+    with pytest.raises(ConfigError, match="module classes or a positive parameter count"):
+        fsdp.shard_targets(model, 0)
+
+
+# ---- one process -----------------------------------------------------------------------------------------
+
+
+def test_one_process_shards_on_a_group_of_one_and_trains_like_the_plain_model():
+    reference = make_lm()
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=True)
+    trainer = _trainer(strategy="fsdp")
+    model = trainer.setup(make_lm(), name="lm", shard=[Block])
+    opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2)
+    assert fsdp.is_sharded(model) and all(hasattr(p, "placements") for p in model.parameters())
+    assert trainer.optimizer_implementation(opt) == "torch.optim.AdamW(foreach=True)"
+    for step in range(2):
+        tokens = rank_batch(step, 0, 1)
+        trainer.backward(lm_loss(model, tokens))
+        norm = trainer.clip_grad_norm(opt, 0.5)
+        trainer.step(opt)
+        lm_loss(reference, tokens).backward()
+        ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert type(norm) is torch.Tensor  # the replicated DTensor norm as a plain tensor
+        torch.testing.assert_close(norm, ref_norm)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value.full_tensor(), reference.state_dict()[name], rtol=0, atol=1e-6)
+    trainer.close()
+
+
+def test_accumulation_skips_the_reduce_scatter_until_the_last_micro_batch():
+    trainer = _trainer(strategy="fsdp", accumulate_grad_batches=2)
+    model = trainer.setup(make_lm(), name="lm", shard=[Block])
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    switched = []
+    original = model.set_requires_gradient_sync
+    model.set_requires_gradient_sync = lambda value, **kw: (switched.append(value), original(value, **kw))[1]
+    whole = rank_batch(0, 0, 1)
+    for half in trainer.dataloader(iter([whole[:4], whole[4:]])):
+        with trainer.accumulate(model):
+            trainer.backward(lm_loss(model, half))
+            trainer.step(opt)
+    assert switched == [False, True]  # off for the first micro-batch, back on for the step's last
+    reference = make_lm()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    (sum(lm_loss(reference, h) for h in (whole[:4], whole[4:])) / 2).backward()
+    ref_opt.step()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value.full_tensor(), reference.state_dict()[name], rtol=0, atol=1e-6)
+
+
+def test_activation_checkpointing_recomputes_blocks_and_keeps_gradients_and_names(tmp_path):
+    calls = []
+    trainer = _trainer()
+    model = trainer.setup(make_lm(), name="lm", activation_checkpointing=[Block])
+    model.blocks[0].qkv.register_forward_pre_hook(lambda *_: calls.append(1))
+    lm_loss(model, rank_batch(0, 0, 1)).backward()
+    assert len(calls) == 2  # forward, then again in backward
+    reference = make_lm()
+    lm_loss(reference, rank_batch(0, 0, 1)).backward()
+    for (name, p), (ref_name, ref) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+        assert name == ref_name
+        torch.testing.assert_close(p.grad, ref.grad, rtol=0, atol=1e-7)
+    with pytest.raises(ConfigError, match="holds no instance"):
+        _trainer().setup(make_lm(), activation_checkpointing=[torch.nn.Conv2d])
+
+
+def test_activation_checkpointing_under_sharding_on_one_process():
+    trainer = _trainer(strategy="fsdp")
+    model = trainer.setup(make_lm(), name="lm", shard=[Block], activation_checkpointing=[Block])
+    reference = make_lm()
+    loss = lm_loss(model, rank_batch(0, 0, 1))
+    trainer.backward(loss)
+    lm_loss(reference, rank_batch(0, 0, 1)).backward()
+    for (name, p), ref in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.full_tensor(), ref.grad, rtol=0, atol=1e-6, msg=name)
+
+
+# ---- sharded checkpoints -----------------------------------------------------------------------------------
+
+
+def _sharded_trainer():
+    trainer = _trainer(strategy="fsdp")
+    model = trainer.setup(make_lm(), name="lm", shard=[Block])
+    opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2)
+    trainer.backward(lm_loss(model, rank_batch(0, 0, 1)))
+    trainer.step(opt)
+    return trainer, model
+
+
+def test_a_killed_save_keeps_the_last_good_checkpoint_and_is_never_taken_for_one(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+
+    trainer, model = _sharded_trainer()
+    target = tmp_path / "ckpt"
+    trainer.save(target, note="good")
+    good = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    trainer.backward(lm_loss(model, rank_batch(1, 0, 1)))
+    trainer.step(trainer._optimizers["lm"].optimizer)
+
+    def killed(state, checkpoint_id):
+        (sharded.Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dcp, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save(target, note="bad")
+    monkeypatch.undo()
+    assert sharded.partial_path(target).exists() and not sharded.is_sharded_checkpoint(sharded.partial_path(target))
+    with pytest.raises(CheckpointError, match="not a complete sharded checkpoint"):
+        trainer.load(sharded.partial_path(target))
+    assert trainer.load(target) == {"note": "good"}
+    for name, value in model.state_dict().items():
+        assert torch.equal(value.full_tensor(), good[name])
+    trainer.save(target, note="again")  # the next save clears what the killed one left
+    assert not sharded.partial_path(target).exists() and trainer.load(target) == {"note": "again"}
+
+
+def test_a_plain_checkpoint_loads_into_a_sharded_run_and_back(tmp_path):
+    plain = _trainer()
+    model = plain.setup(make_lm(), name="lm")
+    opt = plain.optimizer("adamw", model.parameters(), lr=1e-2)
+    plain.backward(lm_loss(model, rank_batch(0, 0, 1)))
+    plain.step(opt)
+    plain.save(tmp_path / "plain.pt", tag=1)
+    trainer = _trainer(strategy="fsdp")
+    sharded_model = trainer.setup(make_lm(1), name="lm", shard=[Block])
+    sharded_opt = trainer.optimizer("adamw", sharded_model.parameters(), lr=1e-2)
+    assert trainer.load(tmp_path / "plain.pt") == {"tag": 1}
+    for name, value in sharded_model.state_dict().items():
+        assert torch.equal(value.full_tensor(), model.state_dict()[name])
+    moments = sharded_opt.state_dict()["state"][0]["exp_avg"].full_tensor()
+    assert torch.equal(moments, opt.state_dict()["state"][0]["exp_avg"])
+    trainer.save(tmp_path / "folder")
+    back = _trainer()
+    again = back.setup(make_lm(2), name="lm")
+    back.optimizer("adamw", again.parameters(), lr=1e-2)
+    back.load(tmp_path / "folder")
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in again.state_dict().items())
+
+
+def test_a_sharded_checkpoint_that_does_not_fit_is_refused(tmp_path):
+    trainer, _model = _sharded_trainer()
+    trainer.save(tmp_path / "ckpt")
+    other = _trainer()
+    other.setup(TinyLM(), name="other")
+    with pytest.raises(CheckpointError, match="does not match this run"):
+        other.load(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="holds no module 'x'"):
+        toolkit.consolidate_checkpoint(tmp_path / "ckpt", tmp_path / "x.pt", module="x")
+
+
+def test_a_checkpoint_policy_is_refused_under_sharding(tmp_path):
+    with pytest.raises(ConfigError, match=r"save sharded checkpoints with trainer\.save"):
+        _trainer(strategy="fsdp", checkpoints=devplug.CheckpointPolicy(directory=str(tmp_path)))
+
+
+@pytest.mark.slow
+def test_the_sharded_example_runs_on_one_process_and_resumes_without_sharding(tmp_path):
+    import subprocess
+    import sys
+
+    from dist_scripts.common import REPO, clean_env
+
+    script = [sys.executable, str(REPO / "examples" / "sharded_lm.py"), "--device", "cpu", "--width", "32"]
+    first = subprocess.run([*script, "--steps", "5", "--consolidate", "lm.pt"], cwd=tmp_path, env=clean_env(),
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "1 rank(s), strategy fsdp" in first.stdout and (tmp_path / "lm.pt").is_file()
+    again = subprocess.run([*script, "--steps", "10", "--resume", "--strategy", "auto"], cwd=tmp_path,
+                           env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "strategy none" in again.stdout and "step 10: loss" in again.stdout and "step 5:" not in again.stdout
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_mixed_precision_trains_sharded_through_autocast_and_the_grad_scaler(precision):
+    trainer = devplug.Trainer(device="cpu", precision=precision, progress=False, seed=0, strategy="fsdp")
+    assert (trainer.precision.scaler is not None) == (precision == "16-mixed")
+    model = trainer.setup(make_lm(), name="lm", shard=[Block])
+    opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(3):
+        with trainer.autocast():
+            loss = lm_loss(model, rank_batch(step, 0, 1))
+        trainer.backward(loss)
+        norm = trainer.clip_grad_norm(opt, 1.0)
+        assert trainer.step(opt) and torch.isfinite(norm)
+        losses.append(float(loss.detach()))
+    assert all(torch.isfinite(torch.tensor(losses)))
+
+
+@pytest.mark.slow
+def test_a_sharded_module_is_compiled_after_sharding_and_trains_the_same():
+    losses = {}
+    for compiled in (False, True):
+        options = {"compile": True, "compile_options": {"backend": "aot_eager"}} if compiled else {}
+        trainer = _trainer(strategy="fsdp", **options)
+        model = trainer.setup(make_lm(), name="lm", shard=[Block])
+        assert fsdp.is_sharded(trainer._modules["lm"]) and (type(model).__name__ == "OptimizedModule") == compiled
+        opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2)
+        for step in range(3):
+            loss = lm_loss(model, rank_batch(step, 0, 1))
+            trainer.backward(loss)
+            trainer.step(opt)
+        losses[compiled] = float(loss.detach())
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
