@@ -6,17 +6,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from paths import REPO
 
 import devplug
 from devplug import cli
 from devplug.core.registry import manager
 from devplug.core.registry.manager import create_plugin_manager
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 class Toy:

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import REPO
 
 import devplug
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

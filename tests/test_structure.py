@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import REPO
 
 import devplug
 from devplug import cli
@@ -22,7 +23,6 @@ from devplug.core.contract import hookspecs
 from devplug.core.registry.manager import BUILTIN_PLUGINS, create_plugin_manager
 from devplug.testing.checks import uncovered_hooks
 
-REPO = Path(__file__).resolve().parents[1]
 CORE = REPO / "devplug" / "core"
 
 

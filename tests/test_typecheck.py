@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 BASELINE = REPO / "mypy-baseline.txt"
 UPDATE = "python tests/test_typecheck.py --update"
 

@@ -146,7 +146,7 @@ def _describe(outputs: Sequence[tuple[str, str]], codes: Sequence[int] | None = 
 
 
 def documented_loop() -> str:
-    """The training loop README.md shows (the block tests/test_docs.py keeps equal to docs/trainer.md's)."""
+    """The training loop README.md shows (the block tests/docs/test_docs.py keeps equal to docs/trainer.md's)."""
     text = (REPO / "README.md").read_text()
     block = re.search(r"<!-- the loop:.*?-->\n```python\n(.*?)```\n<!-- end of the loop -->", text, re.S)
     if block is None:

@@ -1,6 +1,6 @@
 """One rank that joins through whatever launcher variables it was given and prints what it saw (JSON).
 
-Used by tests/test_distributed.py to run the ``tcp://`` rendezvous path (SLURM/MPI-style variables,
+Used by tests/distributed/test_distributed.py to run the ``tcp://`` rendezvous path (SLURM/MPI-style variables,
 no ``MASTER_ADDR``) for real: one DDP backward, then a check that the gradient is the ranks' mean.
 """
 

@@ -1,6 +1,6 @@
 """README.md's loop, run unchanged on each rank; records its evaluation accuracy and a gathered pass.
 
-Run by tests/test_distributed.py through ``common.run_ranks`` (2 and 3 ranks; 1,001 evaluation samples
+Run by tests/distributed/test_distributed.py through ``common.run_ranks`` (2 and 3 ranks; 1,001 evaluation samples
 split unevenly). ``MyNet`` predicts classes training cannot change, so every world size must report the
 accuracy one process computes.
 """

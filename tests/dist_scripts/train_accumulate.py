@@ -1,6 +1,6 @@
 """Two ranks under a torchrun-like launch: gradient accumulation over 2 micro-batches, a mid-epoch checkpoint.
 
-Run by tests/test_distributed_accumulate.py through ``common.run_ranks``. Counts DDP's gradient all-reduces
+Run by tests/distributed/test_distributed_accumulate.py through ``common.run_ranks``. Counts DDP's gradient all-reduces
 per micro-batch with a communication hook, saves a checkpoint right after the first optimizer step, and
 records the final weights and the samples each rank saw.
 """

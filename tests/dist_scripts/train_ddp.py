@@ -1,4 +1,4 @@
-"""One rank of the 2-rank DDP scenario that tests/test_distributed.py checks.
+"""One rank of the 2-rank DDP scenario that tests/distributed/test_distributed.py checks.
 
 Run by ``run_ranks`` with torchrun-style variables. Trains the shared MLP with the Trainer on gloo for
 two epochs (DistributedSampler shards, SGD with momentum), logging, saving a checkpoint per epoch,

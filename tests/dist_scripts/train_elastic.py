@@ -1,6 +1,6 @@
 """A small elastic training job for the fault test: checkpoints every k steps, resumes from the latest.
 
-Run under ``torchrun --nproc-per-node 2 --max-restarts 1`` (tests/test_distributed_elastic.py). Rank
+Run under ``torchrun --nproc-per-node 2 --max-restarts 1`` (tests/distributed/test_distributed_elastic.py). Rank
 ``--kill-rank`` kills itself with SIGKILL right after the checkpoint of step ``--kill-at`` exists on
 disk, once (a marker file remembers it). torchrun then stops the other rank and restarts both; they
 resume from the latest checkpoint and finish ``--steps`` steps.

@@ -1,6 +1,6 @@
 """Two ranks under a torchrun-like launch: DDP and FSDP train the same model on the same data, and resume.
 
-Run by tests/test_fsdp.py through ``common.run_ranks``. In one process group, one Trainer after another:
+Run by tests/distributed/test_fsdp.py through ``common.run_ranks``. In one process group, one Trainer after another:
 
 1. ``ddp``: strategy="ddp", STEPS steps, a plain checkpoint after step 3;
 2. ``fsdp``: strategy="fsdp" (each Block a unit), STEPS steps, a sharded checkpoint after step 3 and an

@@ -1,4 +1,4 @@
-"""Two ranks under a checkpoint policy; rank 1 alone asks to stop after step 3 (run by tests/test_runs.py).
+"""Two ranks under a checkpoint policy; rank 1 alone asks to stop after step 3 (run by tests/core/loop/test_runs.py).
 
 With ``--resume`` the ranks auto-resume from the policy's folder and train to the end; each rank writes
 what it saw to ``rank<r>.pt``.

@@ -1,6 +1,6 @@
 """Two ranks; rank 0 alone receives SIGTERM during step 3: both must stop after the same step, rank 0 saves.
 
-Run by tests/test_signals.py through ``common.run_ranks`` (each rank exits with ``trainer.exit_code``).
+Run by tests/core/loop/test_signals.py through ``common.run_ranks`` (each rank exits with ``trainer.exit_code``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A small run under a checkpoint policy with auto-resume, which can SIGKILL itself at a chosen point.
 
-Run by tests/test_runs.py: ``--kill-at STEP`` kills the process after that step's backward (``--phase step``)
+Run by tests/core/loop/test_runs.py: ``--kill-at STEP`` kills the process after that step's backward (``--phase step``)
 or in the middle of writing that step's checkpoint (``--phase save``). Without ``--kill-at`` it runs to the
 end and writes the final weights to ``DIR/final.pt``. Every run resumes from the newest intact checkpoint.
 """

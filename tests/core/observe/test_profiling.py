@@ -1,0 +1,85 @@
+"""A profiler window: torch.profiler over chosen steps, with the step's regions and the data wait in the trace."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+from toys import train_toy
+
+import devplug
+from devplug.core.observe.profiling import parse_window
+
+
+def _train(trainer: devplug.Trainer, steps: int) -> None:
+    train_toy(trainer, steps=steps, epochs=2)
+
+
+def _regions(path) -> collections.Counter:
+    events = json.loads(path.read_text())["traceEvents"]
+    return collections.Counter(e["name"] for e in events if e.get("cat") == "user_annotation")
+
+
+def test_a_window_on_cpu_writes_a_trace_with_the_regions_and_the_data_wait(tmp_path):
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_every=4, log_dir=str(tmp_path),
+                              profile="steps 3-5")
+    _train(trainer, steps=9)
+    traces = sorted((tmp_path / "profiler").glob("rank0.*.pt.trace.json"))
+    assert [str(t) for t in traces] == trainer.profiler.traces
+    assert len(traces) == 1
+    regions = _regions(traces[0])
+    assert {name: regions[name] for name in ("data_wait", "forward", "backward", "optimizer_step")} == {
+        "data_wait": 3, "forward": 3, "backward": 3, "optimizer_step": 3}
+    assert not trainer.profiler.active
+
+
+def test_a_window_the_run_ends_inside_is_written_when_the_loop_ends(tmp_path):
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_dir=str(tmp_path),
+                              profile="steps 7-100")
+    _train(trainer, steps=8)
+    (trace,) = (tmp_path / "profiler").glob("*.pt.trace.json")
+    assert _regions(trace)["optimizer_step"] == 2
+
+
+def test_without_a_window_nothing_is_profiled(tmp_path):
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_dir=str(tmp_path))
+    _train(trainer, steps=3)
+    assert not (tmp_path / "profiler").exists() and trainer.profiler.traces == []
+
+
+@pytest.mark.parametrize(("text", "window"), [("steps 10-15", (10, 15)), ("10-15", (10, 15)), ("step 7", (7, 7)),
+                                              (" steps 2 - 3 ", (2, 3))])
+def test_window_syntax(text, window):
+    assert parse_window(text) == window
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"profile": "10 to 15", "log_dir": "x"}, "profile must look like 'steps 10-15'"),
+    ({"profile": "steps 5-2", "log_dir": "x"}, "must name steps 1 <= first <= last"),
+    ({"profile": "steps 1-2"}, "profile writes its trace under log_dir/profiler: set log_dir too"),
+])
+def test_a_bad_window_is_one_clear_line(options, message):
+    with pytest.raises(devplug.ConfigError) as info:
+        devplug.Trainer(device="cpu", progress=False, **options)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_example_passes_profile_and_price_through_to_the_trainer(tmp_path):
+    from dcgan_runs import run  # the DCGAN example at its tiny test size
+
+    out = tmp_path / "run"
+    assert run(["--data", "fake", "--steps", "4", "--log-every", "2", "--out", str(out), "--profile", "steps 2-3",
+                "--price-per-hour", "3.06"]) == 0
+    (trace,) = (out / "tensorboard" / "profiler").glob("rank0.*.pt.trace.json")
+    assert {"data_wait", "forward", "backward", "optimizer_step"} <= set(_regions(trace))
+    scalars = (out / "tensorboard").glob("events.out.tfevents.*")
+    assert list(scalars)
+
+
+def test_a_bad_window_from_the_example_is_one_line(tmp_path, capsys):
+    from dcgan_runs import run
+
+    assert run(["--data", "fake", "--steps", "2", "--out", str(tmp_path / "run"), "--profile", "soon"]) != 0
+    err = capsys.readouterr().err
+    assert "profile must look like 'steps 10-15'" in err and "Traceback" not in err
