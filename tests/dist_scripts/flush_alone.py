@@ -1,4 +1,4 @@
-"""Two ranks; rank 0 alone calls ``flush_logs()``: it must fail with one line, not hang (tests/core/loop/test_runs.py)."""
+"""Two ranks; rank 0 alone calls ``flush_logs()``: it fails with one line, not a hang (tests/core/loop/test_runs.py)."""
 
 from __future__ import annotations
 
