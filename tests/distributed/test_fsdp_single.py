@@ -3,6 +3,8 @@ activation checkpointing, atomic sharded saves, and the refusal of a device that
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from dist_scripts.fsdp_model import Block, TinyLM, lm_loss, make_lm, rank_batch
@@ -255,12 +257,44 @@ def test_a_sharded_checkpoint_that_does_not_fit_is_refused(tmp_path):
         toolkit.consolidate_checkpoint(tmp_path / "ckpt", tmp_path / "x.pt", module="x")
 
 
-def test_a_checkpoint_policy_is_refused_under_sharding(tmp_path):
-    with pytest.raises(ConfigError, match=r"save sharded checkpoints with trainer\.save"):
-        _trainer(strategy="fsdp", checkpoints=devplug.CheckpointPolicy(directory=str(tmp_path)))
+class Batches:
+    """The same batches, in the same order, each time it is iterated (so a resume can skip the consumed ones)."""
+
+    def __init__(self, items: list[torch.Tensor]) -> None:
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
 
 
-@pytest.mark.slow
+def test_a_checkpoint_policy_saves_prunes_and_resumes_sharded_checkpoints(tmp_path):
+    def run(steps: int, resume: bool) -> tuple[devplug.Trainer, dict[str, torch.Tensor]]:
+        policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=2, keep_last=2,
+                                          auto_resume=resume)
+        trainer = _trainer(strategy="fsdp", checkpoints=policy, stop_signals=())
+        model = trainer.setup(make_lm(), name="lm", shard=[Block])
+        opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2)
+        loader = trainer.dataloader(Batches([rank_batch(i, 0, 1) for i in range(6)]))
+        for _ in trainer.epochs(1, max_steps=steps):
+            for batch in loader:
+                trainer.backward(lm_loss(model, batch))
+                trainer.step(opt)
+        trainer.close()
+        return trainer, {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+
+    _whole, whole = run(6, resume=False)
+    shutil.rmtree(tmp_path / "ckpt")
+    run(3, resume=False)
+    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_"))
+    assert saved == ["step_0000002.pt", "step_0000003.pt"]  # folders, one per checkpoint; the end saved too
+    assert all(sharded.is_sharded_checkpoint(tmp_path / "ckpt" / name) for name in saved)
+    resumed, weights = run(6, resume=True)
+    assert resumed.global_step == 6
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_")) == [
+        "step_0000004.pt", "step_0000006.pt"]  # the older folders pruned
+    assert all(torch.equal(weights[k], whole[k]) for k in whole)
+
+
 def test_the_sharded_example_runs_on_one_process_and_resumes_without_sharding(tmp_path):
     import subprocess
     import sys

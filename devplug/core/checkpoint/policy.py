@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -98,7 +99,7 @@ def steps_newest_first(folder: Path) -> list[tuple[int, Path]]:
     if not folder.is_dir():
         return []
     found = [(int(match[1]), path) for path in folder.iterdir()
-             if (match := CHECKPOINT_NAME.match(path.name)) and path.is_file()]
+             if (match := CHECKPOINT_NAME.match(path.name)) and (path.is_file() or path.is_dir())]
     return sorted(found, reverse=True)
 
 
@@ -135,11 +136,12 @@ class RunCheckpoints:
         os.replace(temp, self.folder / INDEX_NAME)
 
     # ---- saving ----------------------------------------------------------------------------------------------
-    def save(self, step: int, write: Callable[[Path], Any], score: float | None) -> Path:
+    def save(self, step: int, write: Callable[[Path], Any], score: float | None, *, main: bool = True) -> Path:
         """Write the checkpoint of ``step`` through ``write`` (atomic), record its score, then prune.
 
         A full disk (or quota) raises one `CheckpointError` line naming the file and the previous
-        checkpoint, which the atomic write left intact.
+        checkpoint, which the atomic write left intact. A sharded checkpoint (a folder every rank writes
+        into) is written on every rank; only the ``main`` one records scores and prunes.
         """
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / checkpoint_name(step)
@@ -150,6 +152,8 @@ class RunCheckpoints:
                 raise
             raise CheckpointError(self._disk_full(path, exc)) from exc
         self.last_saved_step, self.last_saved_time, self.last_path = step, time.monotonic(), path
+        if not main:
+            return path
         scores = self._read_index()
         scores.pop(path.name, None)
         if score is not None and math.isfinite(score):
@@ -183,7 +187,10 @@ class RunCheckpoints:
         kept = self.keep(scores)
         removed = [path for _step, path in steps_newest_first(self.folder) if path not in kept]
         for path in removed:
-            path.unlink(missing_ok=True)
+            if path.is_dir():  # a sharded checkpoint
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         self._write_index({name: value for name, value in scores.items() if self.folder / name in kept})
         remove_stale_temp_files(self.folder)
         return removed

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from devplug.core.checkpoint.policy import CHECKPOINT_NAME, damaged, steps_newest_first
+from devplug.core.checkpoint.sharded import is_sharded_checkpoint
 from devplug.core.errors import CheckpointError, NonFiniteLossError
 
 log = logging.getLogger("devplug")
@@ -61,7 +62,7 @@ def choose(source: Path, load: Callable[[Path], dict[str, Any]], *, explicit: bo
     """
     if explicit and not source.exists():
         raise CheckpointError(f"checkpoint {str(source)!r} does not exist")
-    if source.is_file():
+    if source.is_file() or is_sharded_checkpoint(source):  # one checkpoint: a file, or a sharded folder
         return Choice(source, load(source))
     found = [path for _step, path in steps_newest_first(source)]
     if not found:

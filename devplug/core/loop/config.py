@@ -123,9 +123,6 @@ class TrainerConfig:
             raise ValueError(f"loggers {', '.join(named)} write into log_dir: set log_dir too")
         if self.profile is not None and self.log_dir is None:
             raise ValueError("profile writes its trace under log_dir/profiler: set log_dir too")
-        if self.strategy == "fsdp" and self.checkpoints is not None:
-            raise ValueError("checkpoints= (a CheckpointPolicy) keeps single-file checkpoints; with strategy='fsdp' "
-                             "save sharded checkpoints with trainer.save(path) and resume with trainer.load(path)")
 
     @property
     def logger_items(self) -> tuple[Any, ...]:

@@ -26,9 +26,9 @@ import torch
 from devplug.core.checkpoint import resume as resume_files
 from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.compiled import plain_module
-from devplug.core.checkpoint.policy import RunCheckpoints
+from devplug.core.checkpoint.policy import RunCheckpoints, steps_newest_first
 from devplug.core.checkpoint.resume import Resumed
-from devplug.core.checkpoint.sharded import ShardedWriter
+from devplug.core.checkpoint.sharded import ShardedWriter, is_sharded_checkpoint
 from devplug.core.contract import hookspecs as spec
 from devplug.core.contract.records import (
     LaunchInfo,
@@ -44,7 +44,7 @@ from devplug.core.data.position import LoopPosition
 from devplug.core.distributed import fsdp
 from devplug.core.distributed.launch import detect_launch
 from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
-from devplug.core.errors import ConfigError, NonFiniteLossError, PluginError
+from devplug.core.errors import CheckpointError, ConfigError, NonFiniteLossError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.log_once import log_once
 from devplug.core.loop import sharded_state
@@ -541,9 +541,13 @@ class Trainer:
         self.profiler.before_batch()
         self._flops.before_batch()
         runs = self._checkpoints
-        if runs is not None and self._position.window_closed() and runs.policy.due(
-                self._position.global_step, runs.last_saved_step, runs.last_saved_time, time.monotonic()):
-            self._save_by_policy()
+        if runs is not None and self._position.window_closed():
+            due = runs.policy.due(self._position.global_step, runs.last_saved_step, runs.last_saved_time,
+                                  time.monotonic())
+            if self.sharding is not None and self._combiner is not None and runs.policy.every_minutes is not None:
+                due = bool(self._combiner.max(int(due)))  # a sharded save is collective: the ranks' clocks agree
+            if due:
+                self._save_by_policy()
 
     def _epoch_batches(self) -> float:
         primary = next((loader for loader in self._loaders if loader.primary), None)
@@ -725,6 +729,8 @@ class Trainer:
             source = runs.folder
         report: dict[str, Any] | None = None
         extra: dict[str, Any] = {}
+        if self.sharding is not None and self._combiner is not None:
+            return self._resume_sharded(source, explicit=path is not None)
         if self.is_main_process:
             choice = resume_files.choose(source, self.load, explicit=path is not None)
             if choice is not None:
@@ -746,6 +752,31 @@ class Trainer:
                        skipped=tuple((Path(p), why) for p, why in report["skipped"]),
                        set_aside=Path(report["set_aside"]) if report["set_aside"] else None,
                        set_aside_count=report["set_aside_count"])
+
+    def _resume_sharded(self, source: Path, *, explicit: bool) -> Resumed | None:
+        # Loading a sharded checkpoint is a collective: rank 0 names the newest complete one (a save is
+        # renamed into place only once every rank has written), and every rank loads that one.
+        chosen: str | None = None
+        problem = ""
+        if self.is_main_process:
+            if source.is_dir() and not is_sharded_checkpoint(source):  # a folder of step_NNNNNNN.pt checkpoints
+                found = [path for _step, path in steps_newest_first(source)]
+            else:
+                found = [source] if source.exists() else []
+            chosen = str(found[0]) if found else None
+            problem = f"no checkpoint to resume from at {str(source)!r}" if explicit and not found else ""
+        chosen, problem = self._stop_combiner_broadcast((chosen, problem))
+        if problem:
+            raise CheckpointError(problem)
+        if chosen is None:
+            return None
+        extra = self.load(chosen)
+        aside, moved = resume_files.set_aside_newer(Path(chosen)) if self.is_main_process else (None, 0)
+        if self._checkpoints is not None:
+            self._checkpoints.resumed_from(Path(chosen), self.global_step)
+        log.info("resumed from %s (step %d)", chosen, self.global_step)
+        return Resumed(path=Path(chosen), step=self.global_step, epoch=self.epoch, extra=extra,
+                       set_aside=aside, set_aside_count=moved)
 
     def _stop_combiner_broadcast(self, value: Any) -> Any:
         return self._combiner.broadcast(value, source=0) if self._combiner is not None else value
@@ -769,7 +800,8 @@ class Trainer:
         step = self.global_step
         if step <= runs.last_saved_step or step == 0:
             return None
-        if not self.is_main_process:
+        sharded = self.sharding is not None  # every rank writes its shards
+        if not self.is_main_process and not sharded:
             runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
             return None
         monitor = runs.policy.monitor
@@ -778,7 +810,7 @@ class Trainer:
             score = self._reporter.metrics.latest(monitor)
             score = score if score is not None else self._reporter.last_metrics.get(monitor)
         try:
-            return str(runs.save(step, lambda path: self.save(path), score))
+            return str(runs.save(step, lambda path: self.save(path), score, main=self.is_main_process))
         except NonFiniteLossError as exc:
             if self._config.nonfinite == "raise":
                 raise

@@ -102,6 +102,16 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _authors_choice(cls: type[torch.optim.Optimizer], params: Any, options: dict[str, Any]) -> OptimizerChoice | None:
+    """The optimizer built as the author asked, when ``options`` name a kernel (``fused`` or ``foreach``)."""
+    chosen = {k: options[k] for k in KERNELS if k in options}
+    if not chosen:
+        return None
+    described = ", ".join(f"{k}={v!r}" for k, v in chosen.items())
+    return OptimizerChoice(cls(params, **options), f"torch.optim.{cls.__name__}({described})",
+                           "the author chose the implementation")
+
+
 def fastest_torch_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice:
     """torch's fastest implementation of optimizer ``name`` on ``device``: ``fused=True``, ``foreach=True``, default.
 
@@ -110,10 +120,9 @@ def fastest_torch_optimizer(device: Device, name: str, params: Any, options: dic
     """
     cls = torch_optimizer_class(name)
     base = f"torch.optim.{cls.__name__}"
-    chosen = {k: options[k] for k in KERNELS if k in options}
-    if chosen:
-        described = ", ".join(f"{k}={v!r}" for k, v in chosen.items())
-        return OptimizerChoice(cls(params, **options), f"{base}({described})", "the author chose the implementation")
+    authors = _authors_choice(cls, params, options)
+    if authors is not None:
+        return authors
     params = list(params)
     kernel, reason = torch_kernel(name.lower(), device.torch_device.type)
     if kernel:
@@ -135,10 +144,9 @@ def sharded_torch_optimizer(name: str, params: Any, options: dict[str, Any], ker
     """
     cls = torch_optimizer_class(name)
     base = f"torch.optim.{cls.__name__}"
-    chosen = {k: options[k] for k in KERNELS if k in options}
-    if chosen:
-        described = ", ".join(f"{k}={v!r}" for k, v in chosen.items())
-        return OptimizerChoice(cls(params, **options), f"{base}({described})", "the author chose the implementation")
+    authors = _authors_choice(cls, params, options)
+    if authors is not None:
+        return authors
     if kernel in KERNELS and kernel in inspect.signature(cls).parameters:
         optimizer = cls(params, **{kernel: True}, **options)  # type: ignore[arg-type]  # a torch.optim subclass
         return OptimizerChoice(optimizer, f"{base}({kernel}=True)", reason)
