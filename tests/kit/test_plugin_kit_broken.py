@@ -162,8 +162,8 @@ def test_devplug_devices_reports_every_broken_plugin_and_still_lists_devices(bro
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "cpu     0         available" in out
-    assert "flaky: its availability probe raised RuntimeError: driver query failed: /dev/flaky0 busy. " \
-           f"Fix: report this to the maintainers of {BROKEN_DIST}" in out
+    assert "flaky: flaky card\n      unavailable: its availability probe raised RuntimeError: driver query failed: " \
+           f"/dev/flaky0 busy. Fix: report this to the maintainers of {BROKEN_DIST}" in out
     skipped = out.split("Plugins that failed to load (skipped):", 1)[1]
     for name in ("badsig", "needs_sdk", "future", "typo"):
         assert f"plugin '{name}' from {BROKEN_DIST} was skipped:" in skipped
