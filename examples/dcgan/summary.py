@@ -106,6 +106,8 @@ def build_summary(
         "images_per_dollar": per_hour / price_per_hour if price_per_hour else None,
         "mfu": trainer_summary.get("mfu"),  # model FLOPs / (time x the device's peak), from the Trainer
         "flops_per_image": trainer_summary.get("flops_per_sample"),
+        "peak_flops": trainer_summary.get("peak_flops"),  # what MFU is measured against, and where it came from
+        "peak_source": trainer_summary.get("peak_source"),
         "input_bound": trainer_summary.get("input_bound"),
         "cache": str(cache.path) if cache is not None else None,
         "cache_built": bool(cache is not None and cache.built),
@@ -141,7 +143,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary.get("mfu") is not None:
         flops = summary.get("flops_per_image")
         per_image = f", {flops / 1e9:.3g} GFLOP per image" if flops else ""
-        rows.append(("MFU", f"{100 * summary['mfu']:.2f} % of the device's peak{per_image}"))
+        peak = summary.get("peak_flops")
+        against = (f"of a {peak / 1e9:.4g} GFLOP/s peak ({summary.get('peak_source') or 'plugin'})" if peak
+                   else "of the device's peak")
+        rows.append(("MFU", f"{100 * summary['mfu']:.2f} % {against}{per_image}"))
     if summary.get("input_bound"):
         rows.append(("input", str(summary["input_bound"])))
     if summary["cache"] is not None:
