@@ -21,15 +21,13 @@ On CPU the ranks use gloo over loopback; with --device cuda/hpu, launch one rank
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _ranks import join_as, run_ranks
 
 import devplug
 
@@ -49,9 +47,7 @@ def run_rank(rank: int, world_size: int, port: int | None, args: argparse.Namesp
 
     ``port`` is the rendezvous port of spawned ranks; ``None`` when a launcher set the variables.
     """
-    if port is not None:
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                          LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    join_as(rank, world_size, port)
     torch.set_num_threads(args.threads)
     options: dict[str, Any] = {"bucket_cap_mb": args.bucket_cap_mb} if args.bucket_cap_mb else {}
     trainer = devplug.Trainer(device=args.device, precision="32-true", seed=0, progress=False, log_every=10**9,
@@ -123,12 +119,6 @@ def report(trainer: devplug.Trainer, local: torch.nn.Module, args: argparse.Name
     return "\n".join(lines)
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def main() -> None:
     """Spawn the gloo ranks (or run as one rank of a torchrun job) and print the comparison."""
@@ -143,12 +133,7 @@ def main() -> None:
     parser.add_argument("--bucket-cap-mb", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     args = parser.parse_args()
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun / srun wrapper
-        run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, args)
-        return
-    if args.world_size < 2:
-        parser.error("--world-size must be at least 2")
-    mp.spawn(run_rank, args=(args.world_size, free_port(), args), nprocs=args.world_size, join=True)
+    run_ranks(run_rank, args, parser)
 
 
 if __name__ == "__main__":

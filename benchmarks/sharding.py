@@ -20,8 +20,6 @@ Run: python benchmarks/sharding.py [--world-size 2] [--steps 10] [--rounds 5] [-
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
 import tempfile
 import time
@@ -30,7 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _ranks import join_as, run_ranks
 
 import devplug
 
@@ -83,9 +81,7 @@ class Variant:
 
 def run_rank(rank: int, world_size: int, port: int | None, args: argparse.Namespace) -> None:
     """One rank: interleaved rounds of DDP, FSDP and the two saves; rank 0 prints the table."""
-    if port is not None:
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                          LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    join_as(rank, world_size, port)
     torch.set_num_threads(args.threads)
     ddp, fsdp = Variant("ddp", args), Variant("fsdp", args)
     for variant in (ddp, fsdp):  # warm-up: allocator, first buckets, the shards' first gathers
@@ -140,12 +136,6 @@ def report(slowest: dict[str, list[float]], memory: dict[str, int], args: argpar
     ])
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def main() -> None:
     """Spawn the gloo ranks (or run as one rank of a torchrun job) and print the comparison."""
@@ -160,12 +150,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     parser.add_argument("--out", default=None, help="folder for the checkpoints (default: a temporary one)")
     args = parser.parse_args()
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun
-        run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, args)
-        return
-    if args.world_size < 2:
-        parser.error("--world-size must be at least 2")
-    mp.spawn(run_rank, args=(args.world_size, free_port(), args), nprocs=args.world_size, join=True)
+    run_ranks(run_rank, args, parser)
 
 
 if __name__ == "__main__":
