@@ -83,6 +83,15 @@ def choose(source: Path, load: Callable[[Path], dict[str, Any]], *, explicit: bo
                           "start afresh, or restore one from a backup")
 
 
+def newest(source: Path) -> Path | None:
+    """The checkpoint ``source`` names without loading it: itself (a file or a sharded folder), or a folder's
+    newest ``step_NNNNNNN.pt``; ``None`` when there is none."""
+    if source.is_dir() and not is_sharded_checkpoint(source):
+        found = steps_newest_first(source)
+        return found[0][1] if found else None
+    return source if source.exists() else None
+
+
 def set_aside_newer(resumed: Path, *, now: datetime.datetime | None = None) -> tuple[Path | None, int]:
     """Move the checkpoints newer than ``resumed`` in its folder into ``abandoned-<time>/`` beside them.
 

@@ -26,9 +26,9 @@ import torch
 from devplug.core.checkpoint import resume as resume_files
 from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.compiled import plain_module
-from devplug.core.checkpoint.policy import RunCheckpoints, steps_newest_first
+from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.checkpoint.resume import Resumed
-from devplug.core.checkpoint.sharded import ShardedWriter, is_sharded_checkpoint
+from devplug.core.checkpoint.sharded import ShardedWriter
 from devplug.core.contract import hookspecs as spec
 from devplug.core.contract.records import (
     LaunchInfo,
@@ -727,21 +727,10 @@ class Trainer:
         else:
             assert runs is not None
             source = runs.folder
-        report: dict[str, Any] | None = None
-        extra: dict[str, Any] = {}
         if self.sharding is not None and self._combiner is not None:
-            return self._resume_sharded(source, explicit=path is not None)
-        if self.is_main_process:
-            choice = resume_files.choose(source, self.load, explicit=path is not None)
-            if choice is not None:
-                aside, moved = resume_files.set_aside_newer(choice.path)
-                extra = choice.extra
-                report = {"path": str(choice.path), "skipped": [(str(p), why) for p, why in choice.skipped],
-                          "set_aside": str(aside) if aside is not None else None, "set_aside_count": moved}
-        if self._combiner is not None:  # the other ranks load what rank 0 chose
-            report = self._stop_combiner_broadcast(report)
-            if not self.is_main_process and report is not None:
-                extra = self.load(report["path"])
+            report, extra = self._choose_sharded(source, explicit=path is not None)
+        else:
+            report, extra = self._choose_and_load(source, explicit=path is not None)
         if report is None:
             return None
         chosen = Path(report["path"])
@@ -753,32 +742,45 @@ class Trainer:
                        set_aside=Path(report["set_aside"]) if report["set_aside"] else None,
                        set_aside_count=report["set_aside_count"])
 
-    def _resume_sharded(self, source: Path, *, explicit: bool) -> Resumed | None:
+    def _choose_and_load(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        # rank 0 tries the candidates (loading each, skipping damaged ones); the other ranks load its choice
+        report: dict[str, Any] | None = None
+        extra: dict[str, Any] = {}
+        if self.is_main_process:
+            choice = resume_files.choose(source, self.load, explicit=explicit)
+            if choice is not None:
+                extra = choice.extra
+                report = self._resume_report(choice.path, choice.skipped)
+        if self._combiner is not None:
+            report = self._from_rank0(report)
+            if not self.is_main_process and report is not None:
+                extra = self.load(report["path"])
+        return report, extra
+
+    def _choose_sharded(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         # Loading a sharded checkpoint is a collective: rank 0 names the newest complete one (a save is
         # renamed into place only once every rank has written), and every rank loads that one.
-        chosen: str | None = None
-        problem = ""
+        named: tuple[str | None, str] = (None, "")
         if self.is_main_process:
-            if source.is_dir() and not is_sharded_checkpoint(source):  # a folder of step_NNNNNNN.pt checkpoints
-                found = [path for _step, path in steps_newest_first(source)]
-            else:
-                found = [source] if source.exists() else []
-            chosen = str(found[0]) if found else None
-            problem = f"no checkpoint to resume from at {str(source)!r}" if explicit and not found else ""
-        chosen, problem = self._stop_combiner_broadcast((chosen, problem))
+            newest = resume_files.newest(source)
+            named = (str(newest) if newest else None,
+                     f"no checkpoint to resume from at {str(source)!r}" if explicit and newest is None else "")
+        chosen, problem = self._from_rank0(named)
         if problem:
             raise CheckpointError(problem)
         if chosen is None:
-            return None
+            return None, {}
         extra = self.load(chosen)
-        aside, moved = resume_files.set_aside_newer(Path(chosen)) if self.is_main_process else (None, 0)
-        if self._checkpoints is not None:
-            self._checkpoints.resumed_from(Path(chosen), self.global_step)
-        log.info("resumed from %s (step %d)", chosen, self.global_step)
-        return Resumed(path=Path(chosen), step=self.global_step, epoch=self.epoch, extra=extra,
-                       set_aside=aside, set_aside_count=moved)
+        return self._from_rank0(self._resume_report(Path(chosen), ()) if self.is_main_process else None), extra
 
-    def _stop_combiner_broadcast(self, value: Any) -> Any:
+    @staticmethod
+    def _resume_report(path: Path, skipped: Any) -> dict[str, Any]:
+        """Rank 0's account of a resume (newer checkpoints set aside now), as plain values every rank can get."""
+        aside, moved = resume_files.set_aside_newer(path)
+        return {"path": str(path), "skipped": [(str(p), why) for p, why in skipped],
+                "set_aside": str(aside) if aside is not None else None, "set_aside_count": moved}
+
+    def _from_rank0(self, value: Any) -> Any:
         return self._combiner.broadcast(value, source=0) if self._combiner is not None else value
 
     def checkpoint_now(self) -> str | None:
