@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,6 +29,22 @@ SAVE_AFTER = 3
 #: eps well above the noise-level gradients (the key bias of attention has none mathematically), so Adam does
 #: not blow rounding differences between reduction orders up to learning-rate-sized steps.
 ADAMW = {"lr": 1e-2, "weight_decay": 0.01, "eps": 1e-4}
+
+
+def train_step(trainer: devplug.Trainer, model: torch.nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor,
+               after_backward: Callable[[], None] | None = None) -> tuple[float, float]:
+    """One training step on this rank's ``tokens`` (every run here trains with it); the global-batch loss and the
+    gradient norm before clipping. ``after_backward`` looks at the gradients before they are clipped."""
+    with trainer.accumulate(model):
+        loss = lm_loss(model, tokens)
+        trainer.backward(loss)
+        if after_backward is not None:
+            after_backward()
+        norm = float(trainer.clip_grad_norm(opt, 1.0))
+        trainer.step(opt)
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    return float(mean) / trainer.world_size, norm
 
 
 def run(strategy: str, out: Path, *, save: str | None = None, resume: str | None = None, asynchronous: bool = False,
@@ -43,19 +60,16 @@ def run(strategy: str, out: Path, *, save: str | None = None, resume: str | None
     if resume:
         first = trainer.load(out / resume)["step"]
         record["loaded"] = full_weights(trainer._modules["lm"])
+
+    def measure() -> None:  # after the last step's backward: the bytes this rank holds for weights and gradients
+        record["param_bytes"] = local_bytes(model.parameters())
+        record["grad_bytes"] = local_bytes(p.grad for p in model.parameters() if p.grad is not None)
+
     for step in range(first, STEPS):
         tokens = rank_batch(step, trainer.rank, trainer.world_size)
-        with trainer.accumulate(model):
-            loss = lm_loss(model, tokens)
-            trainer.backward(loss)
-            if step == STEPS - 1:
-                record["param_bytes"] = local_bytes(model.parameters())
-                record["grad_bytes"] = local_bytes(p.grad for p in model.parameters() if p.grad is not None)
-            record.setdefault("norms", []).append(float(trainer.clip_grad_norm(opt, 1.0)))
-            trainer.step(opt)
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        record["losses"][step] = float(mean) / trainer.world_size
+        loss, norm = train_step(trainer, model, opt, tokens, after_backward=measure if step == STEPS - 1 else None)
+        record.setdefault("norms", []).append(norm)
+        record["losses"][step] = loss
         if save and step + 1 == SAVE_AFTER:
             trainer.save(out / save, step=step + 1)
     record["state_bytes"] = local_bytes(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v))

@@ -2,7 +2,10 @@
 
 The 2-rank scenario (tests/dist_scripts/train_fsdp.py) runs once per module: DDP, FSDP, FSDP resumed from
 its own sharded checkpoint (with activation checkpointing), FSDP resumed from DDP's plain checkpoint. Each
-test checks one promise from what the ranks recorded; the one-process resume runs here.
+test checks one promise from what the ranks recorded; the one-process resumes (on the CPU and on the Gaudi
+stand-in) run here. One more 2-rank run, under torchrun, kills a rank in the middle of a sharded save and
+checks that the restarted job resumes from the last complete checkpoint and ends where the scenario's
+uninterrupted FSDP run ends (both train with `train_fsdp.train_step`).
 
 Tolerances (fp32): DDP all-reduces gradients, FSDP reduce-scatters them, and DDP's optimizer is torch's
 fused AdamW where FSDP's is the foreach one over DTensor shards; the same sums are added in another order,
@@ -14,8 +17,13 @@ same world size and strategy repeats the same operations in the same order, so i
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
+from dist_scripts import common
 from dist_scripts.common import HERE, run_ranks
 from dist_scripts.fsdp_model import STEPS, TinyLM, lm_loss, make_lm, rank_batch
 
@@ -130,3 +138,53 @@ def test_a_consolidated_checkpoint_loads_into_a_plain_module_with_weights_only(f
     model = TinyLM()
     model.load_state_dict(weights)  # strict: every name, no extra
     assert _equal(model.state_dict(), r0["fsdp_resume"]["loaded"])
+
+
+@pytest.mark.slow
+def test_a_rank_killed_inside_a_sharded_save_restarts_from_the_last_complete_checkpoint(fsdp_run, tmp_path):
+    """torchrun restarts both ranks after rank 1 dies with its shards half-saved; the job ends bitwise as if
+    nothing happened, and the run folder holds complete checkpoints only (the partial one is removed, never loaded).
+    """
+    _out, (r0, _r1) = fsdp_run
+    ckpt, events, final = tmp_path / "ckpt", tmp_path / "events.jsonl", tmp_path / "final.pt"
+    every, kill_at = 2, 4  # policy saves after steps 2, 4 and 6: rank 1 dies inside the second one
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1", "--nproc-per-node", str(WORLD), "--max-restarts", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{common.free_port()}", "--rdzv-id", "fsdp-kill",
+        "--monitor-interval", "0.1",
+        str(HERE / "train_fsdp_killed.py"), "--ckpt-dir", str(ckpt), "--events", str(events), "--final", str(final),
+        "--every", str(every), "--kill-at", str(kill_at),
+    ]
+    try:
+        proc = subprocess.run(command, env=common.clean_env(), cwd=common.REPO, capture_output=True, text=True,
+                              timeout=300)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"torchrun did not finish:\n{exc.stdout}\n{exc.stderr}")
+    log = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
+    output = f"events: {log}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-12000:]}"
+    assert proc.returncode == 0, output
+
+    partial = f".step_{kill_at:07d}.pt.partial"
+    (kill,) = [e for e in log if e["kind"] == "kill"]
+    # rank 1 died with its shard file written, before the coordinator could write .metadata
+    assert kill["rank"] == 1 and kill["folder"] == partial, output
+    assert kill["files"]["__1_0.distcp"] > 0 and ".metadata" not in kill["files"], output
+    starts = sorted((e["rank"], e["restart"]) for e in log if e["kind"] == "start")
+    assert starts == [(0, 0), (0, 1), (1, 0), (1, 1)], output
+    for start in (e for e in log if e["kind"] == "start" and e["restart"] == 1):
+        # what the restart found: the killed save's partial folder, without metadata, beside a complete checkpoint
+        assert ".metadata" not in start["folder"][partial] and "__1_0.distcp" in start["folder"][partial], output
+        assert ".metadata" in start["folder"][f"step_{every:07d}.pt"], output
+        assert start["resumed"] == {"path": f"step_{every:07d}.pt", "step": every, "set_aside": 0}, output
+    ends = [e for e in log if e["kind"] == "end"]
+    assert sorted((e["rank"], e["restart"], e["global_step"]) for e in ends) == [(0, 1, STEPS), (1, 1, STEPS)]
+    expected = {str(step): loss for step, loss in r0["fsdp"]["losses"].items() if step >= every}
+    assert all(e["losses"] == expected for e in ends), output
+
+    # the interrupted job ends bitwise where the uninterrupted one does
+    assert _equal(torch.load(final, weights_only=True), r0["fsdp"]["final"])
+    # complete checkpoints only: the next save of that step removed the partial folder, nothing else is left over
+    names = [f"step_{step:07d}.pt" for step in range(every, STEPS + 1, every)]
+    assert sorted(p.name for p in ckpt.iterdir()) == names
+    assert all(is_sharded_checkpoint(ckpt / name) for name in names)
