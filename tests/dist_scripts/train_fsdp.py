@@ -21,14 +21,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from fsdp_model import STEPS, Block, full_weights, lm_loss, local_bytes, make_lm, rank_batch
+from fsdp_model import ADAMW, STEPS, Block, full_weights, lm_loss, local_bytes, make_lm, rank_batch
 
 import devplug
 
 SAVE_AFTER = 3
-#: eps well above the noise-level gradients (the key bias of attention has none mathematically), so Adam does
-#: not blow rounding differences between reduction orders up to learning-rate-sized steps.
-ADAMW = {"lr": 1e-2, "weight_decay": 0.01, "eps": 1e-4}
 
 
 def train_step(trainer: devplug.Trainer, model: torch.nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor,

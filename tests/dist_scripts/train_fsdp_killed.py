@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from fsdp_model import STEPS, Block, full_weights, make_lm, rank_batch
+from fsdp_model import ADAMW, STEPS, Block, full_weights, make_lm, rank_batch
 from torch.distributed.checkpoint import FileSystemWriter
-from train_fsdp import ADAMW, train_step
+from train_fsdp import train_step
 
 import devplug
 

@@ -25,7 +25,8 @@ import pytest
 import torch
 from dist_scripts import common
 from dist_scripts.common import HERE, run_ranks
-from dist_scripts.fsdp_model import STEPS, TinyLM, lm_loss, make_lm, rank_batch
+from dist_scripts.fsdp_model import ADAMW, STEPS, TinyLM, lm_loss, make_lm, rank_batch
+from standins import hpu_fixtures
 
 import devplug
 from devplug import toolkit
@@ -40,6 +41,12 @@ def fsdp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
     run_ranks(HERE / "train_fsdp.py", ["--out", str(out)], world_size=WORLD, timeout=300)
     return out, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+@pytest.fixture
+def hpu(monkeypatch):
+    """The Gaudi stand-in for one test (it computes on the CPU, in fp32)."""
+    yield from hpu_fixtures.standin(monkeypatch)
 
 
 def _equal(a: dict, b: dict) -> bool:
@@ -116,6 +123,59 @@ def test_a_sharded_checkpoint_resumes_on_one_process_without_sharding(fsdp_run):
         losses.append(float(loss.detach()))
     torch.testing.assert_close(losses, _curve(r0["fsdp"])[3:], rtol=1e-5, atol=0)
     _close(model.state_dict(), r0["fsdp"]["final"])
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_of_two_ranks_resumes_on_gaudi_with_its_fused_optimizer(fsdp_run, hpu):
+    """Written by 2 FSDP ranks with torch's AdamW, continued on one Gaudi (the stand-in) with hpex's FusedAdamW.
+
+    FusedAdamW is another algorithm in rounding and eps placement than torch's AdamW, so the Gaudi run is not
+    compared with the 2-rank run's end (they drift by about 1e-2 in 3 steps, as much as a FusedAdamW whose
+    step count restarted). What must hold exactly: the loaded weights are the saved ones, FusedAdamW holds
+    the saved moments and step count in its own layout, and its continuation equals, bitwise, a FusedAdamW
+    given that state by hand over the same weights loaded on the CPU with torch's AdamW.
+    """
+    out, (r0, _r1) = fsdp_run
+    trainer = devplug.Trainer(device="hpu", precision="32-true", seed=0, progress=False,
+                              plugin_manager=hpu.plugin_manager())
+    model = trainer.setup(make_lm(1), name="lm")
+    opt = trainer.optimizer("adamw", model.parameters(), **ADAMW)
+    assert trainer.optimizer_implementation(opt).startswith("habana_frameworks.torch.hpex.optimizers.FusedAdamW")
+    assert trainer.load(out / "fsdp3")["step"] == 3
+    assert _equal(model.state_dict(), r0["fsdp_resume"]["loaded"])
+
+    cpu = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False)
+    reference = cpu.setup(make_lm(2), name="lm")
+    torch_opt = cpu.optimizer("adamw", reference.parameters(), **ADAMW)
+    cpu.load(out / "fsdp3")
+    assert _equal(reference.state_dict(), r0["fsdp_resume"]["loaded"])
+    saved = torch_opt.state_dict()
+    from habana_frameworks.torch.hpex.optimizers import FusedAdamW
+
+    by_hand = FusedAdamW(reference.parameters(), **ADAMW)
+    by_hand.param_groups[0]["step"] = 3  # FusedAdamW counts steps per group, its parameters' "step" stays 0
+    assert [group["step"] for group in opt.param_groups] == [3]
+    for index, (param, twin) in enumerate(zip(model.parameters(), reference.parameters(), strict=True)):
+        moments = {k: saved["state"][index][k] for k in ("exp_avg", "exp_avg_sq")}
+        assert int(saved["state"][index]["step"]) == 3
+        assert opt.state[param].keys() == {"step", "exp_avg", "exp_avg_sq"} and opt.state[param]["step"] == 0
+        assert all(torch.equal(opt.state[param][k], v) for k, v in moments.items())
+        by_hand.state[twin] = {"step": 0, **{k: v.clone() for k, v in moments.items()}}
+
+    for step in range(3, STEPS):
+        tokens = rank_batch(step, 0, 1)  # the whole global batch
+        loss = lm_loss(model, tokens)
+        trainer.backward(loss)
+        trainer.step(opt)
+        expected = lm_loss(reference, tokens)
+        expected.backward()
+        by_hand.step()
+        by_hand.zero_grad(set_to_none=True)
+        assert torch.equal(loss.detach(), expected.detach()), step
+        if step == 3:  # from the saved weights: the 2-rank run's loss at that step
+            assert float(loss.detach()) == pytest.approx(r0["fsdp"]["losses"][3], rel=1e-5)
+    assert _equal(model.state_dict(), reference.state_dict())
+    assert not _equal(model.state_dict(), r0["fsdp_resume"]["loaded"])  # it trained on
 
 
 @pytest.mark.slow

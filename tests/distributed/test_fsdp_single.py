@@ -255,6 +255,11 @@ def test_a_sharded_checkpoint_that_does_not_fit_is_refused(tmp_path):
         other.load(tmp_path / "ckpt")
     with pytest.raises(CheckpointError, match="holds no module 'x'"):
         toolkit.consolidate_checkpoint(tmp_path / "ckpt", tmp_path / "x.pt", module="x")
+    deeper = _trainer()  # the same names, a module with a layer the checkpoint lacks: DCP finds no entry for it
+    deeper_model = deeper.setup(TinyLM(layers=3), name="lm")
+    deeper.optimizer("adamw", deeper_model.parameters(), lr=1e-2)
+    with pytest.raises(CheckpointError, match=r"does not fit this run.*: Missing key .*lm\.blocks\.2"):
+        deeper.load(tmp_path / "ckpt")
 
 
 class Batches:

@@ -131,11 +131,15 @@ class ShardedWriter:
 def load_tensors(path: str | os.PathLike[str], tensors: dict[str, Any]) -> None:
     """Read a sharded checkpoint's tensors into ``tensors`` in place (DCP reshards to this run's layout)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         dcp.load(tensors, checkpoint_id=str(path))
-    except Exception as exc:  # DCP raises CheckpointException and others for a missing or mismatched entry
-        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+    except (Exception, CheckpointException) as exc:  # a missing or mismatched entry (DCP's is a BaseException)
+        # DCP's exception holds each failed rank's (exception, trace): its own words, without the traces
+        failures = [failure[0] for failure in exc.failures.values()] if isinstance(exc, CheckpointException) else []
+        cause = failures[0] if failures else exc
+        reason = " ".join(str(cause).split())[:300] or type(cause).__name__
         raise CheckpointError(f"sharded checkpoint {str(path)!r} does not fit this run, and nothing was "
                               f"restored: {reason}") from exc
 

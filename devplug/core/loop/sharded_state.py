@@ -4,12 +4,18 @@ Module and optimizer tensors go through ``torch.distributed.checkpoint.state_dic
 keys, so the same checkpoint fits a sharded model, a DDP replica or one process) into a DCP folder
 (`devplug.core.checkpoint.sharded`); the loop position, RNG, scaler and the author's extra state
 ride along in the folder's small state file. A plain checkpoint file loads into a sharded run too.
+
+A sharded run's optimizers are torch.optim ones, so a sharded checkpoint holds torch's layout. A run that
+loads it with another implementation (one process or DDP on a device whose plugin builds its own optimizer,
+such as Gaudi's FusedAdamW) reads the state into a torch.optim optimizer of the same algorithm over the
+same parameters, then hands it to that implementation the way a plain checkpoint's is: through the
+plugin's ``from_canonical``, checked first.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +26,11 @@ from devplug.core.checkpoint import file as ckpt
 from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.finite import nonfinite
 from devplug.core.checkpoint.sharded import ShardedWriter, load_tensors, read_state
+from devplug.core.checkpoint.validate import check_loaded_optimizers
+from devplug.core.contract.records import OptimizerChoice
 from devplug.core.errors import CheckpointError, NonFiniteLossError
 from devplug.core.loop.trainer_state import TrainerState
-from devplug.core.optim.canonical import import_state
+from devplug.core.optim.canonical import CANONICAL, canonical_class, import_state, state_problems
 
 
 def _options(**kwargs: Any) -> Any:
@@ -44,12 +52,44 @@ def optimizer_owners(ts: TrainerState) -> dict[str, str]:
     return owners
 
 
-def _tensors(ts: TrainerState, owners: Mapping[str, str]) -> dict[str, Any]:
+def _tensors(ts: TrainerState, owners: Mapping[str, str],
+             readers: Mapping[str, torch.optim.Optimizer] | None = None) -> dict[str, Any]:
+    """The DCP state of every module and optimizer (``readers`` stand in for optimizers of another layout)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    readers = readers or {}
     return {"modules": {k: get_model_state_dict(m) for k, m in ts.modules.items()},
-            "optimizers": {k: get_optimizer_state_dict(ts.modules[owners[k]], c.optimizer)
+            "optimizers": {k: get_optimizer_state_dict(ts.modules[owners[k]], readers.get(k, c.optimizer))
                            for k, c in ts.optimizers.items()}}
+
+
+def torch_reader(choice: OptimizerChoice) -> torch.optim.Optimizer | None:
+    """A torch.optim optimizer of ``choice``'s algorithm over its parameter groups, when ``choice`` is another
+    implementation (its state layout is not the one a sharded checkpoint holds); ``None`` when it is torch's."""
+    cls = canonical_class(choice.algorithm)
+    if cls is None or type(choice.optimizer) is cls:
+        return None
+    build: Callable[..., torch.optim.Optimizer] = cls  # its own defaults: the checkpoint's values are loaded into it
+    return build([{"params": group["params"]} for group in choice.optimizer.param_groups])
+
+
+def _converted(ts: TrainerState, readers: Mapping[str, torch.optim.Optimizer], owners: Mapping[str, str],
+               loaded: Mapping[str, Any], path: Any) -> dict[str, dict[str, Any]]:
+    """The loaded torch-layout states of ``readers`` converted for the run's own optimizers (checked, not applied)."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    entries, natives = {}, {}
+    for key, reader in readers.items():
+        set_optimizer_state_dict(ts.modules[owners[key]], reader, loaded[key])
+        choice = ts.optimizers[key]
+        entry = {"algorithm": choice.algorithm, "implementation": f"torch.optim.{type(reader).__name__}",
+                 "layout": CANONICAL, "state": reader.state_dict()}
+        problems = state_problems(choice, entry, key)
+        if problems:
+            raise CheckpointError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
+        entries[key], natives[key] = entry, import_state(choice, entry, key)
+    check_loaded_optimizers(entries, natives, {k: ts.optimizers[k] for k in readers}, path)
+    return natives
 
 
 def _local(value: Any) -> torch.Tensor:
@@ -99,12 +139,17 @@ def load_sharded(ts: TrainerState, path: str | os.PathLike[str]) -> dict[str, An
     if problems:
         raise CheckpointError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
     points = ts.resume_points(state)
-    tensors = _tensors(ts, owners)
+    readers = {key: reader for key, choice in ts.optimizers.items() if (reader := torch_reader(choice)) is not None}
+    tensors = _tensors(ts, owners, readers)
     load_tensors(path, tensors)
+    natives = _converted(ts, readers, owners, tensors["optimizers"], path)
     for key, module in ts.modules.items():
         set_model_state_dict(module, tensors["modules"][key])
     for key, choice in ts.optimizers.items():
-        set_optimizer_state_dict(ts.modules[owners[key]], choice.optimizer, tensors["optimizers"][key])
+        if key in natives:
+            choice.optimizer.load_state_dict(natives[key])
+        else:
+            set_optimizer_state_dict(ts.modules[owners[key]], choice.optimizer, tensors["optimizers"][key])
     _restore_rest(ts, state)
     return ts.continue_from(state, points)
 
