@@ -246,6 +246,38 @@ def test_a_plain_checkpoint_loads_into_a_sharded_run_and_back(tmp_path):
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in again.state_dict().items())
 
 
+def _full(value: torch.Tensor) -> torch.Tensor:
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
+def _moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [_full(optimizer.state[p]["exp_avg"]).clone() for p in optimizer.param_groups[0]["params"]]
+
+
+def test_a_load_after_a_backward_restores_the_optimizer_state_and_keeps_the_gradients(tmp_path):
+    # torch creates the state a load fills only while no parameter has a gradient: a backward before the
+    # load used to leave the optimizer without its moments (or, plain into sharded, fail inside torch)
+    saved, _model = _sharded_trainer()
+    saved.save(tmp_path / "folder")
+    plain = _trainer()
+    plain_model = plain.setup(make_lm(), name="lm")
+    plain_opt = plain.optimizer("adamw", plain_model.parameters(), lr=1e-2)
+    plain.backward(lm_loss(plain_model, rank_batch(0, 0, 1)))
+    plain.step(plain_opt)
+    plain.save(tmp_path / "plain.pt")
+    expected = {"folder": _moments(saved._optimizers["lm"].optimizer), "plain.pt": _moments(plain_opt)}
+    for source, strategy in [("folder", "fsdp"), ("folder", "auto"), ("plain.pt", "fsdp")]:
+        trainer = _trainer(strategy=strategy)
+        model = trainer.setup(make_lm(1), name="lm", **({"shard": [Block]} if strategy == "fsdp" else {}))
+        opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2)
+        trainer.backward(lm_loss(model, rank_batch(1, 0, 1)))
+        grads = [_full(p.grad).clone() for p in model.parameters()]
+        trainer.load(tmp_path / source)
+        assert len(opt.state) == len(grads), (source, strategy)
+        assert all(torch.equal(a, b) for a, b in zip(_moments(opt), expected[source], strict=True)), (source, strategy)
+        assert all(torch.equal(_full(p.grad), g) for p, g in zip(model.parameters(), grads, strict=True))
+
+
 def test_a_sharded_checkpoint_that_does_not_fit_is_refused(tmp_path):
     trainer, _model = _sharded_trainer()
     trainer.save(tmp_path / "ckpt")

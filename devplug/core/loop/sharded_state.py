@@ -14,8 +14,9 @@ plugin's ``from_canonical``, checked first.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,25 @@ def _converted(ts: TrainerState, readers: Mapping[str, torch.optim.Optimizer], o
     return natives
 
 
+@contextlib.contextmanager
+def _gradients_aside(ts: TrainerState) -> Iterator[None]:
+    """The optimizers' parameters without gradients inside, as they were after.
+
+    torch's state-dict helpers create the state of an optimizer that has not stepped yet (which a load
+    fills) with a zero-gradient step, and only when no parameter has a gradient: with one, the state
+    would load empty or not at all.
+    """
+    params = [p for c in ts.optimizers.values() for group in c.optimizer.param_groups for p in group["params"]]
+    grads = [p.grad for p in params]
+    for param in params:
+        param.grad = None
+    try:
+        yield
+    finally:
+        for param, grad in zip(params, grads, strict=True):
+            param.grad = grad
+
+
 def _local(value: Any) -> torch.Tensor:
     to_local = getattr(value, "to_local", None)
     return to_local() if callable(to_local) else value
@@ -140,16 +160,17 @@ def load_sharded(ts: TrainerState, path: str | os.PathLike[str]) -> dict[str, An
         raise CheckpointError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
     points = ts.resume_points(state)
     readers = {key: reader for key, choice in ts.optimizers.items() if (reader := torch_reader(choice)) is not None}
-    tensors = _tensors(ts, owners, readers)
-    load_tensors(path, tensors)
-    natives = _converted(ts, readers, owners, tensors["optimizers"], path)
-    for key, module in ts.modules.items():
-        set_model_state_dict(module, tensors["modules"][key])
-    for key, choice in ts.optimizers.items():
-        if key in natives:
-            choice.optimizer.load_state_dict(natives[key])
-        else:
-            set_optimizer_state_dict(ts.modules[owners[key]], choice.optimizer, tensors["optimizers"][key])
+    with _gradients_aside(ts):
+        tensors = _tensors(ts, owners, readers)
+        load_tensors(path, tensors)
+        natives = _converted(ts, readers, owners, tensors["optimizers"], path)
+        for key, module in ts.modules.items():
+            set_model_state_dict(module, tensors["modules"][key])
+        for key, choice in ts.optimizers.items():
+            if key in natives:
+                choice.optimizer.load_state_dict(natives[key])
+            else:
+                set_optimizer_state_dict(ts.modules[owners[key]], choice.optimizer, tensors["optimizers"][key])
     _restore_rest(ts, state)
     return ts.continue_from(state, points)
 
@@ -166,12 +187,13 @@ def load_plain_into_sharded(ts: TrainerState, path: str | os.PathLike[str]) -> d
     owners = optimizer_owners(ts)
     points = ts.resume_points(state)
     full = _options(full_state_dict=True)
-    for key, module in ts.modules.items():
-        set_model_state_dict(module, state["modules"][key], options=full)
-    for key, choice in ts.optimizers.items():
-        native = import_state(choice, state["optimizers"][key], key)
-        module = ts.modules[owners[key]]
-        set_optimizer_state_dict(module, choice.optimizer, by_name(module, choice.optimizer, native), options=full)
+    with _gradients_aside(ts):
+        for key, module in ts.modules.items():
+            set_model_state_dict(module, state["modules"][key], options=full)
+        for key, choice in ts.optimizers.items():
+            native = import_state(choice, state["optimizers"][key], key)
+            module = ts.modules[owners[key]]
+            set_optimizer_state_dict(module, choice.optimizer, by_name(module, choice.optimizer, native), options=full)
     _restore_rest(ts, state)
     return ts.continue_from(state, points)
 
