@@ -51,14 +51,17 @@ def listing(folder: Path) -> dict[str, list[str]]:
             for entry in sorted(folder.iterdir())}
 
 
-def kill_inside_save(events: Path, folder_name: str) -> None:
-    """SIGKILL this process once DCP has written its shards into the save of ``folder_name``, before it completes."""
+def kill_inside_save(events: Path, checkpoint_name: str) -> None:
+    """SIGKILL this process once DCP has written its shards for the save of ``checkpoint_name``, before it completes.
+
+    Whatever folder the save writes into (the library's staging folder, named after the checkpoint).
+    """
     write_data = FileSystemWriter.write_data
 
     def write_then_die(self: Any, plan: Any, planner: Any) -> Any:
         future = write_data(self, plan, planner)
         staging = Path(str(self.path))
-        if staging.name == folder_name:
+        if checkpoint_name in staging.name:
             written = future.wait()  # this rank's shard files are complete on disk; the coordinator waits for them
             files = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
             event(events, kind="kill", rank=dist.get_rank(), folder=staging.name, files=files, results=len(written))
@@ -94,7 +97,7 @@ def main() -> None:
                               checkpoints=policy)
     rank = trainer.rank
     if rank == 1 and restart == 0 and args.kill_at:
-        kill_inside_save(args.events, f".step_{args.kill_at:07d}.pt.partial")
+        kill_inside_save(args.events, f"step_{args.kill_at:07d}.pt")
     model = trainer.setup(make_lm(0), name="lm", shard=[Block])
     opt = trainer.optimizer("adamw", model.parameters(), **ADAMW)
     loader = trainer.dataloader(Batches([rank_batch(step, rank, trainer.world_size) for step in range(STEPS)]))
