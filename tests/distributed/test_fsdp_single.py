@@ -3,6 +3,7 @@ activation checkpointing, atomic sharded saves, and the refusal of a device that
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -12,6 +13,7 @@ from dist_scripts.fsdp_model import Block, TinyLM, lm_loss, make_lm, rank_batch
 import devplug
 from devplug import ShardingPlan, toolkit
 from devplug.core.checkpoint import sharded
+from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.distributed import fsdp
 from devplug.core.errors import CheckpointError, ConfigError
 from devplug.core.registry.manager import create_plugin_manager
@@ -214,6 +216,9 @@ def test_a_killed_save_keeps_the_last_good_checkpoint_and_is_never_taken_for_one
         trainer.save(target, note="bad")
     monkeypatch.undo()
     assert sharded.partial_path(target).exists() and not sharded.is_sharded_checkpoint(sharded.partial_path(target))
+    # it names its writer, alive here, so tidying the folder keeps it
+    assert (sharded.partial_path(target) / ".writer").read_text().split()[1] == str(os.getpid())
+    assert remove_stale_temp_files(tmp_path) == [] and sharded.partial_path(target).exists()
     with pytest.raises(CheckpointError, match="not a complete sharded checkpoint"):
         trainer.load(sharded.partial_path(target))
     assert trainer.load(target) == {"note": "good"}

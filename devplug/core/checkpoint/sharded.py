@@ -4,7 +4,8 @@ A save writes into ``.<name>.partial`` beside the target; once every rank's shar
 its ``.metadata`` last, after gathering every rank's results), rank 0 adds the small state file
 (``trainer.pt``: loop position, RNG, scaler, the author's extra state) and renames the folder into place,
 the previous checkpoint of that name moved aside first and removed after. A save killed midway leaves a
-``.partial`` folder that is never taken for a checkpoint and is removed by the next save. DCP reshards on
+``.partial`` folder that is never taken for a checkpoint and is removed by the next save of that name, or
+once its writer is gone by the checkpoint policy's tidying (`remove_stale_temp_files`). DCP reshards on
 load, so a folder written by N ranks loads on any number of ranks, or into one process.
 """
 
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from devplug.core.checkpoint import file as ckpt
+from devplug.core.checkpoint.tempfiles import tag_writer
 from devplug.core.errors import CheckpointError
 
 log = logging.getLogger("devplug")
@@ -87,6 +89,7 @@ class ShardedWriter:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(staging, ignore_errors=True)  # a save that was killed midway
             staging.mkdir()
+            tag_writer(staging)
             ckpt.atomic_save(ckpt.with_digest(ckpt.to_cpu(dict(state))), staging / STATE_FILE)
         _barrier()
         if not async_save:

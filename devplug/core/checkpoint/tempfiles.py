@@ -3,7 +3,9 @@
 A save writes ``.<name>.<host>.<pid>.<token>.tmp`` beside its target and renames it over the target when
 complete. A process killed mid-save leaves its temporary file behind; the next save in the folder (or
 `remove_stale_temp_files`, which the same code path uses) deletes the temporary files whose writer
-ran on this host and is no longer alive, and never those of a live process or of another host.
+ran on this host and is no longer alive, and never those of a live process or of another host. A sharded
+save's staging folder, ``.<name>.partial``, names its writer in a ``.writer`` file inside it
+(`tag_writer`) and is removed the same way.
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import socket
 from pathlib import Path
 
 _PATTERN = re.compile(r"^\.(?P<target>.+)\.(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.(?P<token>[0-9a-f]{8})\.tmp$")
+_STAGING = re.compile(r"^\.(?P<target>.+)\.partial$")
+#: The file inside a staging folder that names the process writing it: ``<host> <pid>``.
+WRITER_FILE = ".writer"
 
 
 def host_tag() -> str:
@@ -33,6 +39,20 @@ def create_temp(target: Path) -> tuple[int, Path]:
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), path
         except FileExistsError:  # pragma: no cover - 32 random bits collided
             continue
+
+
+def tag_writer(folder: Path) -> None:
+    """Name this process as the writer of the staging folder ``folder`` (so a later run can tell it is stale)."""
+    (folder / WRITER_FILE).write_text(f"{host_tag()} {os.getpid()}\n")
+
+
+def _staging_writer(folder: Path) -> tuple[str, int] | None:
+    """The ``(host, pid)`` a staging folder names as its writer; ``None`` when it names none readable."""
+    try:
+        host, pid = (folder / WRITER_FILE).read_text().split()
+        return host, int(pid)
+    except (OSError, ValueError):
+        return None
 
 
 def writer_alive(pid: int) -> bool:
@@ -58,7 +78,9 @@ def remove_stale_temp_files(folder: str | os.PathLike[str]) -> list[Path]:
     """Delete the temporary files of checkpoint saves in ``folder`` whose writing process is gone; the paths removed.
 
     Only files named by devplug for a process on this host that is no longer running are removed; those
-    of a live process, of another host or of another program are kept.
+    of a live process, of another host or of another program are kept. The staging folders of sharded
+    saves (``.<name>.partial``) go by the same rule, by the writer named inside them; one that names none
+    is kept.
     """
     here = host_tag()
     removed: list[Path] = []
@@ -67,6 +89,12 @@ def remove_stale_temp_files(folder: str | os.PathLike[str]) -> list[Path]:
     except OSError:
         return removed
     for path in entries:
+        if _STAGING.match(path.name) and path.is_dir():
+            writer = _staging_writer(path)
+            if writer is not None and writer[0] == here and not writer_alive(writer[1]):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+            continue
         match = _PATTERN.match(path.name)
         if match is None or match["host"] != here or writer_alive(int(match["pid"])):
             continue

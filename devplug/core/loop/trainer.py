@@ -29,6 +29,7 @@ from devplug.core.checkpoint.compiled import plain_module
 from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.checkpoint.resume import Resumed
 from devplug.core.checkpoint.sharded import ShardedWriter
+from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.contract import hookspecs as spec
 from devplug.core.contract.records import (
     LaunchInfo,
@@ -777,6 +778,7 @@ class Trainer:
     def _resume_report(path: Path, skipped: Any) -> dict[str, Any]:
         """Rank 0's account of a resume (newer checkpoints set aside now), as plain values every rank can get."""
         aside, moved = resume_files.set_aside_newer(path)
+        remove_stale_temp_files(path.parent)  # what saves killed before this resume left
         return {"path": str(path), "skipped": [(str(p), why) for p, why in skipped],
                 "set_aside": str(aside) if aside is not None else None, "set_aside_count": moved}
 

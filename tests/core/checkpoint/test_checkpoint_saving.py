@@ -114,6 +114,21 @@ def test_stale_temp_files_of_gone_writers_are_removed_and_live_ones_kept(tmp_pat
     assert temp_files(tmp_path) == sorted(n for k, n in names.items() if k != "dead")
 
 
+def test_staging_folders_of_sharded_saves_whose_writer_is_gone_are_removed_and_the_rest_kept(tmp_path):
+    writers = {"dead": f"{HOST} {_dead_pid()}", "live": f"{HOST} {os.getpid()}",
+               "other host": f"elsewhere-{HOST} {_dead_pid()}", "unnamed": None}
+    for i, (_kind, writer) in enumerate(writers.items()):
+        staging = tmp_path / f".step_{i}.pt.partial"
+        staging.mkdir()
+        (staging / "__0_0.distcp").write_bytes(b"half")
+        if writer is not None:
+            (staging / ".writer").write_text(writer + "\n")
+    removed = remove_stale_temp_files(tmp_path)
+    assert [p.name for p in removed] == [".step_0.pt.partial"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".step_1.pt.partial", ".step_2.pt.partial",
+                                                          ".step_3.pt.partial"]
+
+
 def test_the_next_save_removes_stale_temp_files(tmp_path):
     stale = tmp_path / f".step_3.pt.{HOST}.{_dead_pid()}.00ff00ff.tmp"
     stale.write_bytes(b"partial")
