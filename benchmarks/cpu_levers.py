@@ -29,6 +29,8 @@ are timed one by one before any round (after one untimed step of a throwaway eag
 process's own one-time costs); ``warm-up s`` = their sum - that many steady-state steps (for the compiled
 variants: the compilation). ``repays after`` = (variant's warm-up - eager's) / (eager's step - variant's
 step): the steps after which the variant's run has caught up with eager ("never" where it is not faster).
+Every variant's timed block holds the same number of steps, sized to about ``--block-seconds`` from eager's
+warm-up steps after its first.
 
 Compute limit: one eager step's FLOPs counted with ``torch.utils.flop_counter.FlopCounterMode`` (as devplug's
 MFU does: every matmul and convolution, forward and backward; a compiled module computes the same FLOPs);
@@ -156,10 +158,13 @@ class LeverRun:
         self.trainer.synchronize()
         return time.perf_counter() - start
 
-    def warm_up(self, steps: int, block_seconds: float) -> None:
-        """Time the first ``steps`` steps one by one; size the block from the last of them."""
+    def warm_up(self, steps: int) -> None:
+        """Time the first ``steps`` steps one by one."""
         self.warmup_times = [self.timed_step() for _ in range(steps)]
-        self.steps = max(1, round(block_seconds / self.timed_step()))
+
+    def settled_step(self) -> float:
+        """Median seconds of the warm-up steps after the first (the first alone if there is one)."""
+        return statistics.median(self.warmup_times[1:] or self.warmup_times)
 
     def block(self) -> None:
         """``steps`` steps, then wait for the device."""
@@ -184,7 +189,8 @@ def fmt_repay(steps: float | None) -> str:
         return "never"
     if steps <= 0:
         return "at once"
-    return f"{math.ceil(steps):,} steps"
+    count = math.ceil(steps)
+    return f"{count:,} step{'s' if count > 1 else ''}"
 
 
 def measure(workload: str, args: argparse.Namespace, variants: list[str], peak: float) -> dict[str, Any]:
@@ -197,11 +203,16 @@ def measure(workload: str, args: argparse.Namespace, variants: list[str], peak: 
     for variant in variants:
         try:
             run = LeverRun(workload, variant, args)
-            run.warm_up(args.warmup_steps, args.block_seconds)
+            run.warm_up(args.warmup_steps)
         except Exception as exc:  # e.g. torch.compile without a working C++ compiler: say so, time the rest
             print(f"{workload}: {variant} does not run here ({type(exc).__name__}: {str(exc).splitlines()[0]})")
             continue
         runs[variant] = run
+    # One block length for all: eager's settled step sets it (the levers move a step by tens of per cent, so
+    # blocks stay comparable; one step timed per variant under a co-tenant's burst would not size them well).
+    steps = max(1, round(args.block_seconds / runs[EAGER].settled_step()))
+    for run in runs.values():
+        run.steps = steps
     flops = count_flops(runs[EAGER])
     samples = interleaved_samples({v: r.block for v, r in runs.items()}, rounds=args.rounds, warmup=0)
     per_step = {v: [t / runs[v].steps for t in times] for v, times in samples.items()}
@@ -214,9 +225,8 @@ def measure(workload: str, args: argparse.Namespace, variants: list[str], peak: 
     items = args.batch_size if workload == "dcgan" else args.mlp_batch_size
     what = (f"DCGAN D+G step, {args.model}, batch {args.batch_size}" if workload == "dcgan"
             else f"MLP 64-128-10 step, batch {args.mlp_batch_size}")
-    print(f"\n{what}: {flops / 1e9:.4g} GFLOP per step (FlopCounterMode); steps per block: "
-          + ", ".join(f"{v} {r.steps}" for v, r in runs.items()))
-    header = (f"{'variant':<24}{'ms/step':>10}{'items/s':>10}{'vs eager':>10}{'GFLOP/s':>9}{'% peak':>8}"
+    print(f"\n{what}: {flops / 1e9:.4g} GFLOP per step (FlopCounterMode); {steps} steps per timed block")
+    header = (f"{'variant':<24}{'ms/step':>10}{'items/s':>10}{'vs eager':>10}{'GFLOP/s':>10}{'% peak':>10}"
               f"{'warm-up s':>11}{'1st step s':>11}  repays after")
     print(header)
     for v, run in runs.items():
@@ -224,8 +234,8 @@ def measure(workload: str, args: argparse.Namespace, variants: list[str], peak: 
         extra = warm[v] - warm[EAGER]
         repay = None if v in (EAGER, AA) or gain <= 0 else extra / gain
         achieved = flops / step_s[v]
-        print(f"{v:<24}{step_s[v] * 1e3:>10.2f}{items / step_s[v]:>10.1f}{speed[v]:>9.2f}x{achieved / 1e9:>9.3g}"
-              f"{achieved / peak * 100:>7.1f}%{warm[v]:>11.2f}{run.warmup_times[0]:>11.2f}  "
+        print(f"{v:<24}{step_s[v] * 1e3:>10.2f}{items / step_s[v]:>10.1f}{speed[v]:>9.2f}x{achieved / 1e9:>10.3g}"
+              f"{achieved / peak * 100:>9.3g}%{warm[v]:>11.2f}{run.warmup_times[0]:>11.2f}  "
               f"{'-' if v in (EAGER, AA) else fmt_repay(repay)}")
     spread = f"{min(aa_rounds):.3f}-{max(aa_rounds):.3f}" if aa_rounds else "n/a"
     print(f"A/A floor: eager (A/A)/eager per round {spread} -> floor {floor * 100:.1f}% "

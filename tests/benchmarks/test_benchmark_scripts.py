@@ -37,7 +37,7 @@ def test_cpu_levers_prints_each_workloads_table_with_warm_up_and_compute_fractio
     assert "DCGAN D+G step, tiny-32, batch 4" in out and "MLP 64-128-10 step, batch 4" in out
     rows = {m[1].strip(): m for m in re.finditer(
         r"^(eager \(A/A\)|eager|channels_last|compile)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.e+-]+)\s+"
-        r"([\d.]+)%\s+(-?[\d.]+)\s+([\d.]+)\s+(.*)$", out, re.MULTILINE)}
+        r"([\d.e+-]+)%\s+(-?[\d.]+)\s+([\d.]+)\s+(.*)$", out, re.MULTILINE)}
     # dcgan: eager, A/A, channels_last, compile; mlp: eager, A/A, compile (no channels_last without 4-D tensors)
     assert len(re.findall(r"^(eager|eager \(A/A\)|channels_last|compile)\s", out, re.MULTILINE)) == 7, out
     assert {"eager", "eager (A/A)", "channels_last", "compile"} <= set(rows), out
