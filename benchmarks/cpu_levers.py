@@ -29,8 +29,8 @@ are timed one by one before any round (after one untimed step of a throwaway eag
 process's own one-time costs); ``warm-up s`` = their sum - that many steady-state steps (for the compiled
 variants: the compilation). ``repays after`` = (variant's warm-up - eager's) / (eager's step - variant's
 step): the steps after which the variant's run has caught up with eager ("never" where it is not faster).
-Every variant's timed block holds the same number of steps, sized to about ``--block-seconds`` from eager's
-warm-up steps after its first.
+Every variant's timed block holds the same number of steps, sized on eager to about ``--block-seconds`` (blocks
+of 1, 2, 4, ... eager steps until one takes a quarter of that).
 
 Compute limit: one eager step's FLOPs counted with ``torch.utils.flop_counter.FlopCounterMode`` (as devplug's
 MFU does: every matmul and convolution, forward and backward; a compiled module computes the same FLOPs);
@@ -162,9 +162,18 @@ class LeverRun:
         """Time the first ``steps`` steps one by one."""
         self.warmup_times = [self.timed_step() for _ in range(steps)]
 
-    def settled_step(self) -> float:
-        """Median seconds of the warm-up steps after the first (the first alone if there is one)."""
-        return statistics.median(self.warmup_times[1:] or self.warmup_times)
+    def steps_for(self, seconds: float) -> int:
+        """How many steps take about ``seconds``: blocks of 1, 2, 4, ... steps until one takes a quarter of it."""
+        count = 1
+        while True:
+            start = time.perf_counter()
+            for _ in range(count):
+                self.work.step()
+            self.trainer.synchronize()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds / 4 or count >= 2**20:
+                return max(1, round(count * seconds / elapsed))
+            count *= 2
 
     def block(self) -> None:
         """``steps`` steps, then wait for the device."""
@@ -208,9 +217,9 @@ def measure(workload: str, args: argparse.Namespace, variants: list[str], peak: 
             print(f"{workload}: {variant} does not run here ({type(exc).__name__}: {str(exc).splitlines()[0]})")
             continue
         runs[variant] = run
-    # One block length for all: eager's settled step sets it (the levers move a step by tens of per cent, so
-    # blocks stay comparable; one step timed per variant under a co-tenant's burst would not size them well).
-    steps = max(1, round(args.block_seconds / runs[EAGER].settled_step()))
+    # One block length for all, sized on eager (the levers move a step by tens of per cent, so blocks stay
+    # comparable; a single step timed per variant during a co-tenant's burst would size them badly).
+    steps = runs[EAGER].steps_for(args.block_seconds)
     for run in runs.values():
         run.steps = steps
     flops = count_flops(runs[EAGER])
@@ -237,6 +246,10 @@ def measure(workload: str, args: argparse.Namespace, variants: list[str], peak: 
         print(f"{v:<24}{step_s[v] * 1e3:>10.2f}{items / step_s[v]:>10.1f}{speed[v]:>9.2f}x{achieved / 1e9:>10.3g}"
               f"{achieved / peak * 100:>9.3g}%{warm[v]:>11.2f}{run.warmup_times[0]:>11.2f}  "
               f"{'-' if v in (EAGER, AA) else fmt_repay(repay)}")
+    compiled = [v for v in runs if VARIANTS[v][0]]
+    if len(compiled) > 1:
+        print(f"(warm-up of {', '.join(compiled[1:])}: after {compiled[0]} compiled the same networks in this "
+              "process, so kernels it shares are reused: a lower bound)")
     spread = f"{min(aa_rounds):.3f}-{max(aa_rounds):.3f}" if aa_rounds else "n/a"
     print(f"A/A floor: eager (A/A)/eager per round {spread} -> floor {floor * 100:.1f}% "
           f"(speed-ups within it are noise); losses finite: {all(r.work.finite() for r in runs.values())}")
