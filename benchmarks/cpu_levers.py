@@ -234,7 +234,8 @@ def measure(workload: str, args: argparse.Namespace, variants: list[str], peak: 
     items = args.batch_size if workload == "dcgan" else args.mlp_batch_size
     what = (f"DCGAN D+G step, {args.model}, batch {args.batch_size}" if workload == "dcgan"
             else f"MLP 64-128-10 step, batch {args.mlp_batch_size}")
-    print(f"\n{what}: {flops / 1e9:.4g} GFLOP per step (FlopCounterMode); {steps} step{'s' if steps > 1 else ''} per timed block")
+    plural = "s" if steps > 1 else ""
+    print(f"\n{what}: {flops / 1e9:.4g} GFLOP per step (FlopCounterMode); {steps} step{plural} per timed block")
     header = (f"{'variant':<24}{'ms/step':>10}{'items/s':>10}{'vs eager':>10}{'GFLOP/s':>10}{'% peak':>10}"
               f"{'warm-up s':>11}{'1st step s':>11}  repays after")
     print(header)
