@@ -12,10 +12,11 @@ preset, which ``--model auto`` picks for a folder); a discriminator ending in a 
 ``optim.Adam(lr=2e-4, betas=(0.5, 0.999))``; DCGAN init (conv N(0, 0.02), batch norm N(1, 0.02) and 0); fp32;
 ``.item()`` of the losses and D outputs every iteration and a line every ``--print-every`` iterations; with
 ``--outf``, upstream's outputs (real and fixed-noise sample grids every 100 iterations, both state dicts every
-epoch); cuda if available, else the CPU. It ends with two parseable lines::
+epoch); cuda if available, else the CPU. It ends with three parseable lines::
 
     reference: 1024 images in 21.3 s = 48.1 images/s (training loop, from the first batch requested)
     reference steady state: 960 images in 19.9 s = 48.2 images/s (after the first iteration)
+    reference first step: done at Unix time 1764171234.567890 (time.time(), ...)
 
 ``compare`` (the default, what ``run_all.py`` runs) times WHOLE PROCESSES, each a fresh interpreter of the
 same Python, clocked from outside (``time.perf_counter`` around ``subprocess.run``: start-up, imports,
@@ -35,7 +36,10 @@ Each run writes into its own temporary ``--out``/``--outf`` folder, removed afte
 benchmark with its exit status and the tail of its output. images/s = images x epochs / process wall time.
 A second table gives each script's own steady-state rate (its clock from the end of its first iteration,
 what the example's ``summary.json`` reports as ``images_per_sec``), and a third where a process's time went
-(outside the training loop: interpreter, imports, models, data set or cache build, final save, exit).
+(outside the training loop: interpreter, imports, models, data set or cache build, final save, exit) and how
+long each took from its launch to the end of its first training step (start-up: the launch's ``time.time()``
+noted here, the first step's in the reference's last line and the example's ``summary.json``
+``first_step_unix_time``).
 
 The demo folder: ``--images`` photo-like 480x360 JPEGs (``_photos.make_demo_folder``; the size of the photos
 in a typical DCGAN image folder) in one class sub-folder (``ImageFolder`` needs one); ``--images`` is
@@ -74,6 +78,7 @@ EXAMPLE = REPO / "examples" / "dcgan.py"
 #: The reference's closing lines (``train`` prints them, ``compare`` parses them).
 RESULT_RE = re.compile(r"^reference: (\d+) images in ([\d.]+) s = ([\d.]+) images/s", re.MULTILINE)
 STEADY_RE = re.compile(r"^reference steady state: (\d+) images in ([\d.]+) s = ([\d.]+) images/s", re.MULTILINE)
+FIRST_STEP_RE = re.compile(r"^reference first step: done at Unix time ([\d.]+)", re.MULTILINE)
 DEVICE_RE = re.compile(r"^reference: device .*$", re.MULTILINE)
 
 
@@ -195,6 +200,7 @@ def train(argv: Sequence[str]) -> int:
 
     images = steady_images = 0
     steady_start: float | None = None
+    first_step_unix_time = 0.0
     start = time.perf_counter()
     for epoch in range(args.epochs):
         for i, (real_cpu, _labels) in enumerate(loader):
@@ -240,6 +246,7 @@ def train(argv: Sequence[str]) -> int:
             if steady_start is None:
                 sync()
                 steady_start = time.perf_counter()
+                first_step_unix_time = time.time()
             else:
                 steady_images += batch
         if args.outf is not None:
@@ -257,6 +264,8 @@ def train(argv: Sequence[str]) -> int:
     else:  # one iteration only: the whole loop, as the example's summary does then
         print(f"reference steady state: {images} images in {wall:.3f} s = {images / wall:.3f} images/s "
               "(one iteration only: the whole loop)")
+    print(f"reference first step: done at Unix time {first_step_unix_time:.6f} (time.time(), for a launcher that "
+          "noted when it started this process)")
     return 0
 
 
@@ -307,6 +316,7 @@ class Variant:
         self.results: list[dict[str, Any]] = []  # timed runs only
         self._out: Path = self._next_out()
         self._proc: subprocess.CompletedProcess[str] | None = None
+        self._launched = 0.0
         if before_each is not None:
             before_each()
 
@@ -316,7 +326,8 @@ class Variant:
         return self.tmp / f"out-{slug}-{self.calls}"
 
     def run(self) -> None:
-        """The timed part: the whole process, nothing else."""
+        """The timed part: the whole process, nothing else (the launch's wall-clock time is noted first)."""
+        self._launched = time.time()
         self._proc = subprocess.run(self.command(self._out), capture_output=True, text=True, env=self.env,
                                     cwd=REPO, check=False)
 
@@ -329,6 +340,7 @@ class Variant:
                              f"command: {' '.join(proc.args)}\n--- stdout (tail) ---\n{tail(proc.stdout)}\n"
                              f"--- stderr (tail) ---\n{tail(proc.stderr)}")
         result = self.parse(self, proc, out)
+        result["first_step_s"] = result.pop("first_step_unix_time") - self._launched  # process start -> 1st step
         if self.warmup_left > 0:
             self.warmup_left -= 1
         else:
@@ -343,10 +355,12 @@ def parse_reference(variant: Variant, proc: subprocess.CompletedProcess[str], _o
     """Image count, loop time and steady-state rate from the reference's closing lines."""
     result, steady, device = RESULT_RE.search(proc.stdout), STEADY_RE.search(proc.stdout), DEVICE_RE.search(
         proc.stdout)
-    if result is None or steady is None or device is None:
+    first = FIRST_STEP_RE.search(proc.stdout)
+    if result is None or steady is None or device is None or first is None:
         raise SystemExit(f"reference_dcgan: {variant.name}: no result lines in its output\n{tail(proc.stdout)}")
     return {"images": int(result[1]), "loop_s": float(result[2]), "steady_images": int(steady[1]),
-            "steady_rate": float(steady[3]), "about": device[0].removeprefix("reference: ")}
+            "steady_rate": float(steady[3]), "about": device[0].removeprefix("reference: "),
+            "first_step_unix_time": float(first[1])}
 
 
 def parse_example(cache_built: bool) -> Callable[[Variant, subprocess.CompletedProcess[str], Path], dict[str, Any]]:
@@ -363,7 +377,8 @@ def parse_example(cache_built: bool) -> Callable[[Variant, subprocess.CompletedP
         about = (f"device {summary['device']}, precision {summary['precision']} ({summary['precision_detail']}), "
                  f"optimizer {summary['optimizer_g']}, loader {summary['loader']}, model {summary['model']}")
         return {"images": int(summary["images_this_run"]), "loop_s": float(summary["wall_seconds"]),
-                "steady_rate": float(summary["images_per_sec"]), "about": about}
+                "steady_rate": float(summary["images_per_sec"]), "about": about,
+                "first_step_unix_time": float(summary.get("first_step_unix_time") or "nan")}
 
     return parse
 
@@ -447,11 +462,14 @@ def compare(argv: Sequence[str]) -> int:
     print(report("each script's own steady-state clock (after its first iteration; the example's summary.json "
                  "images_per_sec)", {name: total / rate for name, rate in steady.items()}, "reference",
                  unit="s", items=total))
-    print("where a process's time went (medians)")
-    print(f"{'variant':<40} {'process s':>10} {'training loop s':>16} {'outside loop s':>15}")
+    print("where a process's time went (medians; start -> 1st step: from the launch to the end of its first "
+          "training step)")
+    print(f"{'variant':<40} {'process s':>10} {'training loop s':>16} {'outside loop s':>15} "
+          f"{'start -> 1st step s':>20}")
     for name, variant in variants.items():
         loop = statistics.median(r["loop_s"] for r in variant.results)
-        print(f"{name:<40} {medians[name]:>10.2f} {loop:>16.2f} {medians[name] - loop:>15.2f}")
+        first = statistics.median(r["first_step_s"] for r in variant.results)
+        print(f"{name:<40} {medians[name]:>10.2f} {loop:>16.2f} {medians[name] - loop:>15.2f} {first:>20.2f}")
     warm_ratio = medians["reference"] / medians["example (warm cache)"]
     cold_ratio = medians["reference"] / medians["example (cold cache)"]
     aa = medians["example (warm cache)"] / medians["example (warm cache, A/A)"]

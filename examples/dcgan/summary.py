@@ -22,6 +22,9 @@ class Stopwatch:
 
     started: float = attrs.field(factory=time.perf_counter)
     steady_start: float | None = None
+    #: Wall-clock (Unix) time at the end of the first step, comparable across processes: a launcher that
+    #: noted when it started this process gets the process's time to its first step from it.
+    first_step_unix_time: float | None = None
     stopped: float | None = None
     images_total: int = 0
     images_steady: int = 0
@@ -36,6 +39,7 @@ class Stopwatch:
         """Start the steady-state clock."""
         if self.steady_start is None:
             self.steady_start = time.perf_counter()
+            self.first_step_unix_time = time.time()
 
     def stop(self) -> None:
         """Stop both clocks."""
@@ -100,6 +104,7 @@ def build_summary(
         "epoch": trainer_summary["epoch"],
         "images_this_run": stopwatch.images_total,
         "wall_seconds": round(stopwatch.wall_seconds, 3),
+        "first_step_unix_time": stopwatch.first_step_unix_time,  # when the first step ended (time.time())
         "images_per_sec": rate,
         "images_per_hour": per_hour,
         "price_per_hour": price_per_hour,

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,13 @@ def test_run_on_a_folder_of_jpeg_and_png_writes_every_output(tmp_path, capsys):
     for needle in ("DCGAN run summary", "device", "precision", "optimizer", "images/s", "images/hour", "images/$",
                    "parameters", "step 4/4"):
         assert needle in printed
+
+
+def test_summary_says_when_the_first_step_ended(tmp_path):
+    before = time.time()
+    assert run(["--data", "fake", "--steps", "2", "--out", str(tmp_path / "run")]) == 0
+    ended = summary_of(tmp_path / "run")["first_step_unix_time"]
+    assert before < ended < time.time()  # wall-clock, so a launcher can subtract its own start time
 
 
 def test_tensorboard_scalars(tmp_path):

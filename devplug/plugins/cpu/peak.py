@@ -79,12 +79,18 @@ def physical_cores() -> int:
     return len(cores) or len(allowed)
 
 
-def fp32_flops_per_cycle(flags: frozenset[str], vendor: str, family: int) -> int | None:
-    """FP32 FLOP per cycle per core on x86 (two FMA pipes of the widest width), ``None``: not x86 or unknown."""
+def fp32_flops_per_cycle(flags: frozenset[str], vendor: str, family: int, model: int | None = None) -> int | None:
+    """FP32 FLOP per cycle per core on x86 (two FMA pipes of the widest width), ``None``: not x86 or unknown.
+
+    AMD family 23 holds Zen 1 (models below 0x30: 128-bit FMA pipes, 16) and Zen 2 (0x30 and up: 256-bit, 32);
+    with the model unknown it counts Zen 2's pipes, so MFU is never overstated. Hygon's family 24 is Zen 1.
+    """
     if "avx512f" in flags:
         return 32 if vendor == "AuthenticAMD" and family <= 25 else 64  # Zen 4: AVX-512 on 256-bit pipes
     if "avx2" in flags and "fma" in flags:
-        return 16 if vendor == "AuthenticAMD" and family == 23 else 32  # Zen 1/2: 128-bit pipes (conservative)
+        zen1 = (vendor == "AuthenticAMD" and family == 23 and model is not None and model < 0x30) or (
+            vendor == "HygonGenuine" and family == 24)
+        return 16 if zen1 else 32  # Zen 1: 128-bit FMA pipes
     if "avx" in flags:
         return 16
     if "sse2" in flags:
@@ -118,7 +124,11 @@ def computed_peak(dtype: torch.dtype) -> PeakFlops | None:
         family = int(first.get("cpu family", "0"))
     except ValueError:
         family = 0
-    per_cycle = fp32_flops_per_cycle(flags, first.get("vendor_id", ""), family)
+    try:
+        model: int | None = int(first.get("model", ""))
+    except ValueError:
+        model = None
+    per_cycle = fp32_flops_per_cycle(flags, first.get("vendor_id", ""), family, model)
     ghz = clock_ghz()
     if per_cycle is None or ghz is None:
         return None

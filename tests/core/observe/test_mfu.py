@@ -378,3 +378,33 @@ def test_the_cpu_peak_follows_the_number_format_features():
     assert cpu_peak.fp32_flops_per_cycle(avx512_bf16, "GenuineIntel", 6) == 64
     assert cpu_peak.fp32_flops_per_cycle(avx512_bf16, "AuthenticAMD", 25) == 32  # Zen 4: 256-bit pipes
     assert cpu_peak.fp32_flops_per_cycle(frozenset({"neon"}), "", 0) is None
+
+
+def test_the_cpu_peak_counts_each_zen_generations_fma_width():
+    avx2 = frozenset({"avx", "avx2", "fma"})
+    assert cpu_peak.fp32_flops_per_cycle(avx2, "AuthenticAMD", 23, 0x01) == 16  # Zen 1 (Naples): 2 x 128-bit FMA
+    assert cpu_peak.fp32_flops_per_cycle(avx2, "AuthenticAMD", 23, 0x31) == 32  # Zen 2 (Rome): 2 x 256-bit FMA
+    assert cpu_peak.fp32_flops_per_cycle(avx2, "AuthenticAMD", 23, 0x71) == 32  # Zen 2 (Matisse)
+    assert cpu_peak.fp32_flops_per_cycle(avx2, "AuthenticAMD", 23) == 32  # model unknown: never overstate MFU
+    assert cpu_peak.fp32_flops_per_cycle(avx2, "AuthenticAMD", 25, 0x01) == 32  # Zen 3 (Milan), this machine
+    assert cpu_peak.fp32_flops_per_cycle(avx2, "HygonGenuine", 24, 0x01) == 16  # Hygon Dhyana: Zen 1 core
+
+
+def test_the_cpu_peak_of_a_zen_2_guest_without_cpufreq(monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("".join(f"processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 49\n"
+                            f"model name\t: AMD EPYC 7B12\ncpu MHz\t\t: 2249.998\nphysical id\t: 0\n"
+                            f"core id\t\t: {n}\nflags\t\t: fpu sse2 avx fma avx2\n\n" for n in range(2)))
+    monkeypatch.setattr(cpu_peak, "CPUINFO", info)
+    monkeypatch.setattr(cpu_peak, "MAX_FREQ", tmp_path / "absent")
+    monkeypatch.setattr(cpu_peak.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(cpu_peak.os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr(cpu_peak.torch, "get_num_threads", lambda: 2)
+    cpu_peak.cpuinfo_records.cache_clear()
+    try:
+        fp32, bf16 = cpu_peak.computed_peak(torch.float32), cpu_peak.computed_peak(torch.bfloat16)
+    finally:
+        cpu_peak.cpuinfo_records.cache_clear()
+    assert fp32 is not None and fp32.value == pytest.approx(2 * 2.249998e9 * 32)
+    assert "32 FLOP/cycle (fma" in fp32.detail
+    assert bf16 is not None and bf16.value == fp32.value  # no native bf16: no bf16 peak above fp32

@@ -1,0 +1,93 @@
+"""Benchmark scripts run end to end at tiny sizes (their figures are not checked: no timed assertions)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from paths import REPO
+
+BENCHMARKS = REPO / "benchmarks"
+
+
+def bench_env() -> dict[str, str]:
+    """The environment of a benchmark process: this checkout's devplug first."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def run_script(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=bench_env(), cwd=BENCHMARKS,
+                          timeout=timeout, check=False)
+
+
+@pytest.mark.slow
+def test_cpu_levers_prints_each_workloads_table_with_warm_up_and_compute_fraction():
+    proc = run_script("cpu_levers.py", "--batch-size", "4", "--mlp-batch-size", "4", "--rounds", "2",
+                      "--block-seconds", "0.01", "--warmup-steps", "2", "--variants", "channels_last,compile",
+                      "--model", "tiny-32")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert re.search(r"peak [\d.]+ GFLOP/s \((computed|measured \(cached\))", out), out
+    assert "DCGAN D+G step, tiny-32, batch 4" in out and "MLP 64-128-10 step, batch 4" in out
+    rows = {m[1].strip(): m for m in re.finditer(
+        r"^(eager \(A/A\)|eager|channels_last|compile)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.e+-]+)\s+"
+        r"([\d.e+-]+)%\s+(-?[\d.]+)\s+([\d.]+)\s+(.*)$", out, re.MULTILINE)}
+    # dcgan: eager, A/A, channels_last, compile; mlp: eager, A/A, compile (no channels_last without 4-D tensors)
+    assert len(re.findall(r"^(eager|eager \(A/A\)|channels_last|compile)\s", out, re.MULTILINE)) == 7, out
+    assert {"eager", "eager (A/A)", "channels_last", "compile"} <= set(rows), out
+    assert float(rows["compile"][7]) > 0  # compilation shows up as warm-up, outside the steady-state time
+    assert re.search(r"^dcgan: channels_last [\d.]+x eager -> (pays|costs|within noise)$", out, re.MULTILINE), out
+    assert re.search(r"^mlp: compile [\d.]+x eager -> (pays|costs|within noise)$", out, re.MULTILINE), out
+    assert "mlp: channels_last" not in out
+    assert out.count("A/A floor:") == 2 and "losses finite: True" in out
+
+
+def test_cpu_levers_rejects_an_unknown_variant_in_one_line():
+    proc = run_script("cpu_levers.py", "--variants", "eager,turbo")
+    assert proc.returncode == 2 and "unknown variant 'turbo'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_reference_train_prints_when_its_first_step_ended(tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "images" / "photos"
+    folder.mkdir(parents=True)
+    for index in range(4):
+        Image.new("RGB", (20, 20), (index * 60, 0, 0)).save(folder / f"{index}.png")
+    launched = time.time()
+    proc = run_script("reference_dcgan.py", "train", "--dataroot", str(tmp_path / "images"), "--epochs", "1",
+                      "--batch-size", "2", "--workers", "0", "--image-size", "16", "--nz", "4", "--ngf", "4",
+                      "--ndf", "4", "--print-every", "100")
+    ended = time.time()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    match = re.search(r"^reference first step: done at Unix time ([\d.]+)", proc.stdout, re.MULTILINE)
+    assert match, proc.stdout
+    assert launched < float(match[1]) < ended
+
+
+def test_reference_compare_derives_each_process_s_time_to_its_first_step(tmp_path):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import reference_dcgan
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    child = ("import time; time.sleep(0.3); t = time.time(); time.sleep(0.3)\n"
+             "print('reference: device cpu, fake')\n"
+             "print('reference: 4 images in 0.3 s = 13.3 images/s (training loop)')\n"
+             "print('reference steady state: 2 images in 0.2 s = 10.0 images/s')\n"
+             "print(f'reference first step: done at Unix time {t:.6f} (time.time())')\n")
+    variant = reference_dcgan.Variant("reference", lambda _out: [sys.executable, "-c", child], tmp_path,
+                                      bench_env(), 0, reference_dcgan.parse_reference)
+    start = time.perf_counter()
+    variant.run()
+    wall = time.perf_counter() - start
+    variant.after()
+    first = variant.results[0]["first_step_s"]
+    assert 0.3 <= first < wall - 0.25, (first, wall)  # after the first sleep, before the second one ended
