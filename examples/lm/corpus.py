@@ -32,6 +32,8 @@ EVAL_SHARE = 10
 #: No single file takes more than this share of the corpus (one huge generated file would dominate it).
 LARGEST_FILE_SHARE = 8
 SKIPPED_FOLDERS = ("site-packages", "__pycache__")
+#: Between two files.
+SEPARATOR = b"\n\n"
 
 
 def _digest(relative: str) -> str:
@@ -89,14 +91,14 @@ def load_corpus(max_bytes: int, root: Path | None = None) -> Corpus:
         path = root / relative
         try:
             size = path.stat().st_size
-            if size == 0 or size > largest or total + size > max_bytes:
+            if size == 0 or size > largest or total + size + len(SEPARATOR) > max_bytes:
                 continue
             data = path.read_bytes()
         except OSError:
             continue  # unreadable: the list stays deterministic for a given library
         parts[is_eval_file(relative)].append(data)
-        total += len(data)
-    train, held_out = (b"\n\n".join(parts[False]), b"\n\n".join(parts[True]))
+        total += len(data) + len(SEPARATOR)
+    train, held_out = SEPARATOR.join(parts[False]), SEPARATOR.join(parts[True])
     if not train or not held_out:
         raise DataError(f"the standard library at {str(root)!r} gave {len(parts[False])} training and "
                         f"{len(parts[True])} held-out files within --corpus-mb: raise --corpus-mb")

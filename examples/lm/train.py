@@ -153,7 +153,7 @@ def build_run(trainer: devplug.Trainer, settings: cli.Settings, corpus: Corpus) 
         raise devplug.DataError(f"the training text has {len(windows)} windows of --context {spec.context}, fewer "
                                 f"than one step's {args.batch_size} x {world} processes; raise --corpus-mb or lower "
                                 "--batch-size/--context")
-    loader = trainer.dataloader(windows, args.batch_size, shuffle=True, drop_last=True)
+    loader = trainer.dataloader(windows, args.batch_size, shuffle=True, drop_last=True, num_workers=args.workers)
     # Every rank evaluates the same number of windows (a sharded forward is a collective, so the ranks
     # must run as many batches each): a multiple of the world size, split into equal blocks.
     held_out = Windows.spread(corpus.eval, spec.context, args.eval_batches * args.batch_size)
@@ -162,7 +162,7 @@ def build_run(trainer: devplug.Trainer, settings: cli.Settings, corpus: Corpus) 
         raise devplug.DataError(f"the held-out text ({len(corpus.eval):,} bytes) has no window of --context "
                                 f"{spec.context} for each of {world} processes; raise --corpus-mb or lower --context")
     held_out = Windows(held_out.text, spec.context, held_out.starts[:count])
-    eval_loader = trainer.dataloader(held_out, args.batch_size, train=False)
+    eval_loader = trainer.dataloader(held_out, args.batch_size, train=False, num_workers=args.workers)
     run = Run(settings, trainer, corpus, model, optimizer, schedule, loader, eval_loader, count, parameters)
     trainer.register_for_checkpointing(history=run.history, spec=Saved(spec.as_dict()))
     return run
@@ -194,7 +194,8 @@ def announce(run: Run) -> None:
         f"strategy {trainer.strategy}{ranks}, optimizer {trainer.optimizer_implementation(run.optimizer)}")
     say(f"lm: sharding: {sharding_reason(trainer)}")
     say(f"lm: model {run.parameters:,} parameters (width {spec.width}, {spec.layers} layers, {spec.heads} heads, "
-        f"context {spec.context}); corpus {run.corpus.description}")
+        f"context {spec.context}); loader {run.loader.implementation}")
+    say(f"lm: corpus {run.corpus.description}")
     say(f"lm: writing to {toolkit.display_path(run.settings.out)}")
 
 

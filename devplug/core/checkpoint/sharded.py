@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import threading
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,12 @@ def load_tensors(path: str | os.PathLike[str], tensors: dict[str, Any]) -> None:
     import torch.distributed.checkpoint as dcp
 
     try:
-        dcp.load(tensors, checkpoint_id=str(path))
+        with warnings.catch_warnings():
+            # Reading without a process group is a documented use (a sharded checkpoint resumed on one process
+            # without sharding); DCP warns that it "assumes" exactly that.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized",
+                                    category=UserWarning)
+            dcp.load(tensors, checkpoint_id=str(path))
     except Exception as exc:  # DCP raises CheckpointException and others for a missing or mismatched entry
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise CheckpointError(f"sharded checkpoint {str(path)!r} does not fit this run, and nothing was "
