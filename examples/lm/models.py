@@ -75,7 +75,9 @@ class LanguageModel(nn.Module):
         self.head = nn.Linear(spec.width, VOCAB, bias=False)
         self.apply(_init)
         for block in self.blocks:  # GPT-2's scaling of the residual projections by depth
+            assert isinstance(block, Block)
             for layer in (block.projection, block.mlp[2]):
+                assert isinstance(layer, nn.Linear)
                 nn.init.normal_(layer.weight, std=0.02 / (2 * spec.layers) ** 0.5)
         if spec.tie_weights:
             self.head.weight = self.embed.weight
