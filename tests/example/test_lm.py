@@ -208,3 +208,19 @@ def test_the_two_rank_fsdp_checkpoint_is_a_sharded_folder_that_resumes_exactly(f
                                                       "--out", str(tmp_path / "resumed")], timeout=600)[0].stdout
     assert "at step 3" in resumed and "step 4/6" in resumed and "step 3/6" not in resumed
     assert summary_of(tmp_path / "resumed")["final_eval_loss"] == summary_of(out)["final_eval_loss"]
+
+
+def test_the_example_has_no_device_branch_and_no_vendor_import():
+    import ast
+
+    vendor = ("habana_frameworks", "apex", "nvidia", "dali", "habana")
+    for path in [REPO / "examples" / "lm.py", *sorted((REPO / "examples" / "lm").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith(vendor) for a in node.names), path
+            elif isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").startswith((*vendor, "devplug.core", "devplug.plugins")), path
+            elif isinstance(node, ast.Attribute):
+                assert node.attr not in ("cuda", "hpu", "mps", "xpu"), f"{path}: .{node.attr}"
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert node.value not in ("cuda", "hpu", "cpu", "mps", "xpu"), f"{path}: device branch"
