@@ -311,6 +311,24 @@ def test_a_sharded_checkpoint_loads_without_a_process_group_and_without_a_warnin
         assert plain.load(tmp_path / "ckpt")["step"] == 1
 
 
+def test_a_sharded_checkpoint_keeps_group_settings_added_after_the_optimizer_was_built(tmp_path):
+    schedule = devplug.LRSchedule(total_steps=10, warmup_steps=4)  # keeps the peak as the groups' initial_lr
+    trainer = _trainer(strategy="fsdp")
+    model = trainer.setup(make_lm(), name="lm", shard=[Block])
+    opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2)
+    for step in (1, 2):
+        schedule.apply(opt, step)
+        trainer.backward(lm_loss(model, rank_batch(step, 0, 1)))
+        trainer.step(opt)
+    trainer.save(tmp_path / "ckpt", step=2)
+    again = _trainer(strategy="fsdp")
+    fresh = again.optimizer("adamw", again.setup(make_lm(1), name="lm", shard=[Block]).parameters(), lr=1e-2)
+    again.load(tmp_path / "ckpt")
+    assert fresh.param_groups[0]["initial_lr"] == 1e-2 and fresh.param_groups[0]["lr"] == pytest.approx(5e-3)
+    schedule.apply(fresh, 3)  # the resumed run's learning rate is the uninterrupted run's
+    assert fresh.param_groups[0]["lr"] == pytest.approx(7.5e-3)
+
+
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
 def test_mixed_precision_trains_sharded_through_autocast_and_the_grad_scaler(precision):
     trainer = devplug.Trainer(device="cpu", precision=precision, progress=False, seed=0, strategy="fsdp")
