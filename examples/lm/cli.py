@@ -126,9 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "evaluation (default: 4)")
 
     train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=_positive_int, default=400,
+    train.add_argument("--steps", type=_positive_int, default=300,
                        help="optimizer steps to train to (counted across resumes; the learning-rate schedule ends "
-                            "here; default: 400)")
+                            "here; default: 300)")
     train.add_argument("--batch-size", type=_positive_int, default=32,
                        help="sequences per micro-batch on each process (default: 32)")
     train.add_argument("--accumulate", type=_positive_int, default=1,
@@ -162,8 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="text the model continues at the end (default: 'def ')")
     evaluation.add_argument("--sample-bytes", type=_non_negative_int, default=160,
                             help="bytes to generate after --prompt at the end; 0: none (default: 160)")
-    evaluation.add_argument("--temperature", type=_non_negative_float, default=0.0,
-                            help="sampling temperature; 0: greedy, the most likely byte each time (default: 0)")
+    evaluation.add_argument("--temperature", type=_non_negative_float, default=0.8,
+                            help="sampling temperature (seeded by --seed); 0: greedy, the most likely byte each "
+                                 "time (default: 0.8)")
 
     out = parser.add_argument_group("outputs")
     out.add_argument("--out", type=Path, default=None,

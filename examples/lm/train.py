@@ -292,6 +292,7 @@ def sample(run: Run) -> str | None:
                       generator=generator)
     run.model.train()
     text = bytes(tokens.cpu().tolist()).decode("utf-8", "replace")
+    text = "".join(c if c.isprintable() or c in "\n\t" else "\ufffd" for c in text)  # no terminal control bytes
     how = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"
     run.say(f"lm: sample ({how}):\n{text}\n", flush=True)
     return text
