@@ -19,7 +19,7 @@ from .models import ModelSpec
 DESCRIPTION = """\
 Train a small decoder-only transformer language model on the bytes of Python's standard library, with devplug.
 
-  python examples/lm.py                                         # about 2 minutes on a laptop CPU
+  python examples/lm.py                                         # a few minutes on a 2-core laptop CPU
   python examples/lm.py --device cuda --width 512 --layers 8 --context 256 --steps 5000
   torchrun --standalone --nproc-per-node 2 examples/lm.py --strategy fsdp   # weights sharded across 2 ranks
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """A byte-level transformer language model on devplug: devices, precision, DDP or FSDP, resume, evaluation, sampling.
 
-    python examples/lm.py                                        # about 2 minutes on a laptop CPU
+    python examples/lm.py                                        # a few minutes on a 2-core laptop CPU
     torchrun --standalone --nproc-per-node 2 examples/lm.py --strategy fsdp
 
 ``examples/lm.py`` runs this file (``python examples/lm/train.py`` does the same). The training loop is
