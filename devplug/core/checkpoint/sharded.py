@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import threading
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,12 @@ def load_tensors(path: str | os.PathLike[str], tensors: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        dcp.load(tensors, checkpoint_id=str(path))
+        with warnings.catch_warnings():
+            # Reading without a process group is a documented use (a sharded checkpoint resumed on one process
+            # without sharding); DCP warns that it "assumes" exactly that.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized",
+                                    category=UserWarning)
+            dcp.load(tensors, checkpoint_id=str(path))
     except (Exception, CheckpointException) as exc:  # a missing or mismatched entry (DCP's is a BaseException)
         # DCP's exception holds each failed rank's (exception, trace): its own words, without the traces
         failures = [failure[0] for failure in exc.failures.values()] if isinstance(exc, CheckpointException) else []

@@ -138,7 +138,8 @@ def save_sharded(ts: TrainerState, writer: ShardedWriter, path: str | os.PathLik
     owners = optimizer_owners(ts)
     state = {**ts.loop_state(), "modules": {}, "optimizers": {}, "extra": dict(extra),
              "sharded_modules": sorted(ts.modules), "sharded_optimizers": owners,
-             "optimizer_algorithms": {k: c.algorithm for k, c in ts.optimizers.items()}}
+             "optimizer_algorithms": {k: c.algorithm for k, c in ts.optimizers.items()},
+             "optimizer_groups": {k: group_settings(c.optimizer) for k, c in ts.optimizers.items()}}
     return str(writer.save(path, _tensors(ts, owners), state, async_save=async_save))
 
 
@@ -171,6 +172,7 @@ def load_sharded(ts: TrainerState, path: str | os.PathLike[str]) -> dict[str, An
                 choice.optimizer.load_state_dict(natives[key])
             else:
                 set_optimizer_state_dict(ts.modules[owners[key]], choice.optimizer, tensors["optimizers"][key])
+            restore_group_settings(choice.optimizer, state.get("optimizer_groups", {}).get(key))
     _restore_rest(ts, state)
     return ts.continue_from(state, points)
 
@@ -196,6 +198,22 @@ def load_plain_into_sharded(ts: TrainerState, path: str | os.PathLike[str]) -> d
             set_optimizer_state_dict(module, choice.optimizer, by_name(module, choice.optimizer, native), options=full)
     _restore_rest(ts, state)
     return ts.continue_from(state, points)
+
+
+def group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each parameter group's settings (``lr``, ``initial_lr``, ``betas``, ...), without its parameters."""
+    return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+
+
+def restore_group_settings(optimizer: torch.optim.Optimizer, saved: Any) -> None:
+    """Put the saved settings back into ``optimizer``'s groups, as ``Optimizer.load_state_dict`` does for a plain file.
+
+    Loading the sharded tensors fills only the keys the fresh optimizer's groups already have, so a key set
+    after the optimizer was built (a schedule's ``initial_lr``) would otherwise be lost.
+    """
+    if isinstance(saved, list) and len(saved) == len(optimizer.param_groups):
+        for group, settings in zip(optimizer.param_groups, saved, strict=True):
+            group.update({k: v for k, v in settings.items() if k != "params"})
 
 
 def by_name(module: torch.nn.Module, optimizer: torch.optim.Optimizer, native: Mapping[str, Any]) -> dict[str, Any]:

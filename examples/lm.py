@@ -1,0 +1,11 @@
+#!/usr/bin/env python
+"""Starts the language-model example, ``examples/lm/train.py``: ``python examples/lm.py --help`` lists every flag.
+
+The example is the folder ``examples/lm/``; this launcher keeps the command ``python examples/lm.py``
+(and ``torchrun ... examples/lm.py``) that the docs use.
+"""
+
+from lm.train import run_as_script  # examples/ is on sys.path when this file runs: lm is the folder
+
+if __name__ == "__main__":
+    run_as_script()
