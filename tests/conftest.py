@@ -1,4 +1,5 @@
-"""Shared fixtures: every test starts with a fresh plugin manager, no DEVPLUG_* environment, its own cache dir."""
+"""Shared fixtures: every test starts with a fresh plugin manager, no DEVPLUG_* environment but a generous probe
+time limit, its own cache dir."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ def _clean_devplug_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         if name.startswith("DEVPLUG_"):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DEVPLUG_CACHE_DIR", str(tmp_path / "devplug-cache"))  # a measured peak is cached here
+    # A plugin's probe must answer within the time limit (10 s by default). On a loaded machine the stand-ins'
+    # probes (imports in a worker thread) can take longer; the tests of the limit itself set their own.
+    monkeypatch.setenv("DEVPLUG_PROBE_TIMEOUT", "120")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
                  "OMPI_COMM_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

@@ -14,22 +14,16 @@ import datetime
 import logging
 import math
 import os
-import time
-import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from devplug.core.checkpoint import resume as resume_files
 from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.compiled import plain_module
 from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.checkpoint.resume import Resumed
-from devplug.core.checkpoint.sharded import ShardedWriter
-from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.contract import hookspecs as spec
 from devplug.core.contract.records import (
     LaunchInfo,
@@ -45,11 +39,11 @@ from devplug.core.data.position import LoopPosition
 from devplug.core.distributed import fsdp
 from devplug.core.distributed.launch import detect_launch
 from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
-from devplug.core.errors import CheckpointError, ConfigError, NonFiniteLossError, PluginError
+from devplug.core.errors import ConfigError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.log_once import log_once
-from devplug.core.loop import sharded_state
 from devplug.core.loop.config import TrainerConfig
+from devplug.core.loop.run_checkpoints import CheckpointKeeper
 from devplug.core.loop.signals import StopRequest
 from devplug.core.loop.step import NO_REGION, Regioned, StepRoute, parameters_with_grad
 from devplug.core.loop.trainer_state import TrainerState
@@ -60,7 +54,7 @@ from devplug.core.observe.peaks import checked_peak
 from devplug.core.observe.profiling import StepProfiler
 from devplug.core.observe.reporter import Reporter
 from devplug.core.observe.summary import RunSummary
-from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key, optimizers_not_saved
+from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
 from devplug.core.optim.torch_optimizers import sharded_torch_optimizer
 from devplug.core.registry.bounded import call_with_limit
 from devplug.core.registry.devices import DeviceRegistry
@@ -103,10 +97,6 @@ class Trainer:
             combiner = self._combiner = RankCombiner()
             self._handshake = RankCombiner(timeout=datetime.timedelta(seconds=collective_wait_seconds()))
         self._stop = StopRequest(self._config.stop_signals, combiner)
-        policy = self._config.checkpoints
-        self._checkpoints = RunCheckpoints(policy) if policy is not None else None
-        self._resumed = False
-        self._registered: dict[str, Any] = {}
         if self._config.seed is not None:
             rng.seed_everything(self._config.seed)
         plan = call_with_limit(lambda: self._hooks(spec.devplug_precision, precision=self._config.precision),
@@ -119,7 +109,6 @@ class Trainer:
             self.sharding = fsdp.require_plan(self._hooks(spec.devplug_sharding, precision=plan.name), self.device)
             if not self._launch.distributed:
                 fsdp.join_single_process(self._hooks(spec.devplug_collective_setup, launch=self._launch), self.device)
-        self._writer = ShardedWriter()
         self._modules: dict[str, torch.nn.Module] = {}
         self._optimizers: dict[str, OptimizerChoice] = {}
         self._stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # what step() was given
@@ -147,6 +136,16 @@ class Trainer:
         self.profiler = StepProfiler(self._config.profile, self._config.log_dir, lambda: self._hooks(
             spec.devplug_profiler_activities), lambda: self._position.global_step, rank=self.rank)
         self._route = StepRoute(self._hooks, self.profiler, FALLBACK_NAME)
+        policy = self._config.checkpoints
+        self._keeper = CheckpointKeeper(
+            self._state, RunCheckpoints(policy) if policy is not None else None, sharded=self.sharding is not None,
+            combiner=self._combiner, is_main=self.is_main_process, nonfinite=self._config.nonfinite,
+            monitor_value=self._monitored, stepped=self._stepped, policy_save=lambda path: self.save(path))
+
+    def _monitored(self, name: str) -> float | None:
+        # the checkpoint policy's monitor: the latest value logged, else the last log point's
+        latest = self._reporter.metrics.latest(name)
+        return latest if latest is not None else self._reporter.last_metrics.get(name)
 
     def _peak(self) -> PeakFlops | None:
         # the author's figure, else the device plugin's (checked: an unusable figure never reaches MFU)
@@ -510,7 +509,8 @@ class Trainer:
         """
         if max_steps is not None and max_steps < 1:
             raise ConfigError(f"max_steps must be a positive integer, got {max_steps!r}")
-        if self._checkpoints is not None and self._checkpoints.policy.auto_resume and not self._resumed:
+        runs = self._keeper.runs
+        if runs is not None and runs.policy.auto_resume and not self._keeper.resumed:
             self.resume()
         position = self._position
         if position.batches_in_epoch and position.batches_in_epoch >= self._epoch_batches():
@@ -528,8 +528,8 @@ class Trainer:
                         break  # inside the epoch: a resume continues it
                     position.finish_epoch()
                 self._flush_logs()
-                if self._checkpoints is not None and self._checkpoints.policy.at_end:
-                    self._save_by_policy()
+                if runs is not None and runs.policy.at_end:
+                    self._keeper.save_by_policy()
             finally:  # left early (break, exception): what is still pending, this rank's values only
                 self._reporter.flush_quietly(lambda: self._flush_logs(across_ranks=False))
                 self._reporter.close_progress()
@@ -541,14 +541,8 @@ class Trainer:
         # and between steps the checkpoint policy may save
         self.profiler.before_batch()
         self._flops.before_batch()
-        runs = self._checkpoints
-        if runs is not None and self._position.window_closed():
-            due = runs.policy.due(self._position.global_step, runs.last_saved_step, runs.last_saved_time,
-                                  time.monotonic())
-            if self.sharding is not None and self._combiner is not None and runs.policy.every_minutes is not None:
-                due = bool(self._combiner.max(int(due)))  # a sharded save is collective: the ranks' clocks agree
-            if due:
-                self._save_by_policy()
+        if self._keeper.runs is not None and self._position.window_closed():
+            self._keeper.save_if_due()
 
     def _epoch_batches(self) -> float:
         primary = next((loader for loader in self._loaders if loader.primary), None)
@@ -634,8 +628,7 @@ class Trainer:
             **self._reporter.rates(),
             "memory": self.memory_stats(),
             "stop_reason": self._stop.reason,
-            "last_checkpoint": str(self._checkpoints.last_path) if self._checkpoints and self._checkpoints.last_path
-            else None,
+            "last_checkpoint": str(runs.last_path) if (runs := self._keeper.runs) and runs.last_path else None,
         })
 
     # ---- checkpoints -----------------------------------------------------------------------------------
@@ -653,17 +646,7 @@ class Trainer:
         it on every rank; it returns the path on all); ``async_save=True`` writes it in the background, and
         the next save or `close` waits for it (plain checkpoints are always written at once).
         """
-        for described in optimizers_not_saved(self._stepped, self._optimizers, self._registered.values(),
-                                              self._modules):
-            warnings.warn(f"optimizer {described} is not in the checkpoint: it was passed to trainer.step() but "
-                          "not built by trainer.optimizer(), so a resume starts it afresh. Build it with "
-                          "trainer.optimizer(...), or trainer.register_for_checkpointing(name=optimizer)",
-                          RuntimeWarning, stacklevel=2)
-        if self._registered:
-            extra = {**self._registered_state(), **extra}
-        if self.sharding is not None:
-            return sharded_state.save_sharded(self._state, self._writer, path, extra, async_save=async_save)
-        return self._state.save(path, extra) if self.is_main_process else None
+        return self._keeper.save(path, extra, async_save=async_save)
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore a checkpoint written by `save` into the set-up modules and optimizers.
@@ -675,10 +658,7 @@ class Trainer:
         collective under several processes (call it on every rank). Its fit is checked first; the shards are
         then read in place, so a read failing midway (a damaged shard file) can leave weights partly loaded.
         """
-        self._writer.wait()
-        extra = sharded_state.load_any(self._state, path, sharded_run=self.sharding is not None)
-        self._restore_registered(extra)
-        return extra
+        return self._keeper.load(path)
 
     def register_for_checkpointing(self, **objects: Any) -> None:
         """Save ``objects`` in every checkpoint and restore them on load (a scheduler, an EMA, fixed noise).
@@ -686,26 +666,7 @@ class Trainer:
         Each is an object with ``state_dict()`` and ``load_state_dict()`` (restored through it) or a tensor
         (restored in place). Their state is kept under their names in the checkpoint's ``extra``.
         """
-        for name, obj in objects.items():
-            stateful = callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
-            if not (stateful or isinstance(obj, torch.Tensor)):
-                raise ConfigError(f"cannot checkpoint {name}={type(obj).__name__}: register an object with "
-                                  "state_dict() and load_state_dict(), or a tensor")
-            self._registered[name] = obj
-
-    def _registered_state(self) -> dict[str, Any]:
-        return {name: obj if isinstance(obj, torch.Tensor) else obj.state_dict()
-                for name, obj in self._registered.items()}
-
-    def _restore_registered(self, extra: dict[str, Any]) -> None:
-        for name, obj in self._registered.items():
-            if name not in extra:
-                continue
-            if isinstance(obj, torch.Tensor):
-                with torch.no_grad():
-                    obj.copy_(extra[name])
-            else:
-                obj.load_state_dict(extra[name])
+        self._keeper.register(**objects)
 
     def resume(self, path: str | os.PathLike[str] | None = None) -> Resumed | None:
         """Continue from a checkpoint; a `Resumed` record of what happened, ``None`` for a new run.
@@ -718,72 +679,7 @@ class Trainer:
         ``auto_resume=True``. Every rank resumes from the checkpoint rank 0 chose (a collective under
         several processes).
         """
-        runs = self._checkpoints
-        if path is None and runs is None:
-            raise ConfigError("resume() needs a checkpoint policy (Trainer(checkpoints=devplug.CheckpointPolicy("
-                              "directory=...))) or the checkpoint to resume from: resume(path)")
-        self._resumed = True
-        if path is not None:
-            source = Path(path)
-        else:
-            assert runs is not None
-            source = runs.folder
-        if self.sharding is not None and self._combiner is not None:
-            report, extra = self._choose_sharded(source, explicit=path is not None)
-        else:
-            report, extra = self._choose_and_load(source, explicit=path is not None)
-        if report is None:
-            return None
-        chosen = Path(report["path"])
-        if runs is not None:
-            runs.resumed_from(chosen, self.global_step)
-        log.info("resumed from %s (step %d)", chosen, self.global_step)
-        return Resumed(path=chosen, step=self.global_step, epoch=self.epoch, extra=extra,
-                       skipped=tuple((Path(p), why) for p, why in report["skipped"]),
-                       set_aside=Path(report["set_aside"]) if report["set_aside"] else None,
-                       set_aside_count=report["set_aside_count"])
-
-    def _choose_and_load(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        # rank 0 tries the candidates (loading each, skipping damaged ones); the other ranks load its choice
-        report: dict[str, Any] | None = None
-        extra: dict[str, Any] = {}
-        if self.is_main_process:
-            choice = resume_files.choose(source, self.load, explicit=explicit)
-            if choice is not None:
-                extra = choice.extra
-                report = self._resume_report(choice.path, choice.skipped)
-        if self._combiner is not None:
-            report = self._from_rank0(report)
-            if not self.is_main_process and report is not None:
-                extra = self.load(report["path"])
-        return report, extra
-
-    def _choose_sharded(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        # Loading a sharded checkpoint is a collective: rank 0 names the newest complete one (a save is
-        # renamed into place only once every rank has written), and every rank loads that one.
-        named: tuple[str | None, str] = (None, "")
-        if self.is_main_process:
-            newest = resume_files.newest(source)
-            named = (str(newest) if newest else None,
-                     f"no checkpoint to resume from at {str(source)!r}" if explicit and newest is None else "")
-        chosen, problem = self._from_rank0(named)
-        if problem:
-            raise CheckpointError(problem)
-        if chosen is None:
-            return None, {}
-        extra = self.load(chosen)
-        return self._from_rank0(self._resume_report(Path(chosen), ()) if self.is_main_process else None), extra
-
-    @staticmethod
-    def _resume_report(path: Path, skipped: Any) -> dict[str, Any]:
-        """Rank 0's account of a resume (newer checkpoints set aside now), as plain values every rank can get."""
-        aside, moved = resume_files.set_aside_newer(path)
-        remove_stale_temp_files(path.parent)  # what saves killed before this resume left
-        return {"path": str(path), "skipped": [(str(p), why) for p, why in skipped],
-                "set_aside": str(aside) if aside is not None else None, "set_aside_count": moved}
-
-    def _from_rank0(self, value: Any) -> Any:
-        return self._combiner.broadcast(value, source=0) if self._combiner is not None else value
+        return self._keeper.resume(path)
 
     def checkpoint_now(self) -> str | None:
         """Save this step's checkpoint by the checkpoint policy now (named, pruned and checked as its own saves).
@@ -793,35 +689,7 @@ class Trainer:
         when the weights are non-finite and ``nonfinite`` is not ``"raise"`` (a warning says so). Returns
         the path written, else ``None``.
         """
-        if self._checkpoints is None:
-            raise ConfigError("checkpoint_now() needs a checkpoint policy: Trainer(checkpoints="
-                              "devplug.CheckpointPolicy(directory=...))")
-        return self._save_by_policy()
-
-    def _save_by_policy(self) -> str | None:
-        runs = self._checkpoints
-        assert runs is not None
-        step = self.global_step
-        if step <= runs.last_saved_step or step == 0:
-            return None
-        sharded = self.sharding is not None  # every rank writes its shards
-        if not self.is_main_process and not sharded:
-            runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
-            return None
-        monitor = runs.policy.monitor
-        score = None
-        if monitor is not None:
-            score = self._reporter.metrics.latest(monitor)
-            score = score if score is not None else self._reporter.last_metrics.get(monitor)
-        try:
-            return str(runs.save(step, lambda path: self.save(path), score, main=self.is_main_process))
-        except NonFiniteLossError as exc:
-            if self._config.nonfinite == "raise":
-                raise
-            # counted as done for the clocks: a diverged run is not re-checked at every step boundary
-            runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
-            log.warning("%s (training goes on: nonfinite=%r)", exc, self._config.nonfinite)
-            return None
+        return self._keeper.save_by_policy()
 
     def request_stop(self, reason: str) -> None:
         """Stop every rank after the same step, from any rank (e.g. early stopping seen on rank 0).
@@ -838,7 +706,7 @@ class Trainer:
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
         """
         self.profiler.stop()
-        self._writer.wait()
+        self._keeper.writer.wait()
         summary: dict[str, Any] = {}
         if self.is_main_process and not self._reporter.closed:
             try:

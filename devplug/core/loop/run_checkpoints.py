@@ -1,0 +1,204 @@
+"""A Trainer's checkpoints over a run: what rides along, saving and loading, resuming, and the policy's saves.
+
+`CheckpointKeeper` holds what the Trainer's ``save``, ``load``, ``resume``, ``checkpoint_now`` and
+``register_for_checkpointing`` do, so the Trainer only delegates: plain checkpoints are rank 0's file
+(`TrainerState`), sharded ones every rank's folder (`sharded_state`); a resume is chosen on rank 0 and
+loaded on every rank; the checkpoint policy (`RunCheckpoints`) says when to save and what to keep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from devplug.core.checkpoint import resume as resume_files
+from devplug.core.checkpoint.policy import RunCheckpoints
+from devplug.core.checkpoint.resume import Resumed
+from devplug.core.checkpoint.sharded import ShardedWriter
+from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
+from devplug.core.errors import CheckpointError, ConfigError, NonFiniteLossError
+from devplug.core.loop import sharded_state
+from devplug.core.loop.trainer_state import TrainerState
+from devplug.core.optim.build import optimizers_not_saved
+
+if TYPE_CHECKING:
+    from devplug.core.distributed.combine import RankCombiner
+
+log = logging.getLogger("devplug")
+
+
+class CheckpointKeeper:
+    """Saves, loads and resumes a Trainer's state, and saves by its checkpoint policy.
+
+    ``sharded``: the run trains under FSDP (every rank writes and reads its shards); ``combiner``: the
+    ranks' object collectives (``None`` in one process); ``monitor_value`` reads a logged metric for a
+    policy that keeps the best checkpoints; ``nonfinite`` is the Trainer's setting for a diverged run;
+    ``stepped`` the optimizers the Trainer's ``step`` was given (one a checkpoint would miss is named);
+    ``policy_save`` writes the policy's checkpoints (the Trainer's own ``save``, so a subclass's is used).
+    """
+
+    def __init__(self, state: TrainerState, runs: RunCheckpoints | None, *, sharded: bool,
+                 combiner: RankCombiner | None, is_main: bool, nonfinite: str,
+                 monitor_value: Callable[[str], float | None],
+                 stepped: weakref.WeakSet[torch.optim.Optimizer], policy_save: Callable[[Path], Any]) -> None:
+        self.state, self.runs, self._stepped, self._policy_save = state, runs, stepped, policy_save
+        self._sharded, self._combiner, self._is_main = sharded, combiner, is_main
+        self._nonfinite, self._monitor_value = nonfinite, monitor_value
+        self.writer = ShardedWriter()
+        self.registered: dict[str, Any] = {}
+        self.resumed = False
+
+    # ---- what rides along ----------------------------------------------------------------------------
+    def register(self, **objects: Any) -> None:
+        """Keep ``objects`` (each with ``state_dict``/``load_state_dict``, or a tensor) in every checkpoint."""
+        for name, obj in objects.items():
+            stateful = callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+            if not (stateful or isinstance(obj, torch.Tensor)):
+                raise ConfigError(f"cannot checkpoint {name}={type(obj).__name__}: register an object with "
+                                  "state_dict() and load_state_dict(), or a tensor")
+            self.registered[name] = obj
+
+    def _restore_registered(self, extra: dict[str, Any]) -> None:
+        for name, obj in self.registered.items():
+            if name not in extra:
+                continue
+            if isinstance(obj, torch.Tensor):
+                with torch.no_grad():
+                    obj.copy_(extra[name])
+            else:
+                obj.load_state_dict(extra[name])
+
+    # ---- save and load -------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str], extra: dict[str, Any], *, async_save: bool = False) -> str | None:
+        """Write a checkpoint with the registered objects and ``extra``; the path, or ``None`` on other ranks."""
+        for described in optimizers_not_saved(self._stepped, self.state.optimizers, self.registered.values(),
+                                              self.state.modules):
+            warnings.warn(f"optimizer {described} is not in the checkpoint: it was passed to trainer.step() but "
+                          "not built by trainer.optimizer(), so a resume starts it afresh. Build it with "
+                          "trainer.optimizer(...), or trainer.register_for_checkpointing(name=optimizer)",
+                          RuntimeWarning, stacklevel=3)
+        if self.registered:
+            own = {name: obj if isinstance(obj, torch.Tensor) else obj.state_dict()
+                   for name, obj in self.registered.items()}
+            extra = {**own, **extra}
+        if self._sharded:
+            return sharded_state.save_sharded(self.state, self.writer, path, extra, async_save=async_save)
+        return self.state.save(path, extra) if self._is_main else None
+
+    def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore a plain or sharded checkpoint and the registered objects; its ``extra``."""
+        self.writer.wait()
+        extra = sharded_state.load_any(self.state, path, sharded_run=self._sharded)
+        self._restore_registered(extra)
+        return extra
+
+    # ---- resume --------------------------------------------------------------------------------------
+    def resume(self, path: str | os.PathLike[str] | None) -> Resumed | None:
+        """Continue from ``path`` or the policy's newest intact checkpoint; ``None`` when there is none."""
+        runs = self.runs
+        if path is None and runs is None:
+            raise ConfigError("resume() needs a checkpoint policy (Trainer(checkpoints=devplug.CheckpointPolicy("
+                              "directory=...))) or the checkpoint to resume from: resume(path)")
+        self.resumed = True
+        source = Path(path) if path is not None else runs.folder  # type: ignore[union-attr]
+        if self._sharded and self._combiner is not None:
+            report, extra = self._choose_sharded(source, explicit=path is not None)
+        else:
+            report, extra = self._choose_and_load(source, explicit=path is not None)
+        if report is None:
+            return None
+        chosen = Path(report["path"])
+        position = self.state.position
+        if runs is not None:
+            runs.resumed_from(chosen, position.global_step)
+        log.info("resumed from %s (step %d)", chosen, position.global_step)
+        return Resumed(path=chosen, step=position.global_step, epoch=position.epoch, extra=extra,
+                       skipped=tuple((Path(p), why) for p, why in report["skipped"]),
+                       set_aside=Path(report["set_aside"]) if report["set_aside"] else None,
+                       set_aside_count=report["set_aside_count"])
+
+    def _choose_and_load(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        # rank 0 tries the candidates (loading each, skipping damaged ones); the other ranks load its choice
+        report: dict[str, Any] | None = None
+        extra: dict[str, Any] = {}
+        if self._is_main:
+            choice = resume_files.choose(source, self.load, explicit=explicit)
+            if choice is not None:
+                extra = choice.extra
+                report = _resume_report(choice.path, choice.skipped)
+        if self._combiner is not None:
+            report = self._from_rank0(report)
+            if not self._is_main and report is not None:
+                extra = self.load(report["path"])
+        return report, extra
+
+    def _choose_sharded(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        # Loading a sharded checkpoint is a collective: rank 0 names the newest complete one (a save is
+        # renamed into place only once every rank has written), and every rank loads that one.
+        named: tuple[str | None, str] = (None, "")
+        if self._is_main:
+            newest = resume_files.newest(source)
+            named = (str(newest) if newest else None,
+                     f"no checkpoint to resume from at {str(source)!r}" if explicit and newest is None else "")
+        chosen, problem = self._from_rank0(named)
+        if problem:
+            raise CheckpointError(problem)
+        if chosen is None:
+            return None, {}
+        extra = self.load(chosen)
+        return self._from_rank0(_resume_report(Path(chosen), ()) if self._is_main else None), extra
+
+    def _from_rank0(self, value: Any) -> Any:
+        return self._combiner.broadcast(value, source=0) if self._combiner is not None else value
+
+    # ---- the policy's saves --------------------------------------------------------------------------
+    def save_if_due(self) -> str | None:
+        """Between steps: save when the policy says one is due (the ranks agree on a sharded clock save)."""
+        runs = self.runs
+        if runs is None:
+            return None
+        due = runs.policy.due(self.state.position.global_step, runs.last_saved_step, runs.last_saved_time,
+                              time.monotonic())
+        if self._sharded and self._combiner is not None and runs.policy.every_minutes is not None:
+            due = bool(self._combiner.max(int(due)))  # a sharded save is collective: the ranks' clocks agree
+        return self.save_by_policy() if due else None
+
+    def save_by_policy(self) -> str | None:
+        """Save this step's checkpoint by the policy (named, pruned, checked); the path, else ``None``."""
+        runs = self.runs
+        if runs is None:
+            raise ConfigError("checkpoint_now() needs a checkpoint policy: Trainer(checkpoints="
+                              "devplug.CheckpointPolicy(directory=...))")
+        step = self.state.position.global_step
+        if step <= runs.last_saved_step or step == 0:
+            return None
+        if not self._is_main and not self._sharded:  # a sharded save: every rank writes its shards
+            runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
+            return None
+        monitor = runs.policy.monitor
+        score = self._monitor_value(monitor) if monitor is not None else None
+        try:
+            return str(runs.save(step, self._policy_save, score, main=self._is_main))
+        except NonFiniteLossError as exc:
+            if self._nonfinite == "raise":
+                raise
+            # counted as done for the clocks: a diverged run is not re-checked at every step boundary
+            runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
+            log.warning("%s (training goes on: nonfinite=%r)", exc, self._nonfinite)
+            return None
+
+
+def _resume_report(path: Path, skipped: Any) -> dict[str, Any]:
+    """Rank 0's account of a resume (newer checkpoints set aside now), as plain values every rank can get."""
+    aside, moved = resume_files.set_aside_newer(path)
+    remove_stale_temp_files(path.parent)  # what saves killed before this resume left
+    return {"path": str(path), "skipped": [(str(p), why) for p, why in skipped],
+            "set_aside": str(aside) if aside is not None else None, "set_aside_count": moved}
