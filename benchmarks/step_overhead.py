@@ -25,7 +25,7 @@ nothing, the batch already on the device): what is left is the Python of each si
 ``--profile`` instead runs the full devplug loop under cProfile and prints where its time goes.
 The model runs on one intra-op thread (``--threads``): its ops are too small for more to help.
 
-Run: python benchmarks/step_overhead.py [--steps 5000] [--rounds 15] [--log-every 100] [--no-compute] [--profile]
+Run: python benchmarks/step_overhead.py [--steps 2000] [--rounds 9] [--log-every 100] [--no-compute] [--profile]
 """
 
 from __future__ import annotations
@@ -128,8 +128,9 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Callable[[], None]], l
         return epoch
 
     def trainer() -> devplug.Trainer:
+        # --no-compute has no FLOPs to count: a counter would wait for them at every batch, as no real run does
         made = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_every=args.log_every,
-                               stop_signals=())
+                               stop_signals=(), count_flops=compute)
         trainers.append(made)
         return made
 
@@ -220,8 +221,8 @@ def profile(args: argparse.Namespace) -> None:
 def main() -> None:
     """Time the variants interleaved and print the per-component table (or, with --profile, a profile)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=5000, help="steps per timed epoch")
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (paired medians)")
+    parser.add_argument("--steps", type=int, default=2000, help="steps per timed epoch")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (paired medians)")
     parser.add_argument("--log-every", type=int, default=100, help="the Trainer's log_every")
     parser.add_argument("--no-compute", action="store_true", help="take the tensor work out: devplug's Python alone")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")

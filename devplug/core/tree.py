@@ -34,13 +34,18 @@ def move_to(obj: Any, device: torch.device, *, memory_format: torch.memory_forma
     if isinstance(obj, torch.Tensor):
         return _move(obj, device, memory_format)
     kind = type(obj)
-    if (kind is tuple or kind is list) and not [t for t in obj if not isinstance(t, torch.Tensor)]:
-        # the common (inputs, targets) batch, without the general walk (this runs for every batch)
-        if memory_format is None:
-            moved = [t if t.device == device else t.to(device, non_blocking=t.is_pinned()) for t in obj]
+    if kind is tuple or kind is list:  # the common (inputs, targets) batch: no general walk, no extra frame
+        for t in obj:
+            if not isinstance(t, torch.Tensor):
+                break
         else:
-            moved = [_move(t, device, memory_format) for t in obj]
-        return moved if kind is list else tuple(moved)
+            moved = []
+            for t in obj:
+                if memory_format is None:
+                    moved.append(t if t.device == device else t.to(device, non_blocking=t.is_pinned()))
+                else:
+                    moved.append(_move(t, device, memory_format))
+            return moved if kind is list else tuple(moved)
     return map_tensors(obj, lambda t: _move(t, device, memory_format))
 
 
