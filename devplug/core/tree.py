@@ -31,17 +31,28 @@ def move_to(obj: Any, device: torch.device, *, memory_format: torch.memory_forma
             # Module.to takes both at once; torch declares them in separate overloads
             return obj.to(device=device, memory_format=memory_format)  # type: ignore[call-overload]
         return obj.to(device)
-
-    def _move(t: torch.Tensor) -> torch.Tensor:
-        # A tensor already on the device is kept (what .to() would return) without asking whether its
-        # memory is pinned, a query that costs more than the rest of the move on a CPU device.
-        out = t if t.device == device else t.to(device, non_blocking=t.is_pinned())
-        if memory_format is not None and out.dim() == 4:
-            out = out.contiguous(memory_format=memory_format)
-        return out
-
     if isinstance(obj, torch.Tensor):
-        return _move(obj)
-    if type(obj) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in obj):
-        return type(obj)(map(_move, obj))  # the common (inputs, targets) batch, without the general walk
-    return map_tensors(obj, _move)
+        return _move(obj, device, memory_format)
+    kind = type(obj)
+    if kind is tuple or kind is list:  # the common (inputs, targets) batch: no general walk, no extra frame
+        for t in obj:
+            if not isinstance(t, torch.Tensor):
+                break
+        else:
+            moved = []
+            for t in obj:
+                if memory_format is None:
+                    moved.append(t if t.device == device else t.to(device, non_blocking=t.is_pinned()))
+                else:
+                    moved.append(_move(t, device, memory_format))
+            return moved if kind is list else tuple(moved)
+    return map_tensors(obj, lambda t: _move(t, device, memory_format))
+
+
+def _move(t: torch.Tensor, device: torch.device, memory_format: torch.memory_format | None) -> torch.Tensor:
+    # A tensor already on the device is kept (what .to() would return) without asking whether its memory is
+    # pinned, a query that costs more than the rest of the move on a CPU device.
+    out = t if t.device == device else t.to(device, non_blocking=t.is_pinned())
+    if memory_format is not None and out.dim() == 4:
+        out = out.contiguous(memory_format=memory_format)
+    return out

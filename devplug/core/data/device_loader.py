@@ -110,7 +110,7 @@ class DeviceLoader:
                  on_batch: Callable[[int, float], None], *, train: bool = True, index: int = 0,
                  world_size: int = 1, before_batch: Callable[[], None] | None = None,
                  after_batches: Callable[[], None] | None = None,
-                 region: Callable[[str], contextlib.AbstractContextManager[Any]] | None = None) -> None:
+                 region: Callable[[str], contextlib.AbstractContextManager[Any] | None] | None = None) -> None:
         self.choice = choice
         self.world_size = world_size
         self.seed = position.resume_seeds.pop(index, seed) if train else seed
@@ -212,53 +212,66 @@ class DeviceLoader:
         return True
 
     def __iter__(self) -> Iterator[Any]:
+        # one generator, no delegation: the loop resumes it once per batch
         try:
-            yield from self._batches()
+            position = self.position
+            if self.train and self._epoch != position.epoch:
+                self._epoch, self.drawn = position.epoch, 0
+            self._prepare_epoch(position.epoch)
+            if self.primary:
+                length = self.length()
+                position.epoch_batches = None if length is math.inf else int(length)
+            skip = self._skip()
+            indexed = self._skip_by_index(skip)
+            batches = iter(self.choice.loader)
+            for _ in range(0 if indexed else skip):
+                if next(batches, _END) is _END:
+                    return
+                self.drawn += 1
+            move = self._move
+            if not self.primary:  # an evaluation loader, or a training one iterated alongside the primary one
+                for batch in batches:
+                    if self.train:
+                        self.drawn += 1
+                    yield move(batch) if move is not None else batch
+                return
+            # the primary loader: everything the loop reads per batch is looked up once here
+            lookahead = position.accumulation > 1 and position.epoch_batches is None
+            pending = next(batches, _END) if lookahead else _END
+            before_batch, region, on_batch, clock = self._before_batch, self._region, self._on_batch, time.perf_counter
+            while position.steps_left():
+                if before_batch is not None:
+                    before_batch()  # a profiler window opens or closes here
+                asked = clock()  # the loop waits for the loader from here to the yield (no device sync)
+                mark = region("data_wait") if region is not None else None
+                if mark is None:
+                    batch, pending = self._draw(batches, pending, lookahead)
+                else:
+                    with mark:
+                        batch, pending = self._draw(batches, pending, lookahead)
+                if batch is _END:
+                    return
+                on_batch(batch_size(batch), clock() - asked)
+                yield batch
         finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
             if self.primary and self._after_batches is not None:
                 self._after_batches()
 
-    def _batches(self) -> Iterator[Any]:
-        position = self.position
-        if self.train and self._epoch != position.epoch:
-            self._epoch, self.drawn = position.epoch, 0
-        self._prepare_epoch(position.epoch)
-        if self.primary:
-            length = self.length()
-            position.epoch_batches = None if length is math.inf else int(length)
-        skip = self._skip()
-        indexed = self._skip_by_index(skip)
-        batches = iter(self.choice.loader)
-        for _ in range(0 if indexed else skip):
-            if next(batches, _END) is _END:
-                return
-            self.drawn += 1
-        if not self.train:
-            yield from self._moved(batches)
-            return
-        lookahead = self.primary and position.accumulation > 1 and position.epoch_batches is None
-        pending = next(batches, _END) if lookahead else _END
-        while not self.primary or position.steps_left():
-            if self.primary and self._before_batch is not None:
-                self._before_batch()  # a profiler window opens or closes here
-            asked = time.perf_counter()  # the loop waits for the loader from here to the yield (no device sync)
-            with self._region("data_wait") if self.primary and self._region else contextlib.nullcontext():
-                if self.primary and position.window_closed() and position.stop_check and position.stop_check():
-                    position.stopped = True  # a stop signal: end before the next step begins
-                    return
-                batch = pending if lookahead else next(batches, _END)
-                if batch is _END:
-                    return
-                if lookahead:
-                    pending = next(batches, _END)
-                self.drawn += 1
-                if self.primary:
-                    position.advance(closes_epoch=lookahead and pending is _END)
-                batch = self._move(batch) if self._move is not None else batch
-            if self.primary:
-                self._on_batch(batch_size(batch), time.perf_counter() - asked)
-            yield batch
+    def _draw(self, batches: Iterator[Any], pending: Any, lookahead: bool) -> tuple[Any, Any]:
+        """The primary loader's next batch, moved, and the one looked ahead at; ``_END`` at the end or on a stop.
 
-    def _moved(self, batches: Iterator[Any]) -> Iterator[Any]:
-        for batch in batches:
-            yield self._move(batch) if self._move is not None else batch
+        A stop signal ends the epoch between steps, before the next step begins (``position.stopped``).
+        """
+        position = self.position
+        if position.stop_check is not None and (position.accumulation == 1 or position.window_closed()) \
+                and position.stop_check():
+            position.stopped = True
+            return _END, pending
+        batch = pending if lookahead else next(batches, _END)
+        if batch is _END:
+            return _END, pending
+        if lookahead:
+            pending = next(batches, _END)
+        self.drawn += 1
+        position.advance(closes_epoch=lookahead and pending is _END)
+        return (self._move(batch) if self._move is not None else batch), pending

@@ -87,7 +87,7 @@ class LoopPosition:
 
     def window_closed(self) -> bool:
         """True between steps (no micro-batch of an unfinished step drawn)."""
-        return self.in_window == 0 or self.sync_now
+        return self.in_window == 0 or self.accumulation == 1 or self.sync_now
 
     def steps_left(self) -> bool:
         """False once ``max_steps`` steps have completed."""
@@ -95,7 +95,7 @@ class LoopPosition:
 
     def advance(self, closes_epoch: bool = False) -> None:
         """Count one primary micro-batch (``closes_epoch``: it is the epoch's last, found by looking ahead)."""
-        if self.window_closed():
+        if self.accumulation == 1 or self.window_closed():  # without accumulation every batch is a step
             self.global_step += 1
             self.in_window = 0
         self.in_window += 1
@@ -117,10 +117,12 @@ class LoopPosition:
 
 def batch_size(batch: Any) -> int:
     """Samples in a batch, from the first tensor's leading dimension (host metadata, no sync)."""
-    if isinstance(batch, torch.Tensor):
+    if isinstance(batch, (tuple, list)) and batch:  # the common (inputs, targets): looked at first
+        first = batch[0]
+        if isinstance(first, torch.Tensor) and first.dim() > 0:
+            return int(first.shape[0])
+    elif isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() > 0 else 1
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].dim() > 0:
-        return int(batch[0].shape[0])
     found: list[int] = []
 
     def _first(t: torch.Tensor) -> torch.Tensor:

@@ -64,11 +64,16 @@ def is_current_accelerator(device_type: str) -> bool:
 
 def _call_with_device(fn: Callable[..., Any], device: torch.device) -> Any:
     """Call a device-module function with ``device`` where it takes one (``torch.mps.synchronize()`` does not)."""
+    return fn(device) if _takes_argument(fn) else fn()
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_argument(fn: Callable[..., Any]) -> bool:
+    # asked at every log point (synchronize): a signature is read once per function
     try:
-        takes_argument = bool(inspect.signature(fn).parameters)
+        return bool(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # a builtin without a signature
-        takes_argument = True
-    return fn(device) if takes_argument else fn()
+        return True
 
 
 def synchronize(device: torch.device) -> bool:

@@ -17,12 +17,13 @@ ended, so it cannot kill the rank while it saves.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -111,6 +112,22 @@ class StopRequest:
                 self.reason = f"{signal.Signals(self.received).name} received on another rank"
         self.agreed = code != 0
         return self.agreed
+
+    def checker(self, rank: int) -> Callable[[], bool]:
+        """`should_stop` for ``rank`` as a function of no arguments, for the check at every step boundary.
+
+        In one process (no combiner) nothing else is asked until a signal or a request arrives; across ranks
+        every check is the collective `should_stop` is.
+        """
+        if self._combiner is not None:
+            return functools.partial(self.should_stop, rank)
+
+        def local() -> bool:
+            if self.received is None and not self._requested and not self.agreed:
+                return False
+            return self.should_stop(rank)
+
+        return local
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signalled:  # a second signal: stop at once, as without devplug

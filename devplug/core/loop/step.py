@@ -47,6 +47,16 @@ class StepRoute:
         mark = self.hooks(spec.devplug_region, name=name)
         return self.profiler.region(name, mark or NO_REGION)
 
+    def region_or_none(self, name: str) -> contextlib.AbstractContextManager[Any] | None:
+        """`region` ``name``, or ``None`` when nothing is marked now (the caller then enters no context)."""
+        if not self.marks_regions and not self.profiler.active:
+            return None
+        return self.region(name)
+
+    def may_mark(self) -> bool:
+        """False when no region is ever marked: no device plugin marks one and no profiler window is set."""
+        return self.marks_regions or self.profiler.window is not None
+
     def plain(self) -> bool:
         """True when no region is marked now: the step enters no context manager of its own."""
         return not self.marks_regions and not self.profiler.active

@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 
 from devplug.core.checkpoint import rng
@@ -65,6 +66,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("devplug")
 
+#: A precision plan's autocast when it has none (fp32): the step then enters one shared no-op context.
+_NO_AUTOCAST = attrs.fields(PrecisionPlan).autocast.default
+
 
 class Trainer:
     """Device-specific pieces of a training loop, supplied by the resolved device plugin.
@@ -85,6 +89,7 @@ class Trainer:
         self._hooks = self._registry.open(self._config.device, options=self._config.device_options,
                                         channels_last=self._config.channels_last)
         self.device = self._hooks.device
+        self._move = self._hooks.caller(spec.devplug_to_device, "obj")  # per batch: the route resolved once
         self._collective, reduce, combiner = None, None, None
         self._combiner: RankCombiner | None = None
         self._handshake: RankCombiner | None = None
@@ -112,9 +117,10 @@ class Trainer:
         self._modules: dict[str, torch.nn.Module] = {}
         self._optimizers: dict[str, OptimizerChoice] = {}
         self._stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # what step() was given
+        self._stepped_ids: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # id → the optimizer, to add it once
         self._loaders: list[DeviceLoader] = []
         self._position = LoopPosition(accumulation=self._config.accumulate_grad_batches,
-                                     stop_check=lambda: self._stop.should_stop(self.rank))
+                                     stop_check=self._stop.checker(self._launch.rank))
         self._state = TrainerState(device=self.device, precision=self.precision, modules=self._modules,
                                   optimizers=self._optimizers, loaders=self._loaders, position=self._position,
                                   world_size=self.world_size)
@@ -240,7 +246,7 @@ class Trainer:
     # ---- model, optimizer, data --------------------------------------------------------------------
     def to_device(self, obj: Any) -> Any:
         """Move a module, tensor or nested batch to the device (through the device plugin)."""
-        return self._hooks(spec.devplug_to_device, obj=obj)
+        return self._move(obj)
 
     def setup(self, module: torch.nn.Module, name: str | None = None, *, shard: Any = None,
               activation_checkpointing: Any = None) -> torch.nn.Module:
@@ -341,8 +347,9 @@ class Trainer:
         if choice.reason:
             log.info("data loader: %s (%s)", choice.implementation, choice.reason)
         index = sum(1 for loader in self._loaders if loader.train)
-        loader = DeviceLoader(choice, base_seed, self._position, self.to_device, self.throughput.add, train=train,
-                              index=index, world_size=self.world_size, region=self.region,
+        loader = DeviceLoader(choice, base_seed, self._position, self._move, self.throughput.add, train=train,
+                              index=index, world_size=self.world_size,
+                              region=self._route.region_or_none if self._route.may_mark() else None,
                               before_batch=self._before_batch,
                               after_batches=self._flops.stop)
         self._loaders.append(loader)
@@ -356,9 +363,10 @@ class Trainer:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Context for forward and loss: the precision plan's autocast inside a ``"forward"`` region."""
-        if self._route.plain():
-            return self.precision.autocast()
-        return Regioned(self._route.region("forward"), self.precision.autocast())
+        route, factory = self._route, self.precision.autocast
+        if not route.marks_regions and not route.profiler.active:  # nothing marked: the plan's context alone
+            return NO_REGION if factory is _NO_AUTOCAST else factory()
+        return Regioned(route.region("forward"), factory())
 
     @property
     def sync_gradients(self) -> bool:
@@ -371,17 +379,18 @@ class Trainer:
         On a micro-batch that does not complete a step, the lazy-mode step boundary is not marked, so
         a lazy device keeps accumulating one graph until the step's last micro-batch.
         """
-        accumulation = self._position.accumulation
+        position, route = self._position, self._route
+        accumulation = position.accumulation
         if accumulation > 1:
             loss = loss / accumulation
-        scaler = self.scaler
-        with self._route.region("backward"):
-            if scaler is not None:
-                scaler.scale(loss).backward()
-            else:
-                loss.backward()
-        if self._position.sync_now:
-            self._route.mark_step(Phase.BACKWARD)
+        scaler = self._state.scaler
+        if not route.marks_regions and not route.profiler.active:  # nothing marked: no context entered
+            (loss if scaler is None else scaler.scale(loss)).backward()
+        else:
+            with route.region("backward"):
+                (loss if scaler is None else scaler.scale(loss)).backward()
+        if route.marks_steps and (accumulation == 1 or position.sync_now):
+            route.mark_step(Phase.BACKWARD)
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Optimizer step (through the scaler), step marking, ``zero_grad(set_to_none=True)``; True if it stepped.
@@ -389,17 +398,25 @@ class Trainer:
         On a micro-batch that does not complete a step it does nothing and returns False: the gradients
         keep accumulating.
         """
-        if not self._position.sync_now:
+        position = self._position
+        if position.accumulation != 1 and not position.sync_now:
             return False
-        self._stepped.add(optimizer)
-        step_context, scaler = self.precision.optimizer_step_context, self.scaler
-        with self._route.region("optimizer_step"), (step_context() if step_context else NO_REGION):
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-        self._route.mark_step(Phase.OPTIMIZER_STEP)
+        known = self._stepped_ids.get(id(optimizer))
+        if known is None or known() is not optimizer:  # once per optimizer, not a WeakSet add per step
+            self._stepped.add(optimizer)
+            self._stepped_ids[id(optimizer)] = weakref.ref(optimizer)
+        route, step_context, scaler = self._route, self.precision.optimizer_step_context, self._state.scaler
+        if scaler is None and step_context is None and not route.marks_regions and not route.profiler.active:
+            optimizer.step()  # nothing to enter around it
+        else:
+            with route.region("optimizer_step"), (step_context() if step_context else NO_REGION):
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+        if route.marks_steps:
+            route.mark_step(Phase.OPTIMIZER_STEP)
         optimizer.zero_grad(set_to_none=True)
         return True
 
@@ -539,7 +556,8 @@ class Trainer:
     def _before_batch(self) -> None:
         # a training loader is about to ask for a batch: the profiler window and the FLOP count start here,
         # and between steps the checkpoint policy may save
-        self.profiler.before_batch()
+        if self.profiler.window is not None:
+            self.profiler.before_batch()
         self._flops.before_batch()
         if self._keeper.runs is not None and self._position.window_closed():
             self._keeper.save_if_due()
@@ -558,7 +576,7 @@ class Trainer:
             self._log_values(scalars)
         position = self._position
         step = position.global_step
-        if step and not step % self._log_every and position.sync_now:
+        if step and not step % self._log_every and (position.accumulation == 1 or position.sync_now):
             return self._flush_logs()
         return None
 

@@ -60,8 +60,8 @@ class FlopMeter:
 
     def before_batch(self) -> None:
         """Called when the loop asks for the next training batch: start or finish the counted step here."""
-        if not self.enabled:
-            return
+        if not self.enabled or (self._mode is None and self.flops_per_sample is not None):
+            return  # nothing to start or finish: counted already
         upcoming = self._steps_done() + 1
         if self._mode is None and upcoming == COUNTED_STEP and self.flops_per_sample is None:
             from torch.utils.flop_counter import FlopCounterMode

@@ -76,15 +76,27 @@ class MetricBuffer:
             torch.device("cpu"),
         )
         for name in names:
-            values = self._values[name]
-            tensors = [v.reshape(()) if isinstance(v, torch.Tensor) else torch.tensor(v) for v in values]
-            stacked = torch.stack([t.to(device=device, dtype=torch.float32) for t in tensors])
-            means.append(stacked.mean())
+            means.append(_mean(self._values[name], device))
         packed = torch.stack(means)
         if reduce is not None:
             packed = reduce(packed)
         self._values.clear()
         return dict(zip(names, packed.tolist(), strict=True))
+
+
+def _mean(values: list[torch.Tensor | float], device: torch.device) -> torch.Tensor:
+    """The float32 mean of one name's values on ``device``, in a few device operations.
+
+    Values of one kind (all numbers, or tensors of one dtype on ``device``) are stacked at once and
+    converted after (the same figures, element for element); a mix is converted value by value.
+    """
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return torch.tensor(values, dtype=torch.float32, device=device).mean()
+    if len(tensors) == len(values) and {(t.dtype, t.device) for t in tensors} == {(tensors[0].dtype, device)}:
+        return torch.stack([t if t.dim() == 0 else t.reshape(()) for t in tensors]).to(dtype=torch.float32).mean()
+    tensors = [v.reshape(()) if isinstance(v, torch.Tensor) else torch.tensor(v) for v in values]
+    return torch.stack([t.to(device=device, dtype=torch.float32) for t in tensors]).mean()
 
 
 def nonfinite(values: dict[str, float]) -> list[str]:

@@ -60,11 +60,8 @@ class StepProfiler:
         self.rank = rank
         self._profiler: Any = None
         self.traces: list[str] = []
-
-    @property
-    def active(self) -> bool:
-        """True while the profiler runs."""
-        return self._profiler is not None
+        #: True while the profiler runs (an attribute: the step reads it several times per step).
+        self.active = False
 
     def before_batch(self) -> None:
         """Called when the loop asks for the next training batch: open or close the window here."""
@@ -89,6 +86,7 @@ class StepProfiler:
         activities = self._activities() or [torch.profiler.ProfilerActivity.CPU]
         self._profiler = torch.profiler.profile(activities=activities, record_shapes=False)
         self._profiler.__enter__()
+        self.active = True
         # (ignored: mypy takes the window for optional, and a profiler starts only inside it)
         log.info("profiling steps %d-%d (%s)", *self.window, ", ".join(a.name for a in activities))  # type: ignore[misc]
 
@@ -96,7 +94,7 @@ class StepProfiler:
         """Stop profiling (if it runs) and write the trace; its path, or ``None``."""
         if self._profiler is None:
             return None
-        profiler, self._profiler = self._profiler, None
+        profiler, self._profiler, self.active = self._profiler, None, False
         profiler.__exit__(None, None, None)
         assert self.trace_dir is not None
         os.makedirs(self.trace_dir, exist_ok=True)

@@ -72,3 +72,10 @@ ANSWER_CHECKS: dict[str, AnswerCheck] = {
     "devplug_peak_flops": peak_flops,
     "devplug_optimizer": optimizer_builder,
 }
+
+#: Checks with a rule about one kind of argument only (a module given to ``devplug_to_device``): the
+#: argument's name and class. The guard runs such a check only when the argument is one, so the batches
+#: moved at every step pay an ``isinstance`` and no more.
+CHECKED_ARGUMENT: dict[str, tuple[str, type]] = {
+    "devplug_to_device": ("obj", torch.nn.Module),
+}

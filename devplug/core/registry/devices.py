@@ -185,11 +185,13 @@ class DeviceHooks:
         self._callers: dict[str, Callable[..., Any]] = {}
         self._answered_by: dict[str, tuple[str, ...]] = {}
         self._impls: dict[str, list[Any]] = {}
+        self._firstresult: dict[str, bool] = {}
         for name in hookspecs.OPERATIONAL_HOOKS:
             caller = pm.subset_hook_caller(name, remove_plugins=[p for p in others if p is not None])
             self._callers[name] = _direct_call(caller, device) or functools.partial(caller, device=device)
             self._impls[name] = caller.get_hookimpls()
             self._answered_by[name] = tuple(impl.plugin_name for impl in self._impls[name])
+            self._firstresult[name] = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
 
     def answered_by(self, spec: Callable[..., Any], /) -> tuple[str, ...]:
         """The names of the plugins implementing hook ``spec`` for this device (empty: nobody does).
@@ -221,6 +223,52 @@ class DeviceHooks:
         if args:
             raise TypeError("hook arguments are passed by keyword")
         return self._callers[spec.__name__](**kwargs)
+
+    def caller(self, spec: Callable[..., Any], argument: str, /) -> Callable[[Any], Any]:
+        """A one-argument call of hook ``spec``: ``caller(obj)`` answers as ``hooks(spec, argument=obj)`` does,
+        resolved once, for a hook called per batch (``devplug_to_device``).
+
+        A first-result hook without wrappers calls its (guarded) implementations directly in pluggy's order,
+        with the device and the value in the order each declares them, until one answers; any other route
+        goes through `__call__`'s.
+        """
+        name = spec.__name__
+        impls = self._impls[name]
+        calls = [_unary(impl.function, tuple(impl.argnames), self.device, argument) for impl in reversed(impls)]
+        route = self._callers[name]
+        if (not impls or not self._firstresult[name] or any(impl.wrapper or impl.hookwrapper for impl in impls)
+                or any(call is None for call in calls)):
+            return lambda value: route(**{argument: value})
+        if len(calls) == 1:
+            assert calls[0] is not None
+            return calls[0]
+        ordered = tuple(call for call in calls if call is not None)
+
+        def first(value: Any) -> Any:
+            for call in ordered:  # pluggy calls the last registered (and tryfirst) first
+                answer = call(value)
+                if answer is not None:
+                    return answer
+            return None
+
+        return first
+
+
+def _unary(function: Callable[..., Any], argnames: tuple[str, ...], device: Device,
+           argument: str) -> Callable[[Any], Any] | None:
+    """``function`` called with ``device`` and one value, in the order its ``argnames`` take them (``None``: other
+    arguments)."""
+    if argnames == ("device", argument):
+        return functools.partial(function, device)
+    if argnames == (argument, "device"):
+        return lambda value: function(value, device)
+    if argnames == (argument,):
+        return function
+    if argnames == ("device",):
+        return lambda _value: function(device)
+    if not argnames:
+        return lambda _value: function()
+    return None
 
 
 def _direct_call(caller: Any, device: Device) -> Callable[..., Any] | None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from devplug.core.errors import DevplugError, PluginError
-from devplug.core.registry.answers import ANSWER_CHECKS, AnswerCheck
+from devplug.core.registry.answers import ANSWER_CHECKS, CHECKED_ARGUMENT, AnswerCheck
 
 if TYPE_CHECKING:
     from pluggy._hooks import HookSpec  # pluggy names it in annotations without exporting it
@@ -108,9 +108,11 @@ def guard_hookimpl(impl: pluggy.HookImpl, spec: HookSpec | None, distribution: s
     classes = expected_types(spec.function) if spec is not None else ()
     firstresult = bool(spec is not None and spec.opts.get("firstresult"))
     function = impl.function
-    check = _bound_check(ANSWER_CHECKS.get(label.hook), label, tuple(impl.argnames))
-    guarded: Callable[..., Any] = _guard_wrapper(function, label, classes, firstresult, check) if impl.wrapper else (
-        _guard_call(function, label, classes, check))
+    argnames = tuple(impl.argnames)
+    check = _bound_check(ANSWER_CHECKS.get(label.hook), label, argnames)
+    only = _checked_position(label, argnames)
+    guarded: Callable[..., Any] = _guard_wrapper(function, label, classes, firstresult, check, only) if (
+        impl.wrapper) else _guard_call(function, label, classes, check, only)
     guarded.__devplug_guarded__ = True  # type: ignore[attr-defined]  # a mark for the idempotence check above
     impl.function = guarded  # type: ignore[misc]  # pluggy calls impl.function; argnames stay the original's
 
@@ -125,8 +127,24 @@ def _bound_check(check: AnswerCheck | None, label: HookLabel, argnames: tuple[st
     return lambda args, answer: check(label, dict(zip(argnames, args, strict=False)), answer)
 
 
+def _checked_position(label: HookLabel, argnames: tuple[str, ...]) -> tuple[int, type]:
+    """Where the one argument the hook's check is about sits among ``argnames``, and its class; ``(-1, object)``:
+    every call is checked.
+
+    A check about one kind of argument only (`CHECKED_ARGUMENT`: a module given to ``devplug_to_device``)
+    runs only for that kind, so the batches moved at every step pay one ``isinstance``, and no mapping of
+    the arguments is built for them.
+    """
+    only = CHECKED_ARGUMENT.get(label.hook)
+    if only is None or only[0] not in argnames:
+        return -1, object
+    return argnames.index(only[0]), only[1]
+
+
 def _guard_call(function: Callable[..., Any], label: HookLabel, classes: tuple[type, ...],
-                check: BoundCheck | None) -> Callable[..., Any]:
+                check: BoundCheck | None, only: tuple[int, type] = (-1, object)) -> Callable[..., Any]:
+    position, kind = only
+
     def guarded(*args: Any) -> Any:
         try:
             result = function(*args)
@@ -136,7 +154,7 @@ def _guard_call(function: Callable[..., Any], label: HookLabel, classes: tuple[t
             raise label.raised(exc) from exc
         if result is not None and classes and not isinstance(result, classes):
             raise label.wrong_answer(result, classes, True)
-        if result is not None and check is not None:
+        if result is not None and check is not None and (position < 0 or isinstance(args[position], kind)):
             result = check(args, result)
         return result
 
@@ -145,8 +163,10 @@ def _guard_call(function: Callable[..., Any], label: HookLabel, classes: tuple[t
 
 def _guard_wrapper(
     function: Callable[..., Any], label: HookLabel, classes: tuple[type, ...], firstresult: bool,
-    check: BoundCheck | None,
+    check: BoundCheck | None, only: tuple[int, type] = (-1, object),
 ) -> Callable[..., Generator[Any, Any, Any]]:
+    position, kind = only
+
     def guarded(*args: Any) -> Generator[Any, Any, Any]:
         generator = function(*args)
         try:
@@ -169,7 +189,8 @@ def _guard_wrapper(
             )
         if result is not None and firstresult and classes and not isinstance(result, classes):
             raise label.wrong_answer(result, classes, True)
-        if result is not None and firstresult and check is not None:
+        if result is not None and firstresult and check is not None and (
+                position < 0 or isinstance(args[position], kind)):
             result = check(args, result)
         return result
 

@@ -221,3 +221,23 @@ def test_to_device_returning_the_module_itself_is_accepted():
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, plugin_manager=pm)
     module = torch.nn.Linear(2, 1)
     assert trainer.setup(module) is module
+
+
+class TagsBatches:
+    """A neutral plugin that answers ``devplug_to_device`` for tuples only (its arguments in its own order)."""
+
+    @devplug.hookimpl(tryfirst=True)
+    def devplug_to_device(self, obj: Any, device: devplug.Device) -> Any:
+        return ["tagged", *obj] if isinstance(obj, tuple) else None
+
+
+def test_each_batch_goes_to_the_first_plugin_that_answers_and_to_the_fallback_when_none_does():
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("tagger", TagsBatches())])
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, plugin_manager=pm)
+    module = torch.nn.Linear(2, 1)
+    assert trainer.setup(module) is module  # declined: the fallback moved it
+    assert torch.equal(trainer.to_device(torch.ones(2)), torch.ones(2))
+    x, y = torch.ones(3, 2), torch.zeros(3, 1)
+    loader = trainer.dataloader(iter([(x, y)]))  # the author's own iterable: each batch moved per step
+    assert [batch for _ in trainer.epochs(1) for batch in loader] == [["tagged", x, y]]
+    assert trainer.throughput.samples_total == 3
