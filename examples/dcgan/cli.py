@@ -122,9 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "device plugin knows, e.g. hmp on Gaudi (default: auto)")
     device.add_argument("--compile", action="store_true",
                         help="torch.compile both networks with the device plugin's backend")
-    device.add_argument("--channels-last", action="store_true",
-                        help="channels-last memory layout for both networks and the batches, where the device "
-                             "plugin supports it (tensor-core convolutions on CUDA prefer it)")
+    device.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                        help="channels-last memory layout for both networks and the batches (default: the "
+                             "device plugin's preference, e.g. on for the CPU, where convolutions run in it)")
 
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="auto", choices=["auto", *PRESETS],

@@ -124,7 +124,7 @@ def build_trainer(settings: cli.Settings) -> devplug.Trainer:
         log_every=args.log_every,
         seed=args.seed,
         compile=args.compile,
-        channels_last=args.channels_last,
+        channels_last="auto" if args.channels_last is None else args.channels_last,
         progress=not args.no_progress,
         nonfinite=args.nonfinite,
         profile=args.profile,
@@ -192,8 +192,10 @@ def announce(run: Run) -> None:
     trainer, train_step, say = run.trainer, run.train_step, run.say
     say(f"dcgan: device {trainer.device} (plugin {trainer.device.plugin_name}), precision {trainer.precision.name}, "
         f"optimizer {train_step.implementation()}")
-    say(f"dcgan: model {run.settings.model} (G {train_step.params_g:,} / D {train_step.params_d:,} parameters), "
-        f"data {run.data.description}, loader {run.loader.implementation}")
+    layout = "channels_last" if trainer.device.channels_last else "default"
+    why = f" ({trainer.device.layout_reason})" if trainer.device.layout_reason else ""
+    say(f"dcgan: model {run.settings.model} (G {train_step.params_g:,} / D {train_step.params_d:,} parameters, "
+        f"{layout} layout{why}), data {run.data.description}, loader {run.loader.implementation}")
     say(f"dcgan: writing to {display_path(run.settings.out)}")
 
 

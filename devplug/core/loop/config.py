@@ -42,6 +42,11 @@ def _mapping(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"'{attribute.name}' must be a mapping (a dict), got {type(value).__name__}")
 
 
+def _layout(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not (isinstance(value, bool) or value == "auto"):
+        raise ValueError(f"{attribute.name} must be True, False or 'auto' (the device plugin's choice), got {value!r}")
+
+
 def _optional_bool(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None:
         _bool(inst, attribute, value)
@@ -71,7 +76,9 @@ class TrainerConfig:
     - ``seed``: seeds Python, torch and every rank identically, so replicas start equal.
     - ``compile`` / ``compile_options``: ``torch.compile`` through the device plugin.
     - ``channels_last``: the channels_last memory layout for modules and 4-D batches (``Device.channels_last``,
-      honoured by every device plugin).
+      honoured by every device plugin); ``"auto"``: the layout the device plugin prefers (its device's
+      ``prefers_channels_last``), for a model that works in either (it never calls ``.view`` on a 4-D
+      activation). Default ``False``.
     - ``nonfinite``: what a NaN/inf logged value does: ``"raise"``, ``"warn"`` or ``"ignore"``.
     - ``bucket_cap_mb``, ``broadcast_buffers``, ``gradient_as_bucket_view``, ``find_unused_parameters``,
       ``static_graph``: DistributedDataParallel options over the plugin's defaults (``None`` keeps them).
@@ -103,7 +110,7 @@ class TrainerConfig:
     seed: int | None = attrs.field(default=None, validator=_optional(non_negative_int))
     compile: bool = attrs.field(default=False, validator=_bool)
     compile_options: Mapping[str, Any] = attrs.field(factory=dict)
-    channels_last: bool = attrs.field(default=False, validator=_bool)
+    channels_last: bool | str = attrs.field(default=False, validator=_layout)
     nonfinite: str = attrs.field(default="raise", validator=attrs.validators.in_(NONFINITE_POLICIES))
     bucket_cap_mb: int | None = attrs.field(default=None, validator=_optional(positive_int))
     broadcast_buffers: bool | None = attrs.field(default=None, validator=_optional_bool)

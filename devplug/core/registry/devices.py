@@ -75,7 +75,7 @@ class DeviceRegistry:
         return None
 
     def open(self, request: str | None = None, *, options: Mapping[str, Any] | None = None,
-             channels_last: bool = False) -> DeviceHooks:
+             channels_last: bool | str = False) -> DeviceHooks:
         """Resolve ``request``, route its hooks and run ``devplug_device_setup``: the hooks of a ready device.
 
         With ``"auto"``, a device whose plugin fails to set it up (raises, or calls ``sys.exit``) is reported
@@ -103,13 +103,14 @@ class DeviceRegistry:
         return request.strip().lower()
 
     def resolve(
-        self, request: str | None = None, *, options: Mapping[str, Any] | None = None, channels_last: bool = False,
-        skip: Sequence[str] = (),
+        self, request: str | None = None, *, options: Mapping[str, Any] | None = None,
+        channels_last: bool | str = False, skip: Sequence[str] = (),
     ) -> Device:
         """Turn a request (``None`` → ``$DEVPLUG_DEVICE`` or ``"auto"``) into a usable `Device`.
 
         ``options`` (free-form device options) and ``channels_last`` are the Trainer options the device
-        carries to every hook; ``"auto"`` passes over the device names in ``skip``.
+        carries to every hook (``channels_last="auto"``: the device's ``prefers_channels_last``, whose
+        reason the device keeps as ``layout_reason``); ``"auto"`` passes over the device names in ``skip``.
         """
         request = self._request(request)
         if request == "auto":
@@ -143,8 +144,14 @@ class DeviceRegistry:
                     f"device {request!r} does not exist: {count} {entry.spec.name} device(s) visible "
                     f"(indices 0..{count - 1})"
                 )
+        layout_reason = ""
+        if channels_last == "auto":
+            preference = entry.spec.prefers_channels_last
+            channels_last = bool(preference)
+            layout_reason = (f"the {entry.plugin_name} plugin's choice: {preference}" if preference
+                             else f"the {entry.plugin_name} plugin prefers no other")
         return Device(spec=entry.spec, index=index, plugin_name=entry.plugin_name, options=dict(options or {}),
-                      channels_last=channels_last)
+                      channels_last=bool(channels_last), layout_reason=layout_reason)
 
     def _load_problems(self, name: str) -> str:
         """Plugin load failures (and skipped clashing devices) that may explain a missing device."""

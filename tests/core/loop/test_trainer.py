@@ -262,3 +262,34 @@ def test_log_between_log_points_keeps_tensors_detached_and_queues_no_device_work
         trainer.log(bad=torch.ones(2))
     # no step was taken: the point carries the logged values and no rates
     assert trainer.flush_logs() == pytest.approx({"loss": 2.0, "plain": 2.0, "count": 5.0}, abs=1e-6)
+
+
+class _PlainHost:
+    """A device on the host's torch type whose plugin states no layout preference."""
+
+    @devplug.hookimpl
+    def devplug_register_devices(self):
+        return devplug.DeviceSpec(name="plainhost", description="host, no preference", priority=-1,
+                                  probe=devplug.Availability.yes, torch_type="cpu")
+
+
+def test_channels_last_auto_takes_the_plugins_preference_and_the_authors_choice_wins():
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    auto = devplug.Trainer(device="cpu", channels_last="auto", progress=False)
+    assert auto.device.channels_last and auto.device.layout_reason.startswith("the cpu plugin's choice: oneDNN")
+    model = auto.setup(conv, name="conv")
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert auto.to_device(torch.zeros(2, 3, 8, 8)).is_contiguous(memory_format=torch.channels_last)
+    for choice in (False, True):  # the author's word wins, and no reason is claimed for it
+        trainer = devplug.Trainer(device="cpu", channels_last=choice, progress=False)
+        assert trainer.device.channels_last is choice and trainer.device.layout_reason == ""
+    assert not devplug.Trainer(device="cpu", progress=False).device.channels_last  # the default keeps the layout
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("plainhost", _PlainHost())])
+    plain = devplug.Trainer(device="plainhost", channels_last="auto", progress=False, plugin_manager=pm)
+    assert not plain.device.channels_last and plain.device.layout_reason == "the plainhost plugin prefers no other"
+
+
+def test_a_layout_that_is_not_a_choice_is_one_line_naming_the_field():
+    expected = r"channels_last must be True, False or 'auto' \(the device plugin's choice\), got 'yes'"
+    with pytest.raises(ConfigError, match=expected):
+        devplug.Trainer(channels_last="yes")
