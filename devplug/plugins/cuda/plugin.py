@@ -46,7 +46,7 @@ from devplug.plugins.cuda.precision import configure_tf32, plan_precision
 from devplug.plugins.cuda.probe import compute_capability, device_count, probe
 from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_dataloader, torch_sharding_plan
 
-DEVPLUG_CONTRACT = "1.4"
+DEVPLUG_CONTRACT = "1.5"
 
 log = logging.getLogger("devplug")
 

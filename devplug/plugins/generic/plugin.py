@@ -23,7 +23,7 @@ from devplug.plugins.generic.catalog import declared_types, facts, priority
 from devplug.plugins.generic.probe import count, probe
 from devplug.toolkit import log_once, torch_dataloader, torch_sharding_plan
 
-DEVPLUG_CONTRACT = "1.4"
+DEVPLUG_CONTRACT = "1.5"
 
 
 def device_spec(device_type: str) -> DeviceSpec:

@@ -25,7 +25,7 @@ from devplug import (
 from devplug.plugins.hpu import clipping, data, distributed, doctor, mode, optimizers, peaks, probe, sharding, stats
 from devplug.plugins.hpu import precision as precision_plans
 
-DEVPLUG_CONTRACT = "1.4"
+DEVPLUG_CONTRACT = "1.5"
 
 
 @hookimpl
