@@ -174,9 +174,9 @@ def test_dataloader_through_the_trainer_uses_habana_dataloader_for_an_image_fold
     root = image_folder(tmp_path)
     trainer = make_trainer(hpu)
     loader = trainer.dataloader(ImageFolderSource(str(root), image_size=8), batch_size=2, shuffle=True, num_workers=0)
-    assert loader.implementation.startswith("HabanaDataLoader")
+    assert loader.implementation.startswith("HabanaDataLoader(Gaudi 2 media pipeline")
     (call,) = hpu.details("HabanaDataLoader")
-    assert call["dataset"] == "ImageFolder" and call["pin_memory"] is True and call["batch_size"] == 2
+    assert call["dataset"] == "ImageFolder" and call["shuffle"] is True and call["batch_size"] == 2
     images, labels = next(iter(loader))
     assert images.shape == (2, 3, 8, 8) and labels.shape == (2,)
 
@@ -376,7 +376,7 @@ def test_disagreeing_launch_readings_are_an_error(hpu, monkeypatch):
 
 
 # ---- data loading --------------------------------------------------------------------------------------------
-def image_folder(tmp_path: Path, flat: bool = False) -> Path:
+def image_folder(tmp_path: Path, flat: bool = False, suffix: str = ".jpg") -> Path:
     from PIL import Image
 
     root = tmp_path / "images"
@@ -384,18 +384,20 @@ def image_folder(tmp_path: Path, flat: bool = False) -> Path:
         folder = root if flat else root / cls
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(2):
-            Image.new("RGB", (12, 10), (40 * i, 80, 120)).save(folder / f"{cls}{i}.png")
+            Image.new("RGB", (12, 10), (40 * i, 80, 120)).save(folder / f"{cls}{i}{suffix}")
     return root
 
 
-def test_habana_dataloader_shards_with_a_distributed_sampler(hpu, tmp_path):
+def test_habana_dataloader_media_path_gets_no_sampler_it_would_ignore(hpu, tmp_path):
+    # The media pipeline ignores a sampler and shards by rank itself: devplug does not pretend otherwise.
     options = LoaderOptions(batch_size=2, shuffle=True, world_size=2, rank=1, num_workers=2)
     choice = hpu.hooks()(hookspecs.devplug_dataloader, source=ImageFolderSource(str(image_folder(tmp_path)), 8),
                          options=options)
     (call,) = hpu.details("HabanaDataLoader")
-    assert isinstance(call["sampler"], torch.utils.data.DistributedSampler) and "shuffle" not in call
-    assert call["prefetch_factor"] == 2 and "persistent_workers" not in call
-    assert choice.sampler is call["sampler"] and not choice.on_device
+    assert "sampler" not in call and call["shuffle"] is True
+    assert call["prefetch_factor"] == 2 and "persistent_workers" not in call and "num_workers" not in call
+    assert choice.sampler is None and not choice.on_device
+    assert hpu.details("HabanaDataLoader.path") == [{"path": "media", "error": ""}]
 
 
 def test_torch_loader_with_reason_for_other_datasets(hpu, caplog):

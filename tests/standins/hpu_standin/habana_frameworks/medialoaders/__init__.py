@@ -1,0 +1,1 @@
+"""Stand-in for ``habana_frameworks.medialoaders`` (Intel Gaudi media loaders)."""
