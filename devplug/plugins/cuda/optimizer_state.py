@@ -29,7 +29,11 @@ FUSED_ADAM, FUSED_SGD = "apex.optimizers.FusedAdam", "apex.optimizers.FusedSGD"
 def fused_adam_to_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
     """apex ``FusedAdam`` state in torch.optim.Adam's layout (``decoupled_weight_decay`` from ``adam_w_mode``)."""
     # adam_w_mode: apex FusedAdam's own attribute
-    return bias_corrected_to_canonical(state, decoupled=bool(optimizer.adam_w_mode))  # type: ignore[attr-defined]
+    canonical = bias_corrected_to_canonical(state, decoupled=bool(optimizer.adam_w_mode))  # type: ignore[attr-defined]
+    for group in canonical["param_groups"]:  # a capturable FusedAdam keeps lr as a device tensor
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"] = float(group["lr"])
+    return canonical
 
 
 def fused_adam_from_canonical(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,11 +47,15 @@ def fused_adam_from_canonical(optimizer: torch.optim.Optimizer, state: Mapping[s
     native = steps_to_groups(state)
     native["param_groups"] = native_groups(optimizer, native["param_groups"], "adam", implementation=FUSED_ADAM,
                                            refuse=("amsgrad", "maximize"))
-    if getattr(optimizer, "capturable", False):  # apex keeps a capturable optimizer's step as a device tensor
+    if getattr(optimizer, "capturable", False):
+        # apex keeps a capturable optimizer's step and lr as device tensors, and its capturable kernel takes
+        # lr only as a tensor (apex/optimizers/fused_adam.py, csrc/amp_C_frontend.cpp)
         for group, current in zip(native["param_groups"], optimizer.param_groups, strict=True):
+            device = current["params"][0].device
             if "step" in group:
-                device = current["params"][0].device
                 group["step"] = torch.tensor([group["step"]], dtype=torch.int, device=device)
+            if not isinstance(group.get("lr"), torch.Tensor):
+                group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
     return native
 
 

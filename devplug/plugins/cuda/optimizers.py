@@ -128,6 +128,11 @@ def apex_arguments(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any
             return None, f"apex.optimizers.{cls_name} has no equivalent of {option}={value!r}"
     if cls_name == "FusedAdam":
         kwargs["adam_w_mode"] = decoupled
+        if kwargs.get("master_weights") and not kwargs.get("capturable"):
+            raise OptimizerError(
+                "apex.optimizers.FusedAdam accepts master_weights=True only with capturable=True (apex refuses "
+                "the combination); add capturable=True or leave master_weights out"
+            )
     # The Trainer zeroes gradients with set_to_none=True; apex's FusedSGD defaults to zero-filling.
     kwargs.setdefault("set_grad_none", True)
     return kwargs, ""
@@ -157,6 +162,46 @@ def with_set_to_none(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optim
     return cast("type[torch.optim.Optimizer]", type(cls.__name__, (cls,), namespace))
 
 
+class _AlreadyUnscaled:
+    """The GradScaler as apex's capturable step should see it once the gradients are unscaled.
+
+    apex's capturable ``FusedAdam.step(grad_scaler=...)`` divides the gradients by the scaler's scale
+    without asking whether ``scaler.unscale_`` (gradient clipping) has done so already. This view
+    reports a scale of one and hands over the inf/NaN check ``unscale_`` recorded, so the gradients are
+    divided once and a step with inf/NaN gradients is still skipped, on the device.
+    """
+
+    def __init__(self, scaler: Any, optimizer: torch.optim.Optimizer) -> None:
+        self._scaler, self._optimizer = scaler, optimizer
+
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
+        return self._scaler._per_optimizer_states[id(self._optimizer)]["found_inf_per_device"]
+
+    def _get_scale_async(self) -> torch.Tensor:
+        return torch.ones_like(self._scaler._get_scale_async())
+
+
+def _unscaled_already(scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
+    from torch.amp.grad_scaler import OptState
+
+    states = getattr(scaler, "_per_optimizer_states", None)
+    return states is not None and states[id(optimizer)]["stage"] is OptState.UNSCALED
+
+
+@functools.cache
+def unscale_once(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """A subclass of apex's ``FusedAdam`` whose capturable step does not unscale gradients twice."""
+
+    def step(self: Any, closure: Any = None, grad_scaler: Any = None, **kwargs: Any) -> Any:
+        """apex's step; a GradScaler that already unscaled this optimizer is passed with a scale of one."""
+        if grad_scaler is not None and self.capturable and _unscaled_already(grad_scaler, self):
+            grad_scaler = _AlreadyUnscaled(grad_scaler, self)
+        return cls.step(self, closure, grad_scaler=grad_scaler, **kwargs)
+
+    namespace = {"step": step, "__module__": __name__, "__doc__": cls.__doc__, "__qualname__": cls.__qualname__}
+    return cast("type[torch.optim.Optimizer]", type(cls.__name__, (cls,), namespace))
+
+
 def _describe(prefix: str, kwargs: Mapping[str, Any]) -> str:
     if not kwargs:
         return prefix
@@ -176,8 +221,11 @@ def build_apex(name: str, params: list[Any], options: Mapping[str, Any], apex: A
     kwargs, reason = apex_arguments(name, options)
     if kwargs is None:
         return reason
+    built = with_set_to_none(cls)
+    if kwargs.get("capturable"):
+        built = unscale_once(built)
     try:
-        optimizer = with_set_to_none(cls)(params, **kwargs)
+        optimizer = built(params, **kwargs)
     except RuntimeError as exc:  # e.g. "apex.optimizers.FusedAdam requires cuda extensions"
         return (f"apex.optimizers.{cls_name} could not be built ({exc}); "
                 "apex was probably built without its CUDA extensions (APEX_CUDA_EXT=1)")

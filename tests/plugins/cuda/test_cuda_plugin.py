@@ -55,6 +55,7 @@ def apex_standin(monkeypatch: pytest.MonkeyPatch):
     import apex.optimizers
 
     apex.optimizers.CALLS.clear()
+    apex.optimizers.STEPS.clear()
     monkeypatch.setattr(apex.optimizers, "CUDA_EXTENSIONS", True)
     yield apex.optimizers
     _forget_apex(monkeypatch)

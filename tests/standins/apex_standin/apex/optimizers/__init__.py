@@ -32,6 +32,8 @@ from torch.optim.optimizer import required
 
 #: Constructor calls: ``(class name, {argument: value})`` without ``params``.
 CALLS: list[tuple[str, dict[str, Any]]] = []
+#: The gradients FusedAdam applied, after its own unscaling (one tensor per parameter and step).
+STEPS: list[torch.Tensor] = []
 
 #: False mimics apex installed without ``--cuda_ext`` (its fused optimizers refuse to build).
 CUDA_EXTENSIONS = True
@@ -66,7 +68,24 @@ def _next_step(group: dict[str, Any], capturable: bool, device: torch.device) ->
 
 
 class FusedAdam(_ApexOptimizer):
-    """apex's FusedAdam: Adam, or AdamW with ``adam_w_mode=True`` (apex's default)."""
+    """apex's FusedAdam: Adam, or AdamW with ``adam_w_mode=True`` (apex's default).
+
+    NVIDIA/apex at commit 6424da3b (master, 2025), ``apex/optimizers/fused_adam.py``:
+
+    - lines 82-87: ``amsgrad`` refused; ``master_weights=True`` without ``capturable=True`` refused
+      ("Master weights is currently only supported with the capturable version.");
+    - lines 88-89 and 117-125: a capturable optimizer's ``lr`` is a float32 tensor on the parameters'
+      device, and ``_step_supports_amp_scaling = True`` (torch's GradScaler then passes itself to
+      ``step(grad_scaler=...)`` instead of unscaling);
+    - lines 146-154: ``step(closure, grads, output_params, scale, grad_norms, grad_scaler)``;
+    - lines 180-187: the per-group step count (an int, or an int tensor advanced unless the last step
+      overflowed when capturable);
+    - lines 234-252: capturable: ``found_inf`` from ``grad_scaler._check_inf_per_device(self)[device]``
+      and ``inv_scale = 1 / grad_scaler._get_scale_async()`` (ones without a scaler), whatever the
+      scaler's stage: gradients the scaler already unscaled are divided by the scale a second time;
+    - ``csrc/amp_C_frontend.cpp`` lines 44-48: ``multi_tensor_adam_capturable`` takes ``at::Tensor lr``,
+      so a Python float ``lr`` is a TypeError from its binding.
+    """
 
     def __init__(self, params: Any, lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, adam_w_mode: bool = True,
@@ -74,25 +93,61 @@ class FusedAdam(_ApexOptimizer):
                  capturable: bool = False, master_weights: bool = False) -> None:
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant.")
+        if master_weights and not capturable:
+            raise RuntimeError("Master weights is currently only supported with the capturable version.")
         CALLS.append(("FusedAdam", {
             "lr": lr, "bias_correction": bias_correction, "betas": betas, "eps": eps,
             "adam_w_mode": adam_w_mode, "weight_decay": weight_decay, "amsgrad": amsgrad,
             "set_grad_none": set_grad_none, "capturable": capturable, "master_weights": master_weights,
         }))
+        lr = torch.tensor(lr, dtype=torch.float32) if capturable else lr  # type: ignore[assignment]
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
         self.adam_w_mode = 1 if adam_w_mode else 0
         self.set_grad_none = set_grad_none
         self.capturable = capturable
         self.master_weights = master_weights
+        if capturable:
+            for group in self.param_groups:
+                if group["params"]:
+                    group["lr"] = group["lr"].to(device=group["params"][0].device)
+            self._step_supports_amp_scaling = True
+        self._dummy_overflow_buf = torch.zeros(1, dtype=torch.int)
         _check_extensions("FusedAdam")
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+    def step(self, closure: Callable[[], Any] | None = None, grads: Any = None, output_params: Any = None,
+             scale: Any = None, grad_norms: Any = None, grad_scaler: Any = None) -> Any:
         """One step over every group (apex counts the step per group, even for a group without gradients)."""
+        if any(p is not None for p in (grads, output_params, scale, grad_norms)):
+            raise RuntimeError("FusedAdam has been updated.  Simply initialize it identically to torch.optim.Adam, "
+                               "and call step() with no arguments.")
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            step = _next_step(group, self.capturable, group["params"][0].device)
+            if not group["params"]:
+                continue
+            device = group["params"][0].device
+            if self.capturable:
+                if "step" in group:
+                    group["step"] += (self._dummy_overflow_buf != 1).to(torch.int).to(device)
+                else:
+                    group["step"] = torch.tensor([1], dtype=torch.int, device=device)
+                step = int(group["step"].item())
+            else:
+                step = _next_step(group, False, device)
+            inv_scale = 1.0
+            if self.capturable:
+                found_inf = (grad_scaler._check_inf_per_device(self)[device] if grad_scaler is not None
+                             else torch.zeros((1,), device=device))
+                self._dummy_overflow_buf.copy_(found_inf)
+                if grad_scaler is not None:
+                    inv_scale = float(grad_scaler._get_scale_async().double().reciprocal().float())
+                if not isinstance(group["lr"], torch.Tensor):
+                    raise TypeError("multi_tensor_adam_capturable(): incompatible function arguments: lr must be "
+                                    f"a Tensor, got {type(group['lr']).__name__}")
+                if float(found_inf.sum()) != 0:  # the kernel's noop flag: nothing is updated
+                    continue
+            lr = float(group["lr"])
             beta1, beta2 = group["betas"]
             bc1 = 1 - beta1 ** step if group["bias_correction"] else 1.0
             bc2 = 1 - beta2 ** step if group["bias_correction"] else 1.0
@@ -105,7 +160,8 @@ class FusedAdam(_ApexOptimizer):
                     state["exp_avg"] = torch.zeros_like(p).float()
                     state["exp_avg_sq"] = torch.zeros_like(p).float()
                 m, v = state["exp_avg"], state["exp_avg_sq"]
-                grad, weight = p.grad.float(), p.float()
+                grad, weight = p.grad.float() * inv_scale, p.float()
+                STEPS.append(grad.clone())
                 if not self.adam_w_mode:
                     grad = grad + decay * weight
                 m.mul_(beta1).add_(grad, alpha=1 - beta1)
@@ -113,7 +169,7 @@ class FusedAdam(_ApexOptimizer):
                 update = (m / bc1) / ((v / bc2).sqrt() + group["eps"])
                 if self.adam_w_mode:
                     update = update + decay * weight
-                p.copy_(weight - group["lr"] * update)
+                p.copy_(weight - lr * update)
         return loss
 
 
