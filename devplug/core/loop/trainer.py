@@ -376,8 +376,8 @@ class Trainer:
     def backward(self, loss: torch.Tensor) -> None:
         """Backward (loss scaled by 1/N when accumulating, through the grad scaler), then step marking.
 
-        On a micro-batch that does not complete a step, the lazy-mode step boundary is not marked, so
-        a lazy device keeps accumulating one graph until the step's last micro-batch.
+        The step is marked after every backward, also on micro-batches that do not complete a step, so a
+        lazy device's graph holds one forward and backward (as the Gaudi vendor's own trainers do).
         """
         position, route = self._position, self._route
         accumulation = position.accumulation
@@ -389,7 +389,7 @@ class Trainer:
         else:
             with route.region("backward"):
                 (loss if scaler is None else scaler.scale(loss)).backward()
-        if route.marks_steps and (accumulation == 1 or position.sync_now):
+        if route.marks_steps:
             route.mark_step(Phase.BACKWARD)
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -476,7 +476,7 @@ class Trainer:
                 with trainer.accumulate(model):
                     with trainer.autocast():
                         loss = criterion(model(x), y)
-                    trainer.backward(loss)          # loss / N; marks the step only on the last micro-batch
+                    trainer.backward(loss)          # loss / N, then the device's step marking
                     trainer.clip_grad_norm(opt, 1.0)
                     trainer.step(opt)               # steps only on the last micro-batch
 

@@ -189,14 +189,15 @@ def _unscaled_already(scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
 
 
 @functools.cache
-def unscale_once(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+def unscale_once(cls: Any) -> type[torch.optim.Optimizer]:
     """A subclass of apex's ``FusedAdam`` whose capturable step does not unscale gradients twice."""
+    apex_step = cls.step
 
     def step(self: Any, closure: Any = None, grad_scaler: Any = None, **kwargs: Any) -> Any:
         """apex's step; a GradScaler that already unscaled this optimizer is passed with a scale of one."""
         if grad_scaler is not None and self.capturable and _unscaled_already(grad_scaler, self):
             grad_scaler = _AlreadyUnscaled(grad_scaler, self)
-        return cls.step(self, closure, grad_scaler=grad_scaler, **kwargs)
+        return apex_step(self, closure, grad_scaler=grad_scaler, **kwargs)
 
     namespace = {"step": step, "__module__": __name__, "__doc__": cls.__doc__, "__qualname__": cls.__qualname__}
     return cast("type[torch.optim.Optimizer]", type(cls.__name__, (cls,), namespace))
@@ -221,7 +222,7 @@ def build_apex(name: str, params: list[Any], options: Mapping[str, Any], apex: A
     kwargs, reason = apex_arguments(name, options)
     if kwargs is None:
         return reason
-    built = with_set_to_none(cls)
+    built: Any = with_set_to_none(cls)
     if kwargs.get("capturable"):
         built = unscale_once(built)
     try:

@@ -6,30 +6,21 @@ execution mode and claim a device).
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import os
 from collections.abc import Mapping
 
 from devplug import DoctorReport
-from devplug.plugins.hpu.mode import EAGER_DEFAULT_SINCE, ENV_LAZY
+from devplug.plugins.hpu.mode import EAGER_DEFAULT_SINCE, ENV_LAZY, bridge_release
 
 PACKAGES = ("habana-torch-plugin", "habana-torch-dataloader", "habana-media-loader")
 ENV = (ENV_LAZY, "PT_HPU_*", "HABANA_VISIBLE_DEVICES", "HABANA_VISIBLE_MODULES", "HCCL_*", "PT_HCCL_*")
-
-
-def _bridge_release() -> tuple[int, int] | None:
-    try:
-        major, minor = metadata.version("habana-torch-plugin").split(".")[:2]
-        return int(major), int(minor)
-    except (metadata.PackageNotFoundError, ValueError):
-        return None
 
 
 def declared_mode(environ: Mapping[str, str] | None = None) -> str | None:
     """``"lazy"`` or ``"eager"``, as ``PT_HPU_LAZY_MODE`` and the installed release's default say; ``None``
     when neither the variable nor the bridge is there (nothing to say about Gaudi)."""
     environ = os.environ if environ is None else environ
-    release = _bridge_release()
+    release = bridge_release()
     value = environ.get(ENV_LAZY)
     if value is None and release is None:
         return None

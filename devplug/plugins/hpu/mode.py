@@ -12,6 +12,7 @@ installed. Set the variable before the process starts; the bridge ignores later 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata as metadata
 import os
 from typing import Any
 
@@ -25,13 +26,16 @@ ENV_LAZY = "PT_HPU_LAZY_MODE"
 EAGER_DEFAULT_SINCE = (1, 21)
 
 
-def _release() -> tuple[int, int] | None:
-    """(major, minor) of the installed bridge, or ``None`` when it does not say."""
+#: The distribution that installs the bridge (``habana_frameworks.torch`` itself has no ``__version__``).
+BRIDGE_DISTRIBUTION = "habana-torch-plugin"
+
+
+def bridge_release() -> tuple[int, int] | None:
+    """(major, minor) of the installed bridge from its package metadata, or ``None`` when it is not there."""
     try:
-        version = str(importlib.import_module("habana_frameworks.torch").__version__)
-        major, minor = version.split(".")[:2]
+        major, minor = metadata.version(BRIDGE_DISTRIBUTION).split(".")[:2]
         return int(major), int(minor)
-    except (ImportError, AttributeError, ValueError):
+    except (metadata.PackageNotFoundError, ValueError):
         return None
 
 
@@ -40,7 +44,7 @@ def lazy_mode() -> bool:
     try:
         from habana_frameworks.torch.utils.internal import is_lazy
     except ImportError:
-        release = _release()
+        release = bridge_release()
         default = "0" if release is not None and release >= EAGER_DEFAULT_SINCE else "1"
         return os.environ.get(ENV_LAZY, default).strip() != "0"
     return bool(is_lazy())

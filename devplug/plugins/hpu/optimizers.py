@@ -1,11 +1,20 @@
 """Habana's fused optimizers for "adamw", "adam" and "sgd", with the author's options mapped faithfully.
 
 ``habana_frameworks.torch.hpex.optimizers`` has ``FusedAdamW(params, lr=1e-3, betas=(0.9, 0.999),
-eps=1e-6, weight_decay=0.0, bias_correction=True)`` and ``FusedSGD(params, lr, momentum=0,
-weight_decay=0, dampening=0, nesterov=False)``; they update every parameter of a group in one kernel
-launch instead of one per tensor. Their defaults differ from torch's (eps 1e-6 vs 1e-8, AdamW's
-weight decay 0.0 vs 1e-2), so every option the author left out is filled in from the *torch*
-optimizer's defaults: asking for "adamw" gives torch's AdamW, only faster.
+eps=1e-6, weight_decay=0.0, bias_correction=True, moments_dtype=None)`` and ``FusedSGD(params, lr,
+momentum=0, weight_decay=0, dampening=0, nesterov=False)``; they update every parameter of a group in
+one kernel launch instead of one per tensor. Their defaults differ from torch's (eps 1e-6 vs 1e-8,
+AdamW's weight decay 0.0 vs 1e-2), so every option the author left out is filled in from the *torch*
+optimizer's defaults. ``moments_dtype`` (FusedAdamW's own: a dtype for both moments, or a pair) is
+passed through.
+
+FusedAdamW is AdamW with one difference in where ``eps`` goes: it folds both bias corrections into the
+step size, ``lr * sqrt(bc2) / bc1 * m / (sqrt(v) + eps)``, where torch divides first,
+``lr / bc1 * m / (sqrt(v / bc2) + eps)``. That is torch's update with ``eps`` scaled by
+``1 / sqrt(bc2)`` (about 32x on the first step with ``beta2=0.999``, fading over the first few thousand
+steps). It matters only where ``sqrt(v)`` is near ``eps``: for a first-step gradient of 1e-6 with
+``eps=1e-8`` the update is 0.76 of ``lr`` on FusedAdamW and 0.99 on torch's AdamW. devplug does not
+rescale ``eps`` per step to hide this: in lazy mode a new constant every step would compile a new graph.
 
 There is no fused Adam. Adam's ``weight_decay`` adds ``wd * param`` to the gradient (L2), AdamW's
 decays the weights directly (decoupled); the two differ whenever the decay is not zero. So "adam" runs
@@ -44,9 +53,13 @@ class FusedMapping:
     options: tuple[str, ...]
 
 
+#: Options of Habana's fused optimizers that torch's have not (passed through when given).
+HABANA_ONLY: dict[str, tuple[str, ...]] = {"FusedAdamW": ("moments_dtype",), "FusedSGD": ()}
+
 MAPPINGS: dict[str, FusedMapping] = {
-    "adamw": FusedMapping("FusedAdamW", ("lr", "betas", "eps", "weight_decay")),
-    "adam": FusedMapping("FusedAdamW", ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay")),
+    "adamw": FusedMapping("FusedAdamW", ("lr", "betas", "eps", "weight_decay", "moments_dtype")),
+    "adam": FusedMapping("FusedAdamW", ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay",
+                                        "moments_dtype")),
     "sgd": FusedMapping("FusedSGD", ("lr", "momentum", "dampening", "weight_decay", "nesterov")),
 }
 
@@ -86,11 +99,16 @@ def _unsupported(name: str, options: Mapping[str, Any], groups: list[Mapping[str
 
 def _fused_kwargs(name: str, options: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     keys = [k for k in MAPPINGS[name].options if k != "decoupled_weight_decay"]
-    return {key: options.get(key, defaults[key]) for key in keys}
+    return {key: options[key] if key in options else defaults[key] for key in keys
+            if key in options or key in defaults}
 
 
 def _torch_choice(cls: type[torch.optim.Optimizer], params: list[Any], options: dict[str, Any],
                   reason: str) -> OptimizerChoice:
+    habana_only = sorted(k for names in HABANA_ONLY.values() for k in names if k in options)
+    if habana_only:  # FusedAdamW's own options: torch's optimizer keeps its moments in the parameters' dtype
+        reason += f" ({', '.join(habana_only)} applies to FusedAdamW only and is not used)"
+        options = {k: v for k, v in options.items() if k not in habana_only}
     return OptimizerChoice(cls(params, **options), f"torch.optim.{cls.__name__}", reason=reason)
 
 

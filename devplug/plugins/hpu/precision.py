@@ -10,6 +10,8 @@
   autocast; asking for it where the stack no longer has it is a `PrecisionError`.
   The ``hmp`` option is ``True``, an opt level (``"O1"``, ``"O2"``), or a mapping with ``opt_level``,
   ``bf16_ops``, ``fp32_ops`` (a file of op names, one a line, or a list of names) and ``verbose``.
+  HMP reads the op lists at ``O1`` only, so lists with ``O2`` are a `PrecisionError` rather than
+  silently unused.
 - ``"32-true"``: fp32. ``"16-mixed"``: a `PrecisionError` (fp16 with loss scaling is a GPU recipe).
 """
 
@@ -61,6 +63,9 @@ class HmpSettings:
             raise PrecisionError(f"device option hmp={value!r}: use True, 'O1', 'O2' or a mapping of HMP settings")
         if settings.opt_level not in HMP_OPT_LEVELS:
             raise PrecisionError(f"HMP opt_level must be 'O1' or 'O2', got {settings.opt_level!r}")
+        if settings.opt_level == "O2" and (settings.bf16_ops is not None or settings.fp32_ops is not None):
+            raise PrecisionError("HMP reads the bf16_ops/fp32_ops lists at opt_level 'O1' only and ignores them "
+                                 "at 'O2'; use opt_level='O1' with your lists, or leave them out for O2")
         return settings
 
 

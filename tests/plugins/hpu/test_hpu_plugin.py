@@ -9,6 +9,7 @@ autocast otherwise, HCCL through initialize_distributed_hpu, HabanaDataLoader fo
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import sys
 from pathlib import Path
@@ -237,7 +238,11 @@ def test_without_is_lazy_the_release_default_decides(hpu, monkeypatch, version, 
     monkeypatch.delenv("PT_HPU_LAZY_MODE")
     import habana_frameworks.torch
 
-    monkeypatch.setattr(habana_frameworks.torch, "__version__", version)
+    # The bridge has no __version__ (the stand-in neither): its release is its distribution's metadata.
+    assert not hasattr(habana_frameworks.torch, "__version__")
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: version if name == "habana-torch-plugin" else real_version(name))
     hooks = hpu.hooks()
     hooks(hookspecs.devplug_device_setup)
     assert runtime.state().lazy is lazy

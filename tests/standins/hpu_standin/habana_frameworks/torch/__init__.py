@@ -3,7 +3,9 @@
 Like the real package, importing it checks that it was built for the running torch (the stand-in
 fails with ``$HPU_STANDIN_IMPORT_ERROR`` when set), loads the core, the HCCL backend and the ``hpu``
 module, and makes the ``hpu_backend`` torch.compile backend available. The real bridge also registers
-``torch.hpu``; the stand-in does not, because torch offers no way to undo that between tests.
+``torch.hpu``; the stand-in does not, because torch offers no way to undo that between tests. Like the
+real package (HabanaAI/gaudi-pytorch-bridge 1.19, ``python_packages/habana_frameworks/torch/__init__.py``,
+lines 18-57), it defines no ``__version__``.
 """
 
 import os
@@ -30,4 +32,3 @@ import habana_frameworks.torch.core  # noqa: E402
 import habana_frameworks.torch.distributed.hccl  # noqa: E402
 import habana_frameworks.torch.hpu  # noqa: E402, F401
 
-__version__ = "1.20.0-standin"

@@ -1,8 +1,12 @@
 """Stand-in for ``habana_frameworks.torch.hpex.hmp``, Habana Mixed Precision (deprecated by Intel).
 
 ``convert`` is the real signature; the real one patches torch functions process-wide so listed ops cast
-their inputs to bf16 or fp32. The stand-in records the call with the op lists it was given (read from
-the files, as the real one does) and patches nothing. ``disable_casts`` records entering and leaving.
+their inputs to bf16 or fp32. HMP was removed before release 1.19, so no bridge source of that release
+has it; the op lists apply at ``O1`` only, as Lightning's HPU precision plugin documents for the
+arguments it passes to ``hmp.convert`` (Lightning-AI/pytorch-lightning commit b2b6c810,
+``src/lightning/pytorch/plugins/precision/hpu.py`` lines 33-35: "Path to bf16 ops list in hmp O1
+mode"). The stand-in records the call with the op lists it used (read from the files at ``O1``, none
+at ``O2``) and patches nothing. ``disable_casts`` records entering and leaving.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ def convert(opt_level: str = "O1", bf16_file_path: str = "", fp32_file_path: str
     """Insert bf16/fp32 casts in front of torch ops, per optimization level and op lists."""
     assert opt_level in ("O1", "O2"), "Optlevel should be either O1 or O2"
     hpu_standin_calls.record(
-        "hmp.convert", opt_level=opt_level, bf16_ops=_ops(bf16_file_path), fp32_ops=_ops(fp32_file_path),
+        "hmp.convert", opt_level=opt_level, bf16_ops=_ops(bf16_file_path) if opt_level == "O1" else None,
+        fp32_ops=_ops(fp32_file_path) if opt_level == "O1" else None,
         isVerbose=isVerbose,
     )
 

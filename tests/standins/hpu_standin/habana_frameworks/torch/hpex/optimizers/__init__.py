@@ -1,14 +1,18 @@
 """Stand-in for ``habana_frameworks.torch.hpex.optimizers``: ``FusedAdamW`` and ``FusedSGD``.
 
-Mirrors HabanaAI/gaudi-pytorch-bridge ``python_packages/habana_frameworks/torch/hpex/optimizers/FusedAdamW.py``
-and ``FusedSGD.py``: signatures and defaults (note ``FusedAdamW``'s ``eps=1e-6`` and ``weight_decay=0.0``,
-which differ from ``torch.optim.AdamW``'s), the ``param_groups`` keys and the state layout:
+Mirrors HabanaAI/gaudi-pytorch-bridge release 1.19 (commit 5a56187),
+``python_packages/habana_frameworks/torch/hpex/optimizers/FusedAdamW.py`` and ``FusedSGD.py``: signatures
+and defaults (note ``FusedAdamW``'s ``eps=1e-6`` and ``weight_decay=0.0``, which differ from
+``torch.optim.AdamW``'s), the ``param_groups`` keys and the state layout:
 
 - ``FusedAdamW``: ``defaults = dict(lr, betas, eps, weight_decay, bias_correction)``; the step count is
   per *group*, ``group["step"]`` (an ``int`` incremented on each step of a group with gradients); per
   parameter ``{"step": 0, "exp_avg", "exp_avg_sq"}`` in the parameter's dtype, the per-parameter
-  ``step`` set once and never advanced. Update: ``w *= 1 - weight_decay * lr``, then
-  ``w -= lr * sqrt(bc2) / bc1 * exp_avg / (sqrt(exp_avg_sq) + eps)`` (``bias_correction``).
+  ``step`` set once and never advanced (FusedAdamW.py lines 28-58, 103-110, 126-131). Update:
+  ``w *= 1 - weight_decay * lr``, then ``w -= lr * sqrt(bc2) / bc1 * exp_avg / (sqrt(exp_avg_sq) + eps)``
+  (lines 133-165: the step size carries the bias corrections and ``eps`` goes to the kernel as given, so
+  unlike torch's AdamW, ``eps`` is not scaled by ``sqrt(bc2)``). ``moments_dtype`` (a dtype or a pair)
+  sets the moments' dtypes, the parameter's by default (lines 36, 58, 201-207).
 - ``FusedSGD``: ``defaults = dict(lr, momentum, weight_decay, dampening, nesterov)``; per parameter
   ``{"momentum_buffer"}`` in float32 (the real one creates ``torch.zeros(grad.shape)``), only with
   momentum. The real kernel also takes ``self.step_t``, a counter kept outside the state dict, whose use
@@ -41,6 +45,7 @@ class FusedAdamW(Optimizer):
         eps: float = 1e-6,
         weight_decay: float = 0.0,
         bias_correction: bool = True,
+        moments_dtype: torch.dtype | tuple[torch.dtype, torch.dtype] | None = None,
     ) -> None:
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr} - should be >= 0.0")
@@ -50,10 +55,19 @@ class FusedAdamW(Optimizer):
             raise ValueError(f"Invalid epsilon value: {eps} - should be >= 0.0")
         hpu_standin_calls.record(
             "FusedAdamW", lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-            bias_correction=bias_correction,
+            bias_correction=bias_correction, **({} if moments_dtype is None else {"moments_dtype": moments_dtype}),
         )
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
         super().__init__(params, defaults)
+        self.moments_dtype = moments_dtype
+
+    def get_moment_dtypes(self, param_dtype: torch.dtype) -> tuple[torch.dtype, torch.dtype]:
+        """The dtypes of ``exp_avg`` and ``exp_avg_sq`` (FusedAdamW.py lines 201-207)."""
+        if self.moments_dtype is None:
+            return param_dtype, param_dtype
+        if isinstance(self.moments_dtype, tuple):
+            return self.moments_dtype
+        return self.moments_dtype, self.moments_dtype
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -73,13 +87,15 @@ class FusedAdamW(Optimizer):
                 state = self.state[p]
                 if len(state) == 0:
                     state["step"] = 0
-                    state["exp_avg"] = torch.zeros(p.shape).to(p.dtype).to(p.device)
-                    state["exp_avg_sq"] = torch.zeros(p.shape).to(p.dtype).to(p.device)
+                    avg_dtype, avg_sq_dtype = self.get_moment_dtypes(p.dtype)
+                    state["exp_avg"] = torch.zeros(p.shape, dtype=avg_dtype).to(p.device)
+                    state["exp_avg_sq"] = torch.zeros(p.shape, dtype=avg_sq_dtype).to(p.device)
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
+                grad = p.grad.to(exp_avg.dtype)
+                exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
                 p.mul_(1.0 - group["weight_decay"] * group["lr"])
-                p.addcdiv_(exp_avg, exp_avg_sq.sqrt().add_(group["eps"]), value=-step_size)
+                p.addcdiv_(exp_avg.to(p.dtype), exp_avg_sq.to(p.dtype).sqrt().add_(group["eps"]), value=-step_size)
         return loss
 
 
