@@ -60,7 +60,8 @@ def shard_items(items: Sequence[T], options: LoaderOptions) -> list[T]:
     ``shuffle`` the split is random (seeded by ``options.seed``, the same on every rank). A single
     process gets all items in order. An evaluation loader (``options.evaluation``) is not padded: each
     rank takes its contiguous block (`evaluation_shard`), every item
-    on exactly one rank.
+    on exactly one rank. Used for evaluation loaders and single processes: a training loader on several
+    ranks is dealt afresh every epoch instead (`dealt_items`).
     """
     world, count = options.world_size, len(items)
     if world <= 1:
@@ -79,6 +80,31 @@ def shard_items(items: Sequence[T], options: LoaderOptions) -> list[T]:
         total = math.ceil(count / world) * world
         order = (order * math.ceil(total / count))[:total]
     return [items[i] for i in order[options.rank : total : world]]
+
+
+def dealt_items(items: Sequence[T], options: LoaderOptions) -> list[T]:
+    """The list every rank's reader gets for a sharded training loader; DALI deals it to the ranks.
+
+    Seeded the same on every rank (``options.seed``), cut (``drop_last``) or padded by repeating items
+    from its start to a multiple of the world size, so every rank reads the same number of items. The
+    reader takes shard ``rank`` of ``world_size`` and moves to the next shard each epoch
+    (``stick_to_shard=False``); with ``shuffle`` it also reshuffles the whole list after each epoch
+    (``shuffle_after_epoch``), the same way on every rank. So each epoch deals different items to each
+    rank and every item goes to exactly one rank, as torch's ``DistributedSampler`` with ``set_epoch``.
+    """
+    world, count = options.world_size, len(items)
+    order = list(range(count))
+    if options.shuffle:
+        random.Random(options.seed).shuffle(order)
+    if options.drop_last:
+        total = count - count % world
+        if total == 0:
+            raise DataError(f"{count} image(s) cannot be split over {world} ranks with drop_last=True")
+        order = order[:total]
+    else:
+        total = math.ceil(count / world) * world
+        order = (order * math.ceil(total / count))[:total]
+    return [items[i] for i in order]
 
 
 def _center_crop_position(extent: Any, crop: int, dmath: Any) -> Any:
@@ -104,7 +130,9 @@ def build_dali_pipeline(
 ) -> Any:
     """A built DALI pipeline yielding ``(images, labels)`` for ``source``, sharded by rank.
 
-    ``fn.readers.file`` (this rank's `shard_items`, reshuffled every epoch when ``options.shuffle``) →
+    ``fn.readers.file`` (a training loader on several ranks: the `dealt_items` list, sharded by DALI,
+    dealt afresh every epoch; else this rank's `shard_items`; reshuffled every epoch when
+    ``options.shuffle``) →
     ``fn.decoders.image`` (``"mixed"``: on the GPU ``device_id``; ``"cpu"`` when ``device_id`` is
     ``None``) → ``fn.resize`` (short side to ``image_size``, antialiased linear) →
     ``fn.crop_mirror_normalize`` (center crop, ``(x/255 - mean) / std``, float32, CHW; HWC when
@@ -114,12 +142,15 @@ def build_dali_pipeline(
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali import math as dmath
 
-    items = shard_items(list_images(source.root), options)
+    sharded = options.world_size > 1 and not options.evaluation
+    items = (dealt_items if sharded else shard_items)(list_images(source.root), options)
     files = [str(path) for path, _ in items]
     labels = [label for _, label in items]
     size = source.image_size
     on_gpu = device_id is not None
     reader_kwargs: dict[str, Any] = {}
+    if sharded:  # DALI deals the shards, a different one each epoch (stick_to_shard=False)
+        reader_kwargs.update(shard_id=options.rank, num_shards=options.world_size, stick_to_shard=False)
     if options.shuffle and "shuffle_after_epoch_seed" in (fn.readers.file.__doc__ or ""):
         reader_kwargs["shuffle_after_epoch_seed"] = int(options.seed)
 

@@ -152,6 +152,28 @@ def test_ranks_get_disjoint_equal_shards_like_distributed_sampler(source):
             assert set(seen) == set(items) and len(seen) == 15
 
 
+def _identities(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+    """One number per image (its pixel sum), to tell the 14 images apart."""
+    return [round(float(image.sum()), 1) for images, _ in batches for image in images]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_two_ranks_are_dealt_new_samples_every_epoch_each_sample_once(source, shuffle):
+    # As torch's DistributedSampler with set_epoch: each epoch deals the images afresh over the ranks, and
+    # within an epoch the two ranks together read every image exactly once (14 images, 2 ranks: no padding).
+    everything = sorted(_identities(epoch(dali.build_dali_loader(source, LoaderOptions(batch_size=2),
+                                                                  device_id=None).loader)))
+    loaders = [dali.build_dali_loader(source, LoaderOptions(batch_size=2, rank=r, world_size=2, shuffle=shuffle,
+                                                            seed=5), device_id=None).loader for r in range(2)]
+    rank0_sets = []
+    for _ in range(3):
+        per_rank = [_identities(epoch(loader)) for loader in loaders]
+        assert [len(ids) for ids in per_rank] == [7, 7]
+        assert sorted(per_rank[0] + per_rank[1]) == pytest.approx(everything)
+        rank0_sets.append(frozenset(per_rank[0]))
+    assert rank0_sets[0] != rank0_sets[1] and rank0_sets[1] != rank0_sets[2]
+
+
 def test_an_evaluation_folder_is_read_unpadded_each_image_on_one_rank(source):
     counts = []
     for rank in range(3):
