@@ -65,7 +65,11 @@ def _enforce(kwargs: dict[str, Any], name: str, expected: Any, allow_default: bo
 
 
 def _media_transforms(transform: Any) -> None:
-    """The transform checks of ``HPUMediaPipe.__init__`` that devplug's transforms meet or miss."""
+    """The transform checks of ``HPUMediaPipe.__init__`` that devplug's transforms meet or miss.
+
+    From the media package's ``media_dataloader_mediapipe.py``, whose repository is not public: one
+    Resize (even sizes), one crop, Normalize with three values, and float output only with Normalize.
+    """
     from torchvision import transforms
 
     if not isinstance(transform, transforms.Compose):
@@ -116,7 +120,10 @@ def _aeon_transforms(transform: Any) -> bool:
 
 
 class _ShardedImages:
-    """What the media and aeon pipelines yield: this rank's files, dealt by the loader itself."""
+    """What the media and aeon pipelines yield: this rank's files, dealt by the loader itself.
+
+    Slicing before shuffling is the stand-in's assumption: Intel's C++ reader is not public (see above).
+    """
 
     def __init__(self, dataset: Any, *, batch_size: int, shuffle: bool, drop_last: bool, seed: int,
                  reshuffle_each_epoch: bool) -> None:

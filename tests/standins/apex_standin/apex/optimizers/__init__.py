@@ -40,15 +40,19 @@ CUDA_EXTENSIONS = True
 
 
 def _check_extensions(name: str) -> None:
+    """apex without its CUDA extensions refuses to build (NVIDIA/apex 6424da3b, apex/optimizers/fused_adam.py
+    line 136, fused_sgd.py line 122, fused_lamb.py line 100)."""
     if not CUDA_EXTENSIONS:
         raise RuntimeError(f"apex.optimizers.{name} requires cuda extensions")
 
 
 class _ApexOptimizer(torch.optim.Optimizer):
+    """What apex's fused optimizers share: ``zero_grad(self)`` without ``set_to_none`` (fused_adam.py lines 138-144)."""
+
     set_grad_none: bool
 
     def zero_grad(self) -> None:  # type: ignore[override]  # apex's signature: no set_to_none
-        """Reset gradients (to None when ``set_grad_none``), as apex does."""
+        """Reset gradients (to None when ``set_grad_none``), as apex does (fused_adam.py lines 138-144)."""
         if self.set_grad_none:
             for group in self.param_groups:
                 for param in group["params"]:
@@ -58,7 +62,8 @@ class _ApexOptimizer(torch.optim.Optimizer):
 
 
 def _next_step(group: dict[str, Any], capturable: bool, device: torch.device) -> int:
-    """apex's per-group step count: incremented on every step (a device tensor when capturable)."""
+    """apex's per-group step count: incremented on every step (fused_adam.py lines 180-187, fused_lamb.py
+    lines 169-172)."""
     if "step" in group:
         group["step"] += 1
     else:
@@ -118,7 +123,8 @@ class FusedAdam(_ApexOptimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None, grads: Any = None, output_params: Any = None,
              scale: Any = None, grad_norms: Any = None, grad_scaler: Any = None) -> Any:
-        """One step over every group (apex counts the step per group, even for a group without gradients)."""
+        """One step over every group (fused_adam.py lines 146-300; the step counted per group, even without
+        gradients)."""
         if any(p is not None for p in (grads, output_params, scale, grad_norms)):
             raise RuntimeError("FusedAdam has been updated.  Simply initialize it identically to torch.optim.Adam, "
                                "and call step() with no arguments.")
@@ -174,7 +180,8 @@ class FusedAdam(_ApexOptimizer):
 
 
 class FusedSGD(_ApexOptimizer):
-    """apex's FusedSGD (``lr`` is required, as in apex)."""
+    """apex's FusedSGD (``lr`` is required, as in apex: NVIDIA/apex 6424da3b, apex/optimizers/fused_sgd.py lines
+    7-122)."""
 
     def __init__(self, params: Any, lr: Any = required, momentum: float = 0, dampening: float = 0,
                  weight_decay: float = 0, nesterov: bool = False, wd_after_momentum: bool = False,
@@ -197,7 +204,8 @@ class FusedSGD(_ApexOptimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One step over every group; a parameter's first step seeds its momentum buffer with the gradient."""
+        """One step over every group; a first step seeds the momentum buffer with the gradient (fused_sgd.py lines
+        137-151, 154-)."""
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             decay, momentum, dampening = group["weight_decay"], group["momentum"], group["dampening"]
@@ -224,7 +232,9 @@ class FusedSGD(_ApexOptimizer):
 
 
 class FusedLAMB(_ApexOptimizer):
-    """apex's FusedLAMB: Adam moments, a global gradient-norm clip, and LAMB's per-tensor trust ratio."""
+    """apex's FusedLAMB: Adam moments, a global gradient-norm clip, LAMB's trust ratio (NVIDIA/apex 6424da3b,
+    apex/optimizers/fused_lamb.py
+    lines 5-100)."""
 
     def __init__(self, params: Any, lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
@@ -247,7 +257,7 @@ class FusedLAMB(_ApexOptimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One LAMB step over every group."""
+        """One LAMB step over every group (fused_lamb.py lines 114-240)."""
         loss = closure() if closure is not None else None
         grads = [p.grad.float() for g in self.param_groups for p in g["params"] if p.grad is not None]
         global_norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads)) if grads else 0.0

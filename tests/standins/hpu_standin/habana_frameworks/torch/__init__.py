@@ -18,6 +18,8 @@ if _error:
 
 
 def _hpu_backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+    """The ``hpu_backend`` torch.compile backend (used as in HabanaAI/gaudi-pytorch-bridge 1.19,
+    python_packages/habana_frameworks/torch/core/quantize_pt2e.py line 241)."""
     # torch keeps the first registration for the whole session: look the call log up at call time.
     import hpu_standin_calls
 

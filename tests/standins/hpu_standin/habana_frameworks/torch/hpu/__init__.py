@@ -16,41 +16,42 @@ _MAX_IN_USE = 5 * 2**20
 
 
 def is_available() -> bool:
-    """True when at least one Gaudi device is visible."""
+    """True when at least one Gaudi device is visible (HabanaAI/gaudi-pytorch-bridge 1.19,
+    python_packages/habana_frameworks/torch/hpu/__init__.py line 99)."""
     return device_count() > 0
 
 
 def device_count() -> int:
-    """The number of visible Gaudi devices."""
+    """The number of visible Gaudi devices (hpu/__init__.py line 108)."""
     return int(os.environ.get("HPU_STANDIN_DEVICES", "1"))
 
 
 def synchronize() -> None:
-    """Wait for all queued work on the device (stand-in: record the call)."""
+    """Wait for all queued work on the device (hpu/__init__.py line 151; stand-in: record the call)."""
     hpu_standin_calls.record("hpu.synchronize")
 
 
 def memory_stats(device: Any = None) -> dict[str, int]:
-    """The allocator's statistics: ``Limit``, ``InUse``, ``MaxInUse`` and counters."""
+    """The allocator's statistics: ``Limit``, ``InUse``, ``MaxInUse`` and counters (hpu/memory.py line 77)."""
     return {"Limit": _LIMIT, "InUse": _IN_USE, "MaxInUse": _MAX_IN_USE, "NumAllocs": 0, "NumFrees": 0}
 
 
 def memory_allocated(device: Any = None) -> int:
-    """Bytes currently allocated by tensors."""
+    """Bytes currently allocated by tensors (hpu/memory.py line 44)."""
     return memory_stats(device)["InUse"]
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    """Peak bytes allocated by tensors."""
+    """Peak bytes allocated by tensors (hpu/memory.py line 32)."""
     return memory_stats(device)["MaxInUse"]
 
 
 def memory_reserved(device: Any = None) -> int:
-    """Bytes managed by the allocator (the bridge reports its limit)."""
+    """Bytes managed by the allocator (hpu/memory.py line 153; the bridge reports its limit)."""
     return memory_stats(device)["Limit"]
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
-    """(free, total) device memory in bytes."""
+    """(free, total) device memory in bytes (hpu/memory.py line 177)."""
     stats = memory_stats(device)
     return stats["Limit"] - stats["InUse"], stats["Limit"]

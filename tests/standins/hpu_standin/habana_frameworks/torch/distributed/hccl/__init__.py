@@ -25,6 +25,9 @@ _MPI_TO_TORCHRUN = {
 
 
 def _no_hccl(*args: object, **kwargs: object) -> None:
+    """Where the real backend creates a process group (HabanaAI/gaudi-pytorch-bridge 1.19,
+    python_packages/habana_frameworks/torch/distributed/hccl/
+    __init__.py line 116)."""
     raise RuntimeError("the HPU stand-in cannot create an HCCL process group")
 
 
@@ -33,6 +36,8 @@ if "hccl" not in dist.Backend.backend_list:
 
 
 def _setup_environment_from_mpi() -> None:
+    """Open MPI's variables copied to torchrun's, rendezvous defaulting to localhost:12345 (hccl/__init__.py
+    lines 60-81)."""
     if all(name in os.environ for name in _MPI_TO_TORCHRUN.values()):
         return
     if all(name in os.environ for name in _MPI_TO_TORCHRUN):
@@ -45,7 +50,8 @@ def _setup_environment_from_mpi() -> None:
 def initialize_distributed_hpu(
     world_size: int | None = None, rank: int | None = None, local_rank: int | None = None
 ) -> tuple[int, int, int]:
-    """World size, rank and local rank of a torchrun or mpirun launch: ``(1, -1, -1)`` outside one."""
+    """World size, rank and local rank of a torchrun or mpirun launch: ``(1, -1, -1)`` outside one
+    (hccl/__init__.py lines 53-113)."""
     if world_size is not None and rank is not None and local_rank is not None:
         os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(local_rank))
     else:

@@ -18,7 +18,8 @@ import torch
 
 
 class FusedClipNorm:
-    """Clip gradients to a total L2 norm of ``max_norm`` with one fused kernel."""
+    """(HabanaAI/gaudi-pytorch-bridge 1.19, python_packages/habana_frameworks/torch/hpex/normalization/
+    FusedClipNorm.py lines 27-37) Clip gradients to a total L2 norm of ``max_norm`` with one fused kernel."""
 
     def __init__(self, parameters: Iterable[torch.nn.parameter.Parameter], max_norm: float) -> None:
         params = list(parameters)
@@ -28,7 +29,7 @@ class FusedClipNorm:
         hpu_standin_calls.record("FusedClipNorm", max_norm=float(max_norm))
 
     def clip_norm(self, parameters: torch.Tensor | Iterable[torch.Tensor]) -> torch.Tensor:
-        """Clip the gradients of ``parameters`` in place; the total norm before clipping."""
+        """Clip the gradients of ``parameters`` in place; the total norm before clipping (FusedClipNorm.py line 37)."""
         if isinstance(parameters, torch.Tensor):
             grads = [parameters.grad] if parameters.grad is not None else []
         else:

@@ -35,7 +35,8 @@ from torch.optim.optimizer import required
 
 
 class FusedAdamW(Optimizer):
-    """AdamW with decoupled weight decay, all parameters of a group updated by one fused kernel."""
+    """AdamW with decoupled weight decay, all parameters of a group updated by one fused kernel (FusedAdamW.py
+    lines 27-58)."""
 
     def __init__(
         self,
@@ -71,7 +72,7 @@ class FusedAdamW(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One optimization step over every parameter group."""
+        """One optimization step over every parameter group (FusedAdamW.py lines 69-189)."""
         hpu_standin_calls.record("FusedAdamW.step")
         loss = closure() if closure is not None else None
         for group in self.param_groups:
@@ -100,7 +101,9 @@ class FusedAdamW(Optimizer):
 
 
 class FusedSGD(Optimizer):
-    """SGD with momentum, all parameters of a group updated by one fused kernel."""
+    """SGD with momentum, all parameters of a group updated by one fused kernel (HabanaAI/gaudi-pytorch-bridge
+    1.19, python_packages/habana_frameworks/torch/hpex/optimizers/
+    FusedSGD.py lines 31-73)."""
 
     def __init__(
         self,
@@ -123,7 +126,7 @@ class FusedSGD(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One optimization step over every parameter group."""
+        """One optimization step over every parameter group (FusedSGD.py lines 78-170; buffers lines 144-146)."""
         hpu_standin_calls.record("FusedSGD.step")
         loss = closure() if closure is not None else None
         for group in self.param_groups:
