@@ -12,7 +12,9 @@ and defaults (note ``FusedAdamW``'s ``eps=1e-6`` and ``weight_decay=0.0``, which
   ``w *= 1 - weight_decay * lr``, then ``w -= lr * sqrt(bc2) / bc1 * exp_avg / (sqrt(exp_avg_sq) + eps)``
   (lines 133-165: the step size carries the bias corrections and ``eps`` goes to the kernel as given, so
   unlike torch's AdamW, ``eps`` is not scaled by ``sqrt(bc2)``). ``moments_dtype`` (a dtype or a pair)
-  sets the moments' dtypes, the parameter's by default (lines 36, 58, 201-207).
+  sets the moments' dtypes, the parameter's by default (lines 36, 58, 201-207). In lazy mode the step
+  marks the graph itself, before each group and after the update (lines 61-69, 85); the stand-in
+  records that as ``FusedAdamW.mark_step_if_lazy``, apart from the plugin's own ``mark_step``.
 - ``FusedSGD``: ``defaults = dict(lr, momentum, weight_decay, dampening, nesterov)``; per parameter
   ``{"momentum_buffer"}`` in float32 (the real one creates ``torch.zeros(grad.shape)``), only with
   momentum. The real kernel also takes ``self.step_t``, a counter kept outside the state dict, whose use
@@ -73,9 +75,13 @@ class FusedAdamW(Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One optimization step over every parameter group (FusedAdamW.py lines 69-189)."""
+        from habana_frameworks.torch.utils.internal import is_lazy
+
         hpu_standin_calls.record("FusedAdamW.step")
         loss = closure() if closure is not None else None
         for group in self.param_groups:
+            if is_lazy():  # htcore.step_closure._mark_step_if_lazy() before each group (line 85)
+                hpu_standin_calls.record("FusedAdamW.mark_step_if_lazy")
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
@@ -97,6 +103,8 @@ class FusedAdamW(Optimizer):
                 exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
                 p.mul_(1.0 - group["weight_decay"] * group["lr"])
                 p.addcdiv_(exp_avg.to(p.dtype), exp_avg_sq.to(p.dtype).sqrt().add_(group["eps"]), value=-step_size)
+        if is_lazy():  # step_wrap: _mark_step_if_lazy() after the step (lines 61-69)
+            hpu_standin_calls.record("FusedAdamW.mark_step_if_lazy")
         return loss
 
 
