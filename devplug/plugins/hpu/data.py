@@ -146,6 +146,14 @@ def _lost_guarantees(path: HabanaPath, options: LoaderOptions) -> str:
             f"workers and pin_memory{pad}")
 
 
+def _fell_back(loader: Any) -> bool:
+    """True when a built HabanaDataLoader runs torch's DataLoader after all (``fallback_activated``)."""
+    import torch.utils.data
+
+    inner = getattr(loader, "dataloader", None)
+    return bool(getattr(inner, "fallback_activated", False)) or type(inner) is torch.utils.data.DataLoader
+
+
 def build_loader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice:
     """HabanaDataLoader where it runs its Gaudi pipeline and may be used; else the tuned torch loader.
 
@@ -178,15 +186,22 @@ def build_loader(device: Device, source: Any, options: LoaderOptions) -> LoaderC
         kwargs.update(num_workers=AEON_WORKERS, pin_memory=True)
         shown = f"aeon pipeline on Gaudi, {AEON_WORKERS} decode threads"
     else:
-        kwargs["shuffle"] = options.shuffle
-        if options.prefetch_factor is not None:
+        # The media pipeline ignores num_workers, but where it cannot start, HabanaDataLoader builds torch's
+        # DataLoader from the same arguments, which refuses a prefetch_factor without workers.
+        kwargs.update(shuffle=options.shuffle, num_workers=options.num_workers)
+        if options.prefetch_factor is not None and options.num_workers > 0:
             kwargs["prefetch_factor"] = min(max(options.prefetch_factor, 1), 3)
         shown = "Gaudi 2 media pipeline"
+    loader = loader_class(dataset, **kwargs)
+    if _fell_back(loader):
+        why = ("HabanaDataLoader could not start its Gaudi pipeline for these settings (it prints why) and "
+               "would run torch's DataLoader")
+        runtime.log_once(f"data loader: {why}; using torch DataLoader", logging.INFO)
+        return torch_dataloader(source, options, reason=why, compute_competes=False)
     lost = _lost_guarantees(path, options)
     runtime.log_once(f"data loader: {lost}: a resumed run does not replay the interrupted epoch's order. "
                      "Pass device option habana_dataloader=False for torch's DataLoader, which keeps it",
                      logging.WARNING)
-    loader = loader_class(dataset, **kwargs)
     return LoaderChoice(
         loader=loader,
         implementation=f"HabanaDataLoader({shown}, shuffle={options.shuffle}, drop_last={options.drop_last}, "

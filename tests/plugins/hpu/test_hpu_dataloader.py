@@ -147,6 +147,19 @@ def test_two_rank_training_through_the_media_path_is_warned_and_torch_loader_rep
     assert list(sampler) == full[2:]
 
 
+def test_a_fallback_the_plugin_did_not_predict_is_still_named(hpu, tmp_path, monkeypatch):
+    import habana_dataloader
+
+    def refuse(transform: object) -> None:
+        raise ValueError("Unsupported transform")
+
+    monkeypatch.setattr(habana_dataloader, "_media_transforms", refuse)
+    choice = build(hpu, ImageFolderSource(str(images(tmp_path)), 8), batch_size=2)
+    assert hpu.details("HabanaDataLoader.path")[0]["path"] == "torch"
+    assert choice.implementation.startswith("torch DataLoader")
+    assert "could not start its Gaudi pipeline" in choice.reason
+
+
 def test_non_jpeg_or_odd_sizes_run_torch_loader_with_the_reason(hpu, tmp_path):
     png = build(hpu, ImageFolderSource(str(images(tmp_path / "p", suffix=".png")), 8), batch_size=2)
     assert png.implementation.startswith("torch DataLoader") and "JPEG files only" in png.reason

@@ -400,7 +400,7 @@ def test_habana_dataloader_media_path_gets_no_sampler_it_would_ignore(hpu, tmp_p
                          options=options)
     (call,) = hpu.details("HabanaDataLoader")
     assert "sampler" not in call and call["shuffle"] is True
-    assert call["prefetch_factor"] == 2 and "persistent_workers" not in call and "num_workers" not in call
+    assert call["prefetch_factor"] == 2 and "persistent_workers" not in call and call["num_workers"] == 2
     assert choice.sampler is None and not choice.on_device
     assert hpu.details("HabanaDataLoader.path") == [{"path": "media", "error": ""}]
 

@@ -206,6 +206,29 @@ def _resnet_loader(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, 
                                    seed=int(time.time_ns() % (2**31 - 1)), reshuffle_each_epoch=True)
 
 
+class ResnetDataLoader(torch.utils.data.DataLoader):
+    """The ImageFolder loader (habana_dataset.py lines 316-423): its Gaudi pipeline, else torch's own loader.
+
+    ``fallback_activated`` says which (lines 324, 400-403), ``aeon_fallback_activated`` which pipeline.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.fallback_activated = False
+        try:
+            self.path, self.iterator = _resnet_loader(args, kwargs)
+            self.aeon_fallback_activated = self.path == "aeon"
+            self.error = ""
+        except (ValueError, ImportError) as exc:
+            self.path, self.error, self.fallback_activated = "torch", str(exc), True
+            super().__init__(*args, **kwargs)
+
+    def __iter__(self) -> Any:
+        return super().__iter__() if self.fallback_activated else iter(self.iterator)
+
+    def __len__(self) -> int:
+        return super().__len__() if self.fallback_activated else len(self.iterator)
+
+
 class HabanaDataLoader:
     """A data loader for Gaudi, used like ``torch.utils.data.DataLoader`` (habana_dataset.py lines 537-591)."""
 
@@ -219,12 +242,12 @@ class HabanaDataLoader:
         try:
             if not isinstance(dataset, torchvision.datasets.ImageFolder):
                 raise TypeError("'NoneType' object is not callable")  # dataloader_type stays None (line 540)
-            self.path, self.dataloader = _resnet_loader(args, kwargs)
-            error = ""
-        except (ValueError, ImportError, TypeError) as exc:
-            self.path, error = "torch", str(exc)
+            self.dataloader: Any = ResnetDataLoader(*args, **kwargs)
+            path, error = self.dataloader.path, self.dataloader.error
+        except Exception as exc:  # lines 570-578: torch's loader again, outside any try (DATALOADER_FALLBACK_EN)
             self.dataloader = torch.utils.data.DataLoader(*args, **kwargs)
-        hpu_standin_calls.record("HabanaDataLoader.path", path=self.path, error=error)
+            path, error = "torch", str(exc)
+        hpu_standin_calls.record("HabanaDataLoader.path", path=path, error=error)
 
     def __iter__(self) -> HabanaDataLoader:
         self.iter = iter(self.dataloader)
