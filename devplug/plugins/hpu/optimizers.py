@@ -16,14 +16,14 @@ steps). It matters only where ``sqrt(v)`` is near ``eps``: for a first-step grad
 ``eps=1e-8`` the update is 0.76 of ``lr`` on FusedAdamW and 0.99 on torch's AdamW. devplug does not
 rescale ``eps`` per step to hide this: in lazy mode a new constant every step would compile a new graph.
 
-There is no fused Adam. Adam's ``weight_decay`` adds ``wd * param`` to the gradient (L2), AdamW's
-decays the weights directly (decoupled); the two differ whenever the decay is not zero. So "adam" runs
-on ``FusedAdamW(weight_decay=0)``, which is exactly Adam, when its weight decay is 0 (the default) or
-when it asks for ``decoupled_weight_decay=True`` (torch's own spelling of AdamW); Adam with L2 weight
-decay stays ``torch.optim.Adam``, with the reason. So does any option the fused kernels lack
-(``amsgrad``, ``maximize``, ...). Options that only steer torch's own kernels (``foreach``, ``fused``,
-``capturable``) do not apply to Habana's and are dropped. Their state is converted to and from
-torch.optim's layout for checkpoints (`devplug.plugins.hpu.optimizer_state`).
+There is no fused Adam. Adam's ``weight_decay`` adds ``wd * param`` to the gradient (L2), AdamW's decays
+the weights directly (decoupled); the two differ whenever the decay is not zero. So "adam" runs on
+``FusedAdamW(weight_decay=0)``, which is Adam (with FusedAdamW's eps placement, below), when its weight
+decay is 0 (the default) or when it asks for ``decoupled_weight_decay=True`` (torch's own spelling of
+AdamW); Adam with L2 weight decay stays ``torch.optim.Adam``, with the reason. So does any option the
+fused kernels lack (``amsgrad``, ``maximize``, ...). Options that only steer torch's own kernels
+(``foreach``, ``fused``, ``capturable``) do not apply to Habana's and are dropped. Their state is
+converted to and from torch.optim's layout for checkpoints (`devplug.plugins.hpu.optimizer_state`).
 """
 
 from __future__ import annotations
