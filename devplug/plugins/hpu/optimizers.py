@@ -143,5 +143,21 @@ def build_optimizer(device: Device, name: str, params: Any, options: dict[str, A
     if key == "adam":
         implementation += f"(weight_decay={kwargs['weight_decay']}) as Adam"
     converters = optimizer_state.converters(hpex_class, key, options)
-    return OptimizerChoice(fused(params, **kwargs), implementation, to_canonical=converters["to_canonical"],
+    optimizer = fused(params, **kwargs)
+    if kwargs.get("moments_dtype") is not None:
+        optimizer.register_load_state_dict_post_hook(_restore_moments_dtype)
+    return OptimizerChoice(optimizer, implementation, to_canonical=converters["to_canonical"],
                            from_canonical=converters["from_canonical"])
+
+
+def _restore_moments_dtype(optimizer: torch.optim.Optimizer) -> None:
+    """Moments back in FusedAdamW's ``moments_dtype`` after ``load_state_dict`` (torch casts them to the
+    parameters' dtype, and FusedAdamW creates them in ``moments_dtype`` only for a fresh state)."""
+    dtypes = getattr(optimizer, "get_moment_dtypes", None)
+    if dtypes is None:
+        return
+    for param, state in optimizer.state.items():
+        avg_dtype, avg_sq_dtype = dtypes(param.dtype)
+        for key, dtype in (("exp_avg", avg_dtype), ("exp_avg_sq", avg_sq_dtype)):
+            if isinstance(state.get(key), torch.Tensor) and state[key].dtype != dtype:
+                state[key] = state[key].to(dtype)

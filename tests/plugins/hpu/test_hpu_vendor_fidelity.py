@@ -106,3 +106,22 @@ def test_lazy_mode_marks_the_step_after_every_backward_with_gradient_accumulatio
             trainer.step(optimizer)
     calls = [n for n in hpu.names() if n in ("mark_step", "FusedSGD.step")]
     assert calls == ["mark_step", "mark_step", "mark_step", "FusedSGD.step", "mark_step"]
+
+
+def test_moments_dtype_survives_a_checkpoint_round_trip(hpu):
+    from devplug.plugins.hpu import optimizers
+
+    def build() -> tuple[nn.Linear, object]:
+        model = nn.Linear(4, 2)
+        return model, optimizers.build_optimizer(hpu.device(), "adamw", model.parameters(),
+                                                 {"moments_dtype": torch.bfloat16})
+
+    model, choice = build()
+    model(torch.ones(3, 4)).sum().backward()
+    choice.optimizer.step()
+    canonical = choice.to_canonical(choice.optimizer, choice.optimizer.state_dict())
+    resumed_model, resumed = build()
+    resumed.optimizer.load_state_dict(resumed.from_canonical(resumed.optimizer, canonical))
+    state = resumed.optimizer.state[resumed_model.weight]
+    # torch's load_state_dict casts state to the parameter's dtype; FusedAdamW keeps moments_dtype
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
