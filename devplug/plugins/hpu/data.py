@@ -9,7 +9,8 @@
   repeated samples;
 - on first-generation Gaudi (or Gaudi 2 without the media loader), *aeon*, a host pipeline that
   runs only with exactly 8 workers, ``pin_memory=True``, no ``shuffle`` argument, ImageNet's
-  mean/std given as lists and JPEG files; it too shards by rank itself and ignores the sampler;
+  mean/std given as lists and JPEG files, and runs a resize-and-crop transform (devplug's) in validation
+  mode, which never shuffles; it too shards by rank itself and ignores the sampler;
 - otherwise torch's own ``DataLoader`` with the same arguments.
 
 devplug predicts which one will run and names it in the loader line. Where HabanaDataLoader would
@@ -118,13 +119,14 @@ def habana_path(dataset: Any, options: LoaderOptions, source: Any) -> HabanaPath
                                        f"(image_size={source.image_size})")
         return HabanaPath("media")
     if generation in ("gaudi", "gaudi2"):
-        mean = getattr(source, "mean", None)
-        std = getattr(source, "std", None)
-        if source is not dataset and (list(mean or ()) != IMAGENET_MEAN or list(std or ()) != IMAGENET_STD):
-            return HabanaPath("torch", "HabanaDataLoader's aeon pipeline normalizes with ImageNet's mean/std "
-                                       f"only, and this source uses mean={mean}, std={std}")
-        if source is dataset:
-            return HabanaPath("torch", "devplug cannot check that your ImageFolder's transforms suit aeon")
+        if source is not dataset:  # devplug's transform (an ImageFolder the author built is aeon's to judge)
+            mean, std = source.mean, source.std
+            if list(mean) != IMAGENET_MEAN or list(std) != IMAGENET_STD:
+                return HabanaPath("torch", "HabanaDataLoader's aeon pipeline normalizes with ImageNet's mean/std "
+                                           f"only, and this source uses mean={mean}, std={std}")
+            if options.shuffle:
+                return HabanaPath("torch", "HabanaDataLoader's aeon pipeline runs a resize-and-crop transform in "
+                                           "validation mode, which never shuffles, and shuffle=True was asked for")
         if "num_workers" not in options.automatic and options.num_workers != AEON_WORKERS:
             return HabanaPath("torch", f"HabanaDataLoader's aeon pipeline runs with exactly {AEON_WORKERS} "
                                        f"workers, and num_workers={options.num_workers} was asked for")
@@ -139,8 +141,7 @@ def habana_path(dataset: Any, options: LoaderOptions, source: Any) -> HabanaPath
 
 def _lost_guarantees(path: HabanaPath, options: LoaderOptions) -> str:
     pipeline = "Gaudi 2 media pipeline" if path.kind == "media" else "aeon pipeline"
-    shuffle = ("shuffles with a clock seed, " if path.kind == "media" and options.shuffle
-               else "shuffles with its own fixed seed, " if path.kind == "aeon" else "")
+    shuffle = "shuffles with a clock seed, " if path.kind == "media" and options.shuffle else ""
     pad = "" if options.drop_last else ", and repeats samples to fill the last batch"
     return (f"HabanaDataLoader's {pipeline} deals samples to ranks itself, {shuffle}ignores devplug's sampler, "
             f"workers and pin_memory{pad}")

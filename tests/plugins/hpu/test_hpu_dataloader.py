@@ -188,3 +188,5 @@ def test_gaudi1_imagenet_source_gets_aeon_with_eight_workers(hpu, tmp_path, monk
     assert sum(len(labels) for _, labels in choice.loader) == 6  # 5 images, last batch rounded up
     fixed = build(hpu, source, batch_size=2, num_workers=2)
     assert fixed.implementation.startswith("torch DataLoader") and "exactly 8 workers" in fixed.reason
+    shuffled = build(hpu, source, batch_size=2, shuffle=True, automatic={"num_workers"})
+    assert shuffled.implementation.startswith("torch DataLoader") and "never shuffles" in shuffled.reason
