@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from devplug import (
+    CONTRACT_VERSION,
     Availability,
     CollectiveSetup,
     Device,
@@ -35,7 +36,8 @@ from devplug.toolkit import (
     torch_sharding_plan,
 )
 
-DEVPLUG_CONTRACT = "1.5"
+#: The contract these hooks implement: a built-in always speaks the contract of the devplug it ships in.
+DEVPLUG_CONTRACT = CONTRACT_VERSION
 
 #: Optimizers that torch implements with a fused CPU kernel in recent releases.
 FUSED_CANDIDATES = ("adam", "adamw", "sgd", "adagrad")
