@@ -44,10 +44,12 @@ bench: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-# ruff, then mypy over devplug/: strict on the public modules, and elsewhere no error beyond mypy-baseline.txt
-# (python tests/test_typecheck.py --update records fixed ones).
+# ruff; deptry: every package devplug/ imports is declared in pyproject.toml, nothing declared goes unused
+# ([tool.deptry]; offline); then mypy over devplug/: strict on the public modules, and elsewhere no error
+# beyond mypy-baseline.txt (python tests/test_typecheck.py --update records fixed ones).
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m deptry .
 	$(PY) tests/test_typecheck.py
 
 clean:
