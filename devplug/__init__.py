@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from devplug._version import __version__
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports each name on first use
-    from devplug._version import __version__
     from devplug.core.checkpoint.policy import CheckpointPolicy
     from devplug.core.checkpoint.resume import Resumed
     from devplug.core.contract.hookimpl import hookimpl
@@ -54,6 +53,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         PrecisionError,
         UnknownDeviceError,
     )
+    from devplug.core.loop.binding import ConfigParser, Flag
     from devplug.core.loop.config import TrainerConfig
     from devplug.core.loop.early_stopping import EarlyStopping
     from devplug.core.loop.trainer import Trainer
@@ -61,6 +61,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from devplug.core.observe.mlflow import MLflowLogger
     from devplug.core.observe.summary import RunSummary
     from devplug.core.observe.tensorboard import TensorBoardLogger
+    from devplug.core.observe.throughput import ThroughputMeter
     from devplug.core.observe.wandb import WandbLogger
     from devplug.core.optim.schedules import DECAYS, LR_SCALING_RULES, LRSchedule, scale_lr
     from devplug.core.registry.manager import create_plugin_manager, reset_plugin_manager
@@ -72,6 +73,7 @@ _WHERE: dict[str, str] = {
     "CheckpointMismatchError": "devplug.core.errors",
     "CheckpointPolicy": "devplug.core.checkpoint.policy",
     "CollectiveSetup": "devplug.core.contract.records",
+    "ConfigParser": "devplug.core.loop.binding",
     "ConfigError": "devplug.core.errors",
     "CONTRACT_VERSION": "devplug.core.contract.records",
     "create_plugin_manager": "devplug.core.registry.manager",
@@ -85,6 +87,7 @@ _WHERE: dict[str, str] = {
     "DevplugError": "devplug.core.errors",
     "DoctorReport": "devplug.core.contract.records",
     "EarlyStopping": "devplug.core.loop.early_stopping",
+    "Flag": "devplug.core.loop.binding",
     "hookimpl": "devplug.core.contract.hookimpl",
     "ImageFolderSource": "devplug.core.contract.records",
     "JSONLinesLogger": "devplug.core.observe.loggers",
@@ -111,6 +114,7 @@ _WHERE: dict[str, str] = {
     "scale_lr": "devplug.core.optim.schedules",
     "ShardingPlan": "devplug.core.contract.records",
     "TensorBoardLogger": "devplug.core.observe.tensorboard",
+    "ThroughputMeter": "devplug.core.observe.throughput",
     "Trainer": "devplug.core.loop.trainer",
     "TrainerConfig": "devplug.core.loop.config",
     "UnknownDeviceError": "devplug.core.errors",
@@ -148,6 +152,7 @@ __all__ = [
     "CheckpointPolicy",
     "CollectiveSetup",
     "ConfigError",
+    "ConfigParser",
     "DataError",
     "Device",
     "DeviceSpec",
@@ -155,6 +160,7 @@ __all__ = [
     "DevplugError",
     "DoctorReport",
     "EarlyStopping",
+    "Flag",
     "ImageFolderSource",
     "JSONLinesLogger",
     "LRSchedule",
@@ -177,6 +183,7 @@ __all__ = [
     "RunSummary",
     "ShardingPlan",
     "TensorBoardLogger",
+    "ThroughputMeter",
     "Trainer",
     "TrainerConfig",
     "UnknownDeviceError",
