@@ -50,3 +50,15 @@ def test_every_template_plugin_declares_the_current_contract():
         path = TEMPLATE / "src" / Path(*module.split(".")).with_suffix(".py")
         value = _declaration(path)
         assert isinstance(value, ast.Constant) and value.value == devplug.CONTRACT_VERSION, (path, ast.dump(value))
+
+
+def test_the_guide_to_adding_a_hook_names_the_trainers_real_hook_caller():
+    """docs/plugins.md, "Changing the contract": the caller it shows is an attribute the Trainer has."""
+    from devplug.core.registry.devices import DeviceHooks
+
+    section = (REPO / "docs" / "plugins.md").read_text().split("## Changing the contract", 1)[1]
+    called = re.findall(r"`self\.(\w+)\(hookspecs\.", section)
+    assert called, section[:400]
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, stop_signals=())
+    for name in called:
+        assert isinstance(getattr(trainer, name, None), DeviceHooks), f"the Trainer has no hook caller {name!r}"

@@ -26,7 +26,7 @@ from devplug import (
     ShardingPlan,
     hookimpl,
 )
-from devplug.plugins.cpu import peak
+from devplug.plugins.cpu import peaks
 from devplug.toolkit import (
     autocast_plan,
     log_once,
@@ -173,9 +173,9 @@ def devplug_memory_stats(device: Device) -> MemoryStats:
 
 @hookimpl
 def devplug_peak_flops(device: Device, precision: str) -> PeakFlops:
-    """Computed from the CPU's features and clock (`.peak`); where it cannot be, measured once per machine."""
+    """Computed from the CPU's features and clock (`.peaks`); where it cannot be, measured once per machine."""
     dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if precision.startswith("16") else torch.float32
-    return peak.peak_flops(dtype)
+    return peaks.peak_flops(dtype)
 
 
 @hookimpl
