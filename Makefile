@@ -40,7 +40,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py  # each script takes its own flags: python benchmarks/NAME.py --help
 
 # The documentation site (MkDocs + Material, API reference from the docstrings), strict: a broken link,
-# anchor or reference fails. Output in site/.
+# anchor or reference fails. Output in site/. NO_MKDOCS_2_WARNING silences Material's end-of-life notice
+# (May 5, 2027); what we do about it is written in README.md, "Supported versions".
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
