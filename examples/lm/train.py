@@ -234,7 +234,7 @@ def train_loop(run: Run) -> None:
                             f"lr {optimizer.param_groups[0]['lr']:.2e}  {rate:,.0f} tokens/s", flush=True)
                 if stepped and args.eval_every and step % args.eval_every == 0 and step < args.steps:
                     trainer.synchronize()
-                    with meter.paused():  # evaluation is not training time
+                    with meter.paused(), trainer.throughput.paused():  # evaluation is not training time
                         report_eval(run, evaluate(run))
                         trainer.synchronize()
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once

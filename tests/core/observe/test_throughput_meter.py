@@ -61,3 +61,22 @@ def test_a_run_of_one_step_reports_its_whole_rate_and_an_empty_one_zero():
     one.stop()
     assert one.per_second == pytest.approx(4.0)
     assert devplug.ThroughputMeter(clock=clock).per_second == 0.0
+
+
+def test_the_trainers_own_meter_leaves_a_paused_evaluation_out_of_samples_per_second(monkeypatch):
+    from types import SimpleNamespace
+
+    from devplug.core.observe import metrics
+
+    clock = Clock()
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+    meter = metrics.Throughput()
+    meter.add(8)  # the first batch starts the clock
+    clock.now += 1.0
+    meter.add(8)
+    with meter.paused():  # a 9 s evaluation between two training batches
+        clock.now += 9.0
+    clock.now += 1.0
+    meter.add(8)
+    assert meter.lap() == pytest.approx(24 / 2.0)  # not 24 / 11
+    assert meter.seconds_total == pytest.approx(2.0)
