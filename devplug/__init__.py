@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         PrecisionError,
         UnknownDeviceError,
     )
-    from devplug.core.loop.binding import ConfigParser, Flag
+    from devplug.core.loop.binding import ConfigParser, Flag, RunFolder
     from devplug.core.loop.config import TrainerConfig
     from devplug.core.loop.early_stopping import EarlyStopping
     from devplug.core.loop.trainer import Trainer
@@ -110,6 +110,7 @@ _WHERE: dict[str, str] = {
     "PrecisionPlan": "devplug.core.contract.records",
     "reset_plugin_manager": "devplug.core.registry.manager",
     "Resumed": "devplug.core.checkpoint.resume",
+    "RunFolder": "devplug.core.loop.binding",
     "RunSummary": "devplug.core.observe.summary",
     "scale_lr": "devplug.core.optim.schedules",
     "ShardingPlan": "devplug.core.contract.records",
@@ -180,6 +181,7 @@ __all__ = [
     "PrecisionError",
     "PrecisionPlan",
     "Resumed",
+    "RunFolder",
     "RunSummary",
     "ShardingPlan",
     "TensorBoardLogger",

@@ -107,3 +107,14 @@ def test_consolidate_of_something_that_is_not_a_sharded_checkpoint_is_one_line(t
     assert len(err) == 1 and err[0].startswith("devplug: error: "), err
     assert ("does not exist" if source == "missing" else "not a sharded checkpoint") in err[0]
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_every_public_name_is_imported_on_first_use():
+    code = ("import sys, devplug\nbefore = 'torch' in sys.modules\n"
+            "names = [n for n in devplug.__all__ if getattr(devplug, n) is None and n != '__version__']\n"
+            "print(before, names, set(devplug.__all__) <= set(dir(devplug)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_environ(),
+                            timeout=300, cwd=REPO)
+    assert result.stdout.split("\n")[0] == "False [] True", result.stdout + result.stderr
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        devplug.Nope  # noqa: B018
