@@ -58,6 +58,10 @@ def test_the_wheel_declares_its_licence_floors_and_extras(wheel):
     assert "torch>=2.13" in requires
     assert not any(r.startswith("tensorboard") and "extra" not in r for r in requires)  # optional: CSV without it
     assert any(r.startswith("tensorboard") and 'extra == "tensorboard"' in r for r in requires)
+    # numpy is imported only when an image is decoded: the vision extra declares it, the package does not need it
+    assert not any(r.startswith("numpy") and "extra" not in r for r in requires), requires
+    assert any(r.startswith("numpy") and 'extra == "vision"' in r for r in requires), requires
+    assert any(r.startswith("tomli") and 'python_version < "3.11"' in r for r in requires), requires
     dali = [r for r in requires if r.startswith("nvidia-dali")]
     assert all("cuda130" in r for r in dali if 'extra == "dali"' in r or 'extra == "dev"' in r), dali
     assert any("cuda120" in r and 'extra == "dali-cuda12"' in r for r in requires), dali
