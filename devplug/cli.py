@@ -380,12 +380,14 @@ def check_report(device: str, *, run_compiled: bool = False) -> tuple[str, bool]
 
 #: ``devplug --help``: plain text (the module docstring is written for the API docs).
 DESCRIPTION = f"""\
-List device plugins and what they can do here, check a plugin against the hook contract, gather what a
-bug report needs, and turn a sharded checkpoint into one file.
+List device plugins and what they can do here, check a plugin against the hook
+contract, gather what a bug report needs, and turn a sharded checkpoint into
+one file.
 
-Every command but consolidate takes --json for scripts. Exit codes: {EXIT_OK} success, {EXIT_FAILED} a
-conformance check failed, {EXIT_ERROR} an error (unknown device, bad arguments), {EXIT_UNAVAILABLE} the device
-of check is not available on this machine ({EXIT_OK} with --allow-unavailable).
+Every command but consolidate takes --json for scripts. Exit codes: {EXIT_OK} success,
+{EXIT_FAILED} a conformance check failed, {EXIT_ERROR} an error (unknown device, bad arguments),
+{EXIT_UNAVAILABLE} the device of check is not available on this machine ({EXIT_OK} with
+--allow-unavailable).
 """
 
 
