@@ -40,14 +40,17 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py  # each script takes its own flags: python benchmarks/NAME.py --help
 
 # The documentation site (MkDocs + Material, API reference from the docstrings), strict: a broken link,
-# anchor or reference fails. Output in site/.
+# anchor or reference fails. Output in site/. NO_MKDOCS_2_WARNING silences Material's end-of-life notice
+# (May 5, 2027); what we do about it is written in README.md, "Supported versions".
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-# ruff, then mypy over devplug/: strict on the public modules, and elsewhere no error beyond mypy-baseline.txt
-# (python tests/test_typecheck.py --update records fixed ones).
+# ruff; deptry: every package devplug/ imports is declared in pyproject.toml, nothing declared goes unused
+# ([tool.deptry]; offline); then mypy over devplug/: strict on the public modules, and elsewhere no error
+# beyond mypy-baseline.txt (python tests/test_typecheck.py --update records fixed ones).
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m deptry .
 	$(PY) tests/test_typecheck.py
 
 clean:
