@@ -146,12 +146,8 @@ class Trainer:
         self._keeper = CheckpointKeeper(
             self._state, RunCheckpoints(policy) if policy is not None else None, sharded=self.sharding is not None,
             combiner=self._combiner, is_main=self.is_main_process, nonfinite=self._config.nonfinite,
-            monitor_value=self._monitored, stepped=self._stepped, policy_save=lambda path: self.save(path))
-
-    def _monitored(self, name: str) -> float | None:
-        # the checkpoint policy's monitor: the latest value logged, else the last log point's
-        latest = self._reporter.metrics.latest(name)
-        return latest if latest is not None else self._reporter.last_metrics.get(name)
+            stepped=self._stepped, policy_save=lambda path: self.save(path))
+        self._monitor = self._keeper.monitor  # log() hands the policy's monitored value to the keeper
 
     def _peak(self) -> PeakFlops | None:
         # the author's figure, else the device plugin's (checked: an unusable figure never reaches MFU)
@@ -547,6 +543,7 @@ class Trainer:
                 self._flush_logs()
                 if runs is not None and runs.policy.at_end:
                     self._keeper.save_by_policy()
+                self._keeper.warn_unseen_monitor()
             finally:  # left early (break, exception): what is still pending, this rank's values only
                 self._reporter.flush_quietly(lambda: self._flush_logs(across_ranks=False))
                 self._reporter.close_progress()
@@ -572,10 +569,12 @@ class Trainer:
         A log point averages the values since the previous one, reduces them across ranks, checks for
         NaN/inf and writes them (rank 0): the only place values are read from the device. Returns them.
         """
-        if scalars:
-            self._log_values(scalars)
         position = self._position
         step = position.global_step
+        if scalars:
+            self._log_values(scalars)
+            if self._monitor is not None and self._monitor in scalars:
+                self._keeper.monitor_logged(step, scalars[self._monitor])
         if step and not step % self._log_every and (position.accumulation == 1 or position.sync_now):
             return self._flush_logs()
         return None
