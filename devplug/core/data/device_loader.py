@@ -236,6 +236,7 @@ class DeviceLoader:
                     yield move(batch) if move is not None else batch
                 return
             # the primary loader: everything the loop reads per batch is looked up once here
+            position.drawing = True
             lookahead = position.accumulation > 1 and position.epoch_batches is None
             pending = next(batches, _END) if lookahead else _END
             before_batch, region, on_batch, clock = self._before_batch, self._region, self._on_batch, time.perf_counter
@@ -254,8 +255,10 @@ class DeviceLoader:
                 on_batch(batch_size(batch), clock() - asked)
                 yield batch
         finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
-            if self.primary and self._after_batches is not None:
-                self._after_batches()
+            if self.primary:
+                self.position.drawing = False
+                if self._after_batches is not None:
+                    self._after_batches()
 
     def _draw(self, batches: Iterator[Any], pending: Any, lookahead: bool) -> tuple[Any, Any]:
         """The primary loader's next batch, moved, and the one looked ahead at; ``_END`` at the end or on a stop.

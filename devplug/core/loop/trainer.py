@@ -55,6 +55,7 @@ from devplug.core.observe.peaks import checked_peak
 from devplug.core.observe.profiling import StepProfiler
 from devplug.core.observe.reporter import Reporter
 from devplug.core.observe.summary import RunSummary
+from devplug.core.observe.tensorboard import evaluation_name
 from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
 from devplug.core.optim.torch_optimizers import sharded_torch_optimizer
 from devplug.core.registry.bounded import call_with_limit
@@ -132,6 +133,7 @@ class Trainer:
                                  publish=lambda point: self._hooks(spec.devplug_log, point=point))
         self.throughput = self._reporter.throughput
         self._log_values, self._log_every = self._reporter.metrics.add_all, self._config.log_every  # log()'s path
+        self._training_names: set[str] = set()  # names log() has seen that are not evaluation names
         self._flops = self._reporter.flops = FlopMeter(
             steps_done=lambda: self._position.global_step, samples_done=lambda: self.throughput.samples_total,
             peak=self._peak,
@@ -529,6 +531,7 @@ class Trainer:
         if position.batches_in_epoch and position.batches_in_epoch >= self._epoch_batches():
             position.finish_epoch()  # resumed from the end of an epoch: its evaluation and save already ran
         position.max_steps = max_steps
+        position.in_epochs = True
         per_epoch = position.steps_per_epoch(self._epoch_batches())
         total = max_steps if max_steps is not None or per_epoch is math.inf else int(per_epoch * n)
         self._reporter.open_progress(None if total is math.inf else total, position.global_step)
@@ -545,6 +548,7 @@ class Trainer:
                     self._keeper.save_by_policy()
                 self._keeper.warn_unseen_monitor()
             finally:  # left early (break, exception): what is still pending, this rank's values only
+                position.in_epochs = False
                 self._reporter.flush_quietly(lambda: self._flush_logs(across_ranks=False))
                 self._reporter.close_progress()
                 self.profiler.stop()
@@ -572,12 +576,34 @@ class Trainer:
         position = self._position
         step = position.global_step
         if scalars:
-            self._log_values(scalars)
+            if position.drawing and self._training_names.issuperset(scalars):
+                self._log_values(scalars)  # training values of a step: kept on the device until a log point
+            else:
+                self._log_split(scalars, step)
             if self._monitor is not None and self._monitor in scalars:
                 self._keeper.monitor_logged(step, scalars[self._monitor])
         if step and not step % self._log_every and (position.accumulation == 1 or position.sync_now):
             return self._flush_logs()
         return None
+
+    def _log_split(self, scalars: dict[str, Any], step: int) -> None:
+        # evaluation values (logged inside epochs() after the epoch's training batches, or named val_* /
+        # eval_*) are written at once, as logged; the rest wait for the next log point
+        position, evaluation, training = self._position, {}, {}
+        after_batches = position.in_epochs and not position.drawing
+        for name, value in scalars.items():
+            if evaluation_name(name):
+                evaluation[name] = value
+                continue
+            self._training_names.add(name)
+            if after_batches:
+                evaluation[name] = value
+            else:
+                training[name] = value
+        if training:
+            self._log_values(training)
+        if evaluation:
+            self._reporter.write_now(step, evaluation)
 
     def flush_logs(self, *, across_ranks: bool = True) -> dict[str, float] | None:
         """Report pending values now; the last ones if none are pending.
@@ -644,6 +670,7 @@ class Trainer:
             "epoch": self.epoch,
             **self._reporter.rates(),
             "memory": self.memory_stats(),
+            "evaluation": dict(self._reporter.evaluation),
             "stop_reason": self._stop.reason,
             "last_checkpoint": str(runs.last_path) if (runs := self._keeper.runs) and runs.last_path else None,
         })

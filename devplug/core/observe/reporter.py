@@ -65,6 +65,7 @@ class Reporter:
         self.throughput = Throughput()
         self.flops = FlopMeter(steps_done=lambda: 0, samples_done=lambda: 0, peak=lambda: None, enabled=False)
         self.last_metrics: dict[str, float] = {}
+        self.evaluation: dict[str, float] = {}  # the last value of each evaluation figure, as logged
         self.progress_bar: Any = None
         self._closed = False
 
@@ -146,13 +147,37 @@ class Reporter:
                 if isinstance(lr, (int, float)):
                     values[f"lr/{key}"] = float(lr)
         shown = values if stepped else {**self.last_metrics, **values}  # the bar keeps the last rates
-        self.last_metrics = values
+        self.last_metrics = {**self.evaluation, **values}
         if self.is_main:
             self.emit(LogPoint(step=step, values=dict(values), log_dir=self.log_dir))
             if self.progress_bar is not None:
                 self.progress_bar.n = step
                 self.progress_bar.set_postfix_str(progress_postfix(shown), refresh=False)
                 self.progress_bar.refresh()
+        return values
+
+    def write_now(self, step: int, scalars: Mapping[str, Any]) -> dict[str, float]:
+        """Write evaluation values as logged, at ``step``, now: read back, checked, to the loggers (rank 0).
+
+        Not averaged with other values nor across ranks (not a collective): reduce them first, as
+        ``trainer.all_reduce`` does, so that every rank logs the same figure.
+        """
+        values: dict[str, float] = {}
+        for name, value in scalars.items():
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise ValueError(f"logged value {name!r} must be a scalar, got shape {tuple(value.shape)}")
+                value = value.item()
+            values[name] = float(value)
+        bad = nonfinite(values)
+        if bad:
+            self._on_nonfinite(bad, values, step)
+        self.evaluation.update(values)
+        self.last_metrics = {**self.last_metrics, **values}
+        if self.is_main:
+            self.emit(LogPoint(step=step, values=dict(values), log_dir=self.log_dir))
+            if self.progress_bar is not None:
+                self.progress_bar.set_postfix_str(progress_postfix(self.last_metrics), refresh=False)
         return values
 
     def _on_nonfinite(self, bad: list[str], values: dict[str, float], step: int) -> None:

@@ -35,6 +35,11 @@ PERF_NAMES = MEASURED_NAMES
 EVAL_PREFIXES = ("eval_", "val_", "eval/", "val/")
 
 
+def evaluation_name(name: str) -> bool:
+    """True for a name that marks an evaluation figure: ``val_loss``, ``eval_acc``, ``val/loss``, ``eval/acc``."""
+    return any(name.startswith(prefix) and len(name) > len(prefix) for prefix in EVAL_PREFIXES)
+
+
 def board_tag(name: str) -> str:
     """The TensorBoard tag of a logged value: ``loss`` → ``train/loss``, ``val_acc`` → ``eval/acc``, ..."""
     if name in PERF_NAMES:
