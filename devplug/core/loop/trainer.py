@@ -14,6 +14,7 @@ import datetime
 import logging
 import math
 import os
+import sys
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -526,7 +527,10 @@ class Trainer:
             raise ConfigError(f"max_steps must be a positive integer, got {max_steps!r}")
         runs = self._keeper.runs
         if runs is not None and runs.policy.auto_resume and not self._keeper.resumed:
-            self.resume()
+            resumed = self.resume()
+            if resumed is not None and self.is_main_process:
+                print(f"devplug: resumed from {resumed.path} (step {resumed.step}, epoch {resumed.epoch})",
+                      file=sys.stderr, flush=True)
         position = self._position
         if position.batches_in_epoch and position.batches_in_epoch >= self._epoch_batches():
             position.finish_epoch()  # resumed from the end of an epoch: its evaluation and save already ran
@@ -723,7 +727,10 @@ class Trainer:
         ``auto_resume=True``. Every rank resumes from the checkpoint rank 0 chose (a collective under
         several processes).
         """
-        return self._keeper.resume(path)
+        resumed = self._keeper.resume(path)
+        if resumed is not None:
+            self._reporter.resumed(resumed.step)  # the loggers drop what the interrupted run wrote past it
+        return resumed
 
     def checkpoint_now(self) -> str | None:
         """Save this step's checkpoint by the checkpoint policy now (named, pruned and checked as its own saves).

@@ -104,6 +104,11 @@ class Reporter:
         if self.is_main and (hparams or tags) and not self._closed:
             self.emit(LogPoint(step=step, log_dir=self.log_dir, hparams=dict(hparams or {}), tags=dict(tags or {})))
 
+    def resumed(self, step: int) -> None:
+        """The run continues from the checkpoint of ``step``: the loggers drop what was written past it (rank 0)."""
+        if self.is_main:
+            self.emit(LogPoint(step=step, log_dir=self.log_dir, resumed=True))
+
     # ---- progress -----------------------------------------------------------------------------------
     def open_progress(self, total: int | None, initial: int) -> None:
         """Show a progress bar of ``total`` steps (``None``: unknown) starting at ``initial``."""
