@@ -120,6 +120,7 @@ class Trainer:
         self._optimizers: dict[str, OptimizerChoice] = {}
         self._stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # what step() was given
         self._stepped_ids: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # id → the optimizer, to add it once
+        self._backwards = self._backwards_at_step = 0  # trainer.backward() calls, all and as of the last step()
         self._loaders: list[DeviceLoader] = []
         self._position = LoopPosition(accumulation=self._config.accumulate_grad_batches,
                                      stop_check=self._stop.checker(self._launch.rank))
@@ -321,8 +322,10 @@ class Trainer:
 
         ``source`` is a Dataset or ImageFolderSource (the device plugin picks the loader: DALI,
         HabanaDataLoader, a tuned torch DataLoader; under DDP each rank reads its own shard), or a
-        DataLoader or iterable of batches the author built (used as it is). Training loaders count steps;
-        an evaluation loader never does and is never skipped on resume. Under several processes an
+        DataLoader or iterable of batches the author built (used as it is). A list or tuple given with
+        ``batch_size`` holds samples (a Dataset); without it, batches. A generator is one pass: iterating it
+        again is an error (give a list, or an object whose ``__iter__`` starts a fresh pass). Training loaders
+        count steps; an evaluation loader never does and is never skipped on resume. Under several processes an
         evaluation loader's shards are disjoint, unpadded blocks that together hold the dataset exactly once
         (`devplug.core.data.evaluation`): combine what the ranks computed with `all_reduce` or
         `gather` after the pass.
@@ -331,7 +334,7 @@ class Trainer:
         why); given, they are used exactly as given.
         """
         base_seed = self._config.seed if seed is None and self._config.seed is not None else (seed or 0)
-        if is_dataset(source):
+        if is_dataset(source) and not (batch_size is None and isinstance(source, (list, tuple))):
             if batch_size is None:
                 raise ConfigError("batch_size is required to load a Dataset: trainer.dataloader(dataset, 64)")
             options = loader_options(
@@ -383,6 +386,7 @@ class Trainer:
         if accumulation > 1:
             loss = loss / accumulation
         scaler = self._state.scaler
+        self._backwards += 1
         if not route.marks_regions and not route.profiler.active:  # nothing marked: no context entered
             (loss if scaler is None else scaler.scale(loss)).backward()
         else:
@@ -400,6 +404,9 @@ class Trainer:
         position = self._position
         if position.accumulation != 1 and not position.sync_now:
             return False
+        if self._backwards == self._backwards_at_step:  # no trainer.backward() since the last step()
+            self._check_gradients(optimizer)
+        self._backwards_at_step = self._backwards
         known = self._stepped_ids.get(id(optimizer))
         if known is None or known() is not optimizer:  # once per optimizer, not a WeakSet add per step
             self._stepped.add(optimizer)
@@ -418,6 +425,16 @@ class Trainer:
             route.mark_step(Phase.OPTIMIZER_STEP)
         optimizer.zero_grad(set_to_none=True)
         return True
+
+    def _check_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        # step() without trainer.backward() since the last step: fine for a second optimizer of the same
+        # backward, or a loss.backward() of the author's own without a grad scaler; else one line what to do
+        if not parameters_with_grad(optimizer):
+            raise ConfigError("trainer.step(optimizer) found no gradients: nothing would change; call "
+                              "trainer.backward(loss) before trainer.step(optimizer)")
+        if self._state.scaler is not None and self._backwards == 0:
+            raise ConfigError(f"precision {self.precision.name!r} scales the loss with a grad scaler: call "
+                              "trainer.backward(loss) instead of loss.backward(), so that the scaler sees the loss")
 
     def _unscale(self, optimizer: torch.optim.Optimizer) -> None:
         # torch's GradScaler remembers that this optimizer's gradients are unscaled; its step() then skips
