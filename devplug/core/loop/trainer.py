@@ -671,8 +671,13 @@ class Trainer:
         """The device plugin's memory statistics record, or ``None``."""
         return self._hooks(spec.devplug_memory_stats)
 
-    def summary(self) -> RunSummary:
+    def summary(self, *, all_ranks: bool = False) -> RunSummary:
         """Device, precision, optimizers, loaders, steps, throughput, efficiency and memory of this run.
+
+        ``reasons`` says why each automatic choice was made (device and precision ``"auto"``, the layout,
+        the optimizer and loader implementations, sharding); ``evaluation`` holds the last value of each
+        evaluation figure, as logged. On ranks other than 0 the summary prints as an empty string unless
+        ``all_ranks=True`` (its values are there on every rank).
 
         Throughput and efficiency come from the reporter: ``samples_per_sec``, ``samples_per_hour``,
         ``data_wait``, ``input_bound``, and where known ``flops_per_sample``, ``peak_flops`` and ``peak_source``
@@ -692,9 +697,29 @@ class Trainer:
             **self._reporter.rates(),
             "memory": self.memory_stats(),
             "evaluation": dict(self._reporter.evaluation),
+            "reasons": self._reasons(),
             "stop_reason": self._stop.reason,
             "last_checkpoint": str(runs.last_path) if (runs := self._keeper.runs) and runs.last_path else None,
-        })
+        }, shown=all_ranks or self.is_main_process)
+
+    def _reasons(self) -> dict[str, str]:
+        # why each choice the author left to devplug came out as it did
+        reasons: dict[str, str] = {}
+        if self._config.device in (None, "auto") and not os.environ.get("DEVPLUG_DEVICE"):
+            reasons["device"] = (f"'auto' chose {self.device.spec.name}: the available device of highest priority "
+                                 f"(plugin {self.device.plugin_name})")
+        if self._config.precision == "auto":
+            detail = self.precision.description
+            why = detail.rsplit("(auto: ", 1)[1].rstrip(")") if "(auto: " in detail else detail
+            reasons["precision"] = f"'auto' chose {self.precision.name}: {why}"
+        if self.device.layout_reason:
+            reasons["layout"] = self.device.layout_reason
+        reasons.update({f"optimizer/{key}": c.reason for key, c in self._optimizers.items() if c.reason})
+        reasons.update({f"loader/{i}": loader.choice.reason for i, loader in enumerate(self._loaders)
+                        if loader.choice.reason})
+        if self.sharding is not None and self.sharding.reason:
+            reasons["sharding"] = self.sharding.reason
+        return reasons
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -156,9 +156,11 @@ class Reporter:
         if self.is_main:
             self.emit(LogPoint(step=step, values=dict(values), log_dir=self.log_dir))
             if self.progress_bar is not None:
-                self.progress_bar.n = step
-                self.progress_bar.set_postfix_str(progress_postfix(shown), refresh=False)
-                self.progress_bar.refresh()
+                bar = self.progress_bar
+                bar.n = step
+                bar.set_postfix_str(progress_postfix(shown), refresh=False)
+                if bar.total is None or step < bar.total:  # the last line is shown once, when the bar closes
+                    bar.refresh()
         return values
 
     def write_now(self, step: int, scalars: Mapping[str, Any]) -> dict[str, float]:
