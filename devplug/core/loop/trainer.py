@@ -532,6 +532,51 @@ class Trainer:
             return tensor
         return gather(tensor)
 
+    # ---- coordination across ranks --------------------------------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every rank reaches this call (a collective: call it on every rank; nothing in one process)."""
+        if self._combiner is not None:
+            self._combiner.max(0)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on rank 0 first, then on the other ranks (a collective: enter it on every rank).
+
+        For work whose result the other ranks then reuse: a download, a preprocessed cache. In one process
+        the block simply runs.
+        """
+        if not self.is_main_process:
+            self.barrier()
+        try:
+            yield
+        finally:
+            if self.is_main_process:
+                self.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` (any picklable object), returned on every rank (a collective; one process: ``obj``).
+
+        For small values decided on one rank (a run name, a chosen file, a seed); tensors of a model's size
+        belong in ``all_reduce`` or ``gather``.
+        """
+        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.world_size:
+            raise ConfigError(f"broadcast src must be a rank from 0 to {self.world_size - 1}, got {src!r}")
+        if self._combiner is None:
+            return obj
+        return self._combiner.broadcast(obj, source=src)
+
+    def unwrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The plain model inside what `setup` returned, for inference or export: without the DDP and
+        ``torch.compile`` wrappers, sharing the training model's parameters (nothing is copied).
+
+        ``torch.save(trainer.unwrap(model).state_dict(), "model.pt")`` writes weights any PyTorch script
+        loads. With ``strategy="fsdp"`` the parameters stay sharded: save a checkpoint and make it one file
+        with ``devplug.toolkit.consolidate_checkpoint``.
+        """
+        if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+            module = module.module
+        return plain_module(module)
+
     # ---- epochs, logging, progress ---------------------------------------------------------------------
     def epochs(self, n: int, *, max_steps: int | None = None) -> Iterator[int]:
         """Yield epoch numbers from where a resumed run left off up to ``n``; stop after ``max_steps`` steps.
