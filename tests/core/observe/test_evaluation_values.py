@@ -37,10 +37,11 @@ def _jsonl(path, name: str) -> list[tuple[int, float]]:
     return [(r["step"], r[name]) for r in records if "step" in r and name in r]
 
 
-def _readme_loop(tmp_path, every: int | None = None) -> tuple[devplug.Trainer, list[float]]:
+def _readme_loop(tmp_path, every: int | None = None, loggers: tuple[str, ...] = ("tensorboard", "csv", "jsonl")
+                 ) -> tuple[devplug.Trainer, list[float]]:
     pytest.importorskip("tensorboard")
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_every=50, count_flops=False,
-                              log_dir=str(tmp_path), loggers=["tensorboard", "csv", "jsonl"], stop_signals=())
+                              log_dir=str(tmp_path), loggers=list(loggers), stop_signals=())
     model = trainer.setup(torch.nn.Linear(2, 1))
     opt = trainer.optimizer("sgd", model.parameters(), lr=0.0)
     loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(STEPS, 2)), 1, num_workers=0)
@@ -81,3 +82,17 @@ def test_an_evaluation_value_logged_inside_the_loop_is_written_at_its_step(tmp_p
     expected = [(s, pytest.approx(1.0 / s)) for s in range(5, STEPS * len(ACCURACY) + 1, 5)]
     assert _csv(tmp_path / "metrics.csv", "val_loss") == expected
     assert _tensorboard(tmp_path)["eval/loss"] == expected
+
+
+def test_mlflow_gets_each_epochs_accuracy_at_its_step(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    trainer, _ = _readme_loop(tmp_path, loggers=("mlflow",))
+    client = MlflowClient(tracking_uri=trainer._reporter.loggers[0].tracking_uri)
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    history = client.get_metric_history(run.info.run_id, "val_accuracy")
+    assert sorted((m.step, m.value) for m in history) == [
+        (STEPS * (e + 1), pytest.approx(a, abs=1e-6)) for e, a in enumerate(ACCURACY)]
