@@ -49,6 +49,17 @@ def test_load_into_a_trainer_with_nothing_set_up_names_setup(tmp_path):
         fresh.load(tmp_path / "c.pt")
 
 
+def test_load_without_the_optimizers_built_says_to_build_them_or_read_the_weights(tmp_path):
+    trainer, _, _ = _trainer()
+    trainer.save(tmp_path / "c.pt")
+    fresh = devplug.Trainer(device="cpu", progress=False, loggers=[])
+    model = fresh.setup(torch.nn.Linear(2, 1))
+    with pytest.raises(devplug.CheckpointError, match=r"build 'linear' with trainer\.optimizer\(\.\.\.\) before load"):
+        fresh.load(tmp_path / "c.pt")
+    weights = torch.load(tmp_path / "c.pt", weights_only=True)["modules"]["linear"]  # what the line says works
+    model.load_state_dict(weights)
+
+
 def test_a_list_of_batches_is_used_as_it_is_every_epoch():
     trainer, model, opt = _trainer(precision="32-true")
     batches = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(3)]
