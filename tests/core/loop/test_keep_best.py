@@ -65,21 +65,22 @@ def _own_evaluation(path: Path, val: torch.utils.data.TensorDataset) -> float:
     return _val_loss(model, val)
 
 
-@pytest.mark.parametrize("every", [None, 2], ids=["readme-loop", "every-2-steps"])
+@pytest.mark.parametrize("every", [None, 2, 5], ids=["readme-loop", "every-2-steps", "every-5-steps"])
 @pytest.mark.parametrize("log_every", [1, 3, 5, 50])
 def test_the_truly_best_checkpoints_are_kept_and_scored_with_their_own_weights(tmp_path, every, log_every):
     evaluated, val = _run(tmp_path / "ckpt", log_every=log_every, every=every)
     best_two = sorted(evaluated, key=evaluated.__getitem__)[:2]
-    newest = max(evaluated)
-    assert min(best_two) > min(evaluated) and newest not in best_two  # the run is a real test of the ranking
+    last = 32  # 8 epochs of 4 steps: the end-of-run checkpoint (evaluated only where the schedule says)
+    assert min(best_two) > min(evaluated) and last not in best_two  # the run is a real test of the ranking
     kept = {int(p.stem.split("_")[1]): p for p in (tmp_path / "ckpt").glob("step_*.pt")}
-    assert set(kept) == {*best_two, newest}
+    assert set(kept) == {*best_two, last}
     scores = json.loads((tmp_path / "ckpt" / "checkpoints.json").read_text())
-    assert set(scores) == {p.name for p in kept.values()}  # the last checkpoint of the run is scored too
+    assert set(scores) == {p.name for step, p in kept.items() if step in evaluated}  # the last one too, if evaluated
     for step, path in kept.items():
         own = _own_evaluation(path, val)
-        assert own == pytest.approx(evaluated[step], rel=1e-6)
-        assert scores[path.name] == pytest.approx(own, rel=1e-6)
+        if step in evaluated:
+            assert own == pytest.approx(evaluated[step], rel=1e-6)
+            assert scores[path.name] == pytest.approx(own, rel=1e-6)
 
 
 def test_a_checkpoint_without_a_value_at_its_step_is_unscored_and_the_scored_best_stays(tmp_path):
@@ -121,3 +122,63 @@ def test_a_monitor_never_logged_is_one_warning(tmp_path):
     about = [w for w in caught if "val_los" in str(w.message)]
     assert len(about) == 1, [str(w.message) for w in caught]
     assert "never logged" in str(about[0].message) and "trainer.log(val_los=" in str(about[0].message)
+
+
+class _Recorder:
+    """A logger that keeps every value of every point."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[int, dict[str, float]]] = []
+
+    def devplug_log(self, point) -> None:
+        if point.values:
+            self.points.append((point.step, dict(point.values)))
+
+
+class _Jumpy(torch.nn.Module):
+    """A linear classifier whose outputs move fast with its weights, so the accuracy changes every epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * 300.0
+
+
+@pytest.mark.parametrize("log_every", [1, 3, 50])
+def test_the_readme_loop_itself_keeps_its_best_epochs_scored_with_their_own_accuracy(tmp_path, monkeypatch,
+                                                                                      log_every):
+    from dist_scripts.common import documented_loop
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(1024 + 500, 8, generator=g), torch.randint(0, 3, (1024 + 500,), generator=g)
+    y[::2] = (x[::2] @ torch.randn(8, 3, generator=g)).argmax(dim=1)
+    train_set, val_set = (torch.utils.data.TensorDataset(x[:1024], y[:1024]),
+                          torch.utils.data.TensorDataset(x[1024:], y[1024:]))
+    recorder = _Recorder()
+    policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=8, keep_last=1, keep_best=2,
+                                      monitor="val_accuracy", mode="max")  # 8 steps per epoch
+    code = documented_loop().replace("log_every=50,", "log_every=LOG_EVERY, checkpoints=POLICY, loggers=[RECORDER],"
+                                     " progress=False,")
+    assert "checkpoints=POLICY" in code
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    namespace = {"MyNet": _Jumpy, "train_set": train_set, "val_set": val_set, "LOG_EVERY": log_every,
+                 "POLICY": policy, "RECORDER": recorder}
+    exec(compile(code, "README.md", "exec"), namespace)
+    namespace["trainer"].close()
+    accuracy = {step: values["val_accuracy"] for step, values in recorder.points if "val_accuracy" in values}
+    assert sorted(accuracy) == list(range(8, 81, 8))  # one per epoch, each at its own step, as logged
+    assert len(set(accuracy.values())) > 3  # the accuracy moves: the ranking is a real one
+    kept = {int(p.stem.split("_")[1]): p for p in (tmp_path / "ckpt").glob("step_*.pt")}
+    scores = json.loads((tmp_path / "ckpt" / "checkpoints.json").read_text())
+    assert set(scores) == {p.name for p in kept.values()}
+    best_two = [step for step, _ in sorted(accuracy.items(), key=lambda item: (-item[1], -item[0]))[:2]]
+    assert set(kept) == {*best_two, 80}  # the two best epochs (ties: the newer) and the newest
+    for step, path in kept.items():
+        model = _Jumpy()
+        model.load_state_dict(torch.load(path, weights_only=True)["modules"]["_jumpy"])
+        with torch.no_grad():
+            own = (model(val_set.tensors[0]).argmax(dim=1) == val_set.tensors[1]).double().mean().item()
+        assert scores[path.name] == pytest.approx(own, abs=1e-6) == accuracy[step]
