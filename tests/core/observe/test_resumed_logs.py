@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from collections import Counter
 
 import pytest
@@ -41,6 +42,9 @@ def test_a_resume_says_what_it_resumed_and_the_logs_drop_the_killed_runs_points_
     pytest.importorskip("tensorboard")
     _run(tmp_path, steps=10, close=False)  # checkpoints at 4 and 8; points written up to step 10, then "killed"
     capsys.readouterr()
+    # TensorBoard reads event files in name order, whose first field is the second they were opened in: a
+    # resumed run is a later process; here, a later second (in one second, the order would be a counter's)
+    time.sleep(1.1)
     _run(tmp_path, steps=12, close=True)
     err = capsys.readouterr().err
     assert f"devplug: resumed from {tmp_path / 'ckpt' / 'step_0000008.pt'} (step 8, epoch 0)" in err
