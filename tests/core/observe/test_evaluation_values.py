@@ -96,3 +96,20 @@ def test_mlflow_gets_each_epochs_accuracy_at_its_step(tmp_path, monkeypatch):
     history = client.get_metric_history(run.info.run_id, "val_accuracy")
     assert sorted((m.step, m.value) for m in history) == [
         (STEPS * (e + 1), pytest.approx(a, abs=1e-6)) for e, a in enumerate(ACCURACY)]
+
+
+def test_wandb_gets_each_epochs_accuracy_at_its_step(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install 'devplug[wandb]')")
+    from test_tracking import _wandb_records
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _readme_loop(tmp_path, loggers=("wandb",))
+    wandb.teardown()  # the W&B service writes the run file completely when it stops
+    accuracy = {}
+    for record in _wandb_records(tmp_path):
+        if record.WhichOneof("record_type") == "history":
+            for item in record.history.item:
+                if (item.key or "/".join(item.nested_key)) == "eval/accuracy":
+                    accuracy[record.history.step.num] = json.loads(item.value_json)
+    assert sorted(accuracy.items()) == [(STEPS * (e + 1), pytest.approx(a, abs=1e-6)) for e, a in enumerate(ACCURACY)]
