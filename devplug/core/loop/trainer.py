@@ -637,7 +637,10 @@ class Trainer:
         """Record scalars (tensors stay on the device); at every ``log_every``-th step, report them.
 
         A log point averages the values since the previous one, reduces them across ranks, checks for
-        NaN/inf and writes them (rank 0): the only place values are read from the device. Returns them.
+        NaN/inf and writes them (rank 0): the only place training values are read from the device. Returns
+        them. Evaluation values (logged inside ``epochs()`` after the epoch's training batches, or named
+        ``val_*``, ``eval_*``, ``val/*``, ``eval/*``) are written at once, as logged, at the current step:
+        read back then, not averaged with other values nor across ranks (reduce them first).
         """
         position = self._position
         step = position.global_step
