@@ -39,8 +39,8 @@ class CheckpointKeeper:
     """Saves, loads and resumes a Trainer's state, and saves by its checkpoint policy.
 
     ``sharded``: the run trains under FSDP (every rank writes and reads its shards); ``combiner``: the
-    ranks' object collectives (``None`` in one process); ``nonfinite`` is the Trainer's setting for a diverged run;
-    ``stepped`` the optimizers the Trainer's ``step`` was given (one a checkpoint would miss is named);
+    ranks' object collectives (``None`` in one process); ``nonfinite`` is the Trainer's setting for a
+    diverged run; ``stepped`` the optimizers the Trainer's ``step`` was given (one a checkpoint would miss is named);
     ``policy_save`` writes the policy's checkpoints (the Trainer's own ``save``, so a subclass's is used).
     """
 
@@ -197,7 +197,6 @@ class CheckpointKeeper:
             runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
             log.warning("%s (training goes on: nonfinite=%r)", exc, self._nonfinite)
             return None
-
 
     # ---- the monitored value: each checkpoint scored with its own weights' value -------------------------
     def monitor_logged(self, step: int, value: Any) -> None:

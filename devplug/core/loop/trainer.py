@@ -753,12 +753,12 @@ class Trainer:
     def _reasons(self) -> dict[str, str]:
         # why each choice the author left to devplug came out as it did
         reasons: dict[str, str] = {}
-        if self._config.device in (None, "auto") and not os.environ.get("DEVPLUG_DEVICE"):
+        if (self._config.device or os.environ.get("DEVPLUG_DEVICE", "").strip() or "auto") == "auto":
             reasons["device"] = (f"'auto' chose {self.device.spec.name}: the available device of highest priority "
                                  f"(plugin {self.device.plugin_name})")
         if self._config.precision == "auto":
             detail = self.precision.description
-            why = detail.rsplit("(auto: ", 1)[1].rstrip(")") if "(auto: " in detail else detail
+            why = detail.rsplit("(auto: ", 1)[1].removesuffix(")") if "(auto: " in detail else detail
             reasons["precision"] = f"'auto' chose {self.precision.name}: {why}"
         if self.device.layout_reason:
             reasons["layout"] = self.device.layout_reason
