@@ -330,7 +330,7 @@ def summarize(run: Run) -> dict[str, Any]:
         last_checkpoint = None  # this run wrote none
     shown = None
     if run.sample is not None:
-        shown = repr(run.sample if len(run.sample) <= SAMPLE_SHOWN else run.sample[:SAMPLE_SHOWN] + "...")
+        shown = run.sample if len(run.sample) <= SAMPLE_SHOWN else run.sample[:SAMPLE_SHOWN] + "..."  # plain text
     return {
         "status": "interrupted" if run.interrupted else "finished",
         "device": values["device"],

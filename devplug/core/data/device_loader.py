@@ -124,6 +124,7 @@ class DeviceLoader:
         self._on_batch = on_batch
         self._before_batch = before_batch
         self._after_batches = after_batches
+        self._used_up = False  # an iterator source that reached its end
         self._region = region
 
     @property
@@ -224,6 +225,8 @@ class DeviceLoader:
             skip = self._skip()
             indexed = self._skip_by_index(skip)
             batches = iter(self.choice.loader)
+            if batches is self.choice.loader:  # an iterator (a generator): it has one pass in it
+                batches = self._one_pass(batches)
             for _ in range(0 if indexed else skip):
                 if next(batches, _END) is _END:
                     return
@@ -236,6 +239,7 @@ class DeviceLoader:
                     yield move(batch) if move is not None else batch
                 return
             # the primary loader: everything the loop reads per batch is looked up once here
+            position.drawing = True
             lookahead = position.accumulation > 1 and position.epoch_batches is None
             pending = next(batches, _END) if lookahead else _END
             before_batch, region, on_batch, clock = self._before_batch, self._region, self._on_batch, time.perf_counter
@@ -254,8 +258,19 @@ class DeviceLoader:
                 on_batch(batch_size(batch), clock() - asked)
                 yield batch
         finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
-            if self.primary and self._after_batches is not None:
-                self._after_batches()
+            if self.primary:
+                self.position.drawing = False
+                if self._after_batches is not None:
+                    self._after_batches()
+
+    def _one_pass(self, batches: Iterator[Any]) -> Iterator[Any]:
+        if self._used_up:
+            kind = "training" if self.train else "evaluation"
+            raise DataError(f"the {kind} loader's source, a {type(self.choice.loader).__name__}, was used up by "
+                            "its first pass, so this pass would have no batches; give a list of batches, a "
+                            "DataLoader, or an object whose __iter__ starts a fresh pass")
+        yield from batches
+        self._used_up = True
 
     def _draw(self, batches: Iterator[Any], pending: Any, lookahead: bool) -> tuple[Any, Any]:
         """The primary loader's next batch, moved, and the one looked ahead at; ``_END`` at the end or on a stop.

@@ -65,6 +65,7 @@ class Reporter:
         self.throughput = Throughput()
         self.flops = FlopMeter(steps_done=lambda: 0, samples_done=lambda: 0, peak=lambda: None, enabled=False)
         self.last_metrics: dict[str, float] = {}
+        self.evaluation: dict[str, float] = {}  # the last value of each evaluation figure, as logged
         self.progress_bar: Any = None
         self._closed = False
 
@@ -102,6 +103,11 @@ class Reporter:
         """Hand hyperparameters and facts about the run (a point with no values) to the loggers (rank 0)."""
         if self.is_main and (hparams or tags) and not self._closed:
             self.emit(LogPoint(step=step, log_dir=self.log_dir, hparams=dict(hparams or {}), tags=dict(tags or {})))
+
+    def resumed(self, step: int) -> None:
+        """The run continues from the checkpoint of ``step``: the loggers drop what was written past it (rank 0)."""
+        if self.is_main:
+            self.emit(LogPoint(step=step, log_dir=self.log_dir, resumed=True))
 
     # ---- progress -----------------------------------------------------------------------------------
     def open_progress(self, total: int | None, initial: int) -> None:
@@ -146,13 +152,39 @@ class Reporter:
                 if isinstance(lr, (int, float)):
                     values[f"lr/{key}"] = float(lr)
         shown = values if stepped else {**self.last_metrics, **values}  # the bar keeps the last rates
-        self.last_metrics = values
+        self.last_metrics = {**self.evaluation, **values}
         if self.is_main:
             self.emit(LogPoint(step=step, values=dict(values), log_dir=self.log_dir))
             if self.progress_bar is not None:
-                self.progress_bar.n = step
-                self.progress_bar.set_postfix_str(progress_postfix(shown), refresh=False)
-                self.progress_bar.refresh()
+                bar = self.progress_bar
+                bar.n = step
+                bar.set_postfix_str(progress_postfix(shown), refresh=False)
+                if bar.total is None or step < bar.total:  # the last line is shown once, when the bar closes
+                    bar.refresh()
+        return values
+
+    def write_now(self, step: int, scalars: Mapping[str, Any]) -> dict[str, float]:
+        """Write evaluation values as logged, at ``step``, now: read back, checked, to the loggers (rank 0).
+
+        Not averaged with other values nor across ranks (not a collective): reduce them first, as
+        ``trainer.all_reduce`` does, so that every rank logs the same figure.
+        """
+        values: dict[str, float] = {}
+        for name, value in scalars.items():
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise ValueError(f"logged value {name!r} must be a scalar, got shape {tuple(value.shape)}")
+                value = value.item()
+            values[name] = float(value)
+        bad = nonfinite(values)
+        if bad:
+            self._on_nonfinite(bad, values, step)
+        self.evaluation.update(values)
+        self.last_metrics = {**self.last_metrics, **values}
+        if self.is_main:
+            self.emit(LogPoint(step=step, values=dict(values), log_dir=self.log_dir))
+            if self.progress_bar is not None:
+                self.progress_bar.set_postfix_str(progress_postfix(self.last_metrics), refresh=False)
         return values
 
     def _on_nonfinite(self, bad: list[str], values: dict[str, float], step: int) -> None:
