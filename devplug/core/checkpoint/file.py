@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -72,9 +73,18 @@ def atomic_save(state: Any, path: str | os.PathLike[str]) -> Path:
     return target
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` as one plain line: terminal escape sequences removed, whitespace runs made one space."""
+    plain = " ".join(_ANSI.sub("", text).split())
+    return plain if limit is None else plain[:limit]
+
+
 def _torch_reason(exc: BaseException) -> str:
     """torch's reason in a few words, without its advice to retry with ``weights_only=False``."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
     detail = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("WeightsUnpickler error")), "")
     if detail:
         return f"it holds something other than tensors and plain values ({detail})"
