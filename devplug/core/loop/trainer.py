@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from devplug.core.checkpoint import rng
+from devplug.core.checkpoint import rng, runlock
 from devplug.core.checkpoint.compiled import plain_module
 from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.checkpoint.resume import Resumed
@@ -124,6 +124,9 @@ class Trainer:
         self._state = TrainerState(device=self.device, precision=self.precision, modules=self._modules,
                                   optimizers=self._optimizers, loaders=self._loaders, position=self._position,
                                   world_size=self.world_size)
+        policy = self._config.checkpoints  # one job at a time writes its folder: taken before anything is written
+        self._run_lock = runlock.hold_for_run(policy.directory if policy is not None else None,
+                                              main=self.is_main_process, combiner=self._combiner)
         loggers = build_loggers(self._config.logger_items, self._config.log_dir,
                                 default=self._config.loggers is None) if self.is_main_process else []
         self._reporter = Reporter(log_dir=self._config.log_dir, progress=self._config.progress,
@@ -732,6 +735,8 @@ class Trainer:
             except Exception as exc:  # close() may run while an exception unwinds: do not mask it
                 log.warning("the run's summary was not handed to the loggers: %s", exc)
         self._reporter.close(self.global_step, summary)
+        if self._run_lock is not None:
+            self._run_lock.release()
 
     def __enter__(self) -> Trainer:
         return self

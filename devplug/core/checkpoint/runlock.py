@@ -1,0 +1,139 @@
+"""The run lock: one job at a time writes a checkpoint folder.
+
+A Trainer with a checkpoint policy takes the lock of the policy's folder, ``.<folder>.devplug-lock`` beside
+it (so the folder holds only checkpoints), before it writes anything (on the main process; the other ranks of its job hear the answer from it). The lock is an
+advisory ``flock`` on that file, which the operating system drops when its process ends however it ends,
+so the lock of a killed run is taken over by the next one; the file names the holder (host, process id,
+start time, command) so a second job is refused with one line saying who holds the folder. Several
+Trainers of one process share the lock.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from devplug.core.errors import CheckpointError
+
+log = logging.getLogger("devplug")
+
+def lock_path(folder: str | os.PathLike[str]) -> Path:
+    """The lock file of ``folder``: beside it, where its parent is writable, else inside it."""
+    root = Path(folder).resolve()
+    beside = root.parent / f".{root.name}.devplug-lock"
+    return beside if root.parent != root and os.access(root.parent, os.W_OK) else root / ".devplug-lock"
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not a POSIX system: no lock
+    fcntl = None  # type: ignore[assignment]
+
+_HELD: dict[str, list[Any]] = {}  # folder → [file descriptor, holders in this process]
+
+
+def _holder(fd: int) -> dict[str, Any]:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        found = json.loads(os.read(fd, 4096).decode() or "{}")
+        return found if isinstance(found, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def describe_holder(holder: dict[str, Any]) -> str:
+    """``host <h>, pid <p>, started <time> (<command>)`` for a lock file's content, as far as it says."""
+    if not holder:
+        return "a process that left no name"
+    text = f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('started', '?')}"
+    command = " ".join(str(holder.get("command", "")).split())[:120]
+    return f"{text} ({command})" if command else text
+
+
+class RunLock:
+    """This process's hold on a folder's run lock (`acquire`); `release` lets go once every holder has."""
+
+    def __init__(self, key: str, folder: Path) -> None:
+        self._key, self.folder, self.released = key, folder, False
+
+    def release(self) -> None:
+        """Let go of the lock (the file stays; the next run takes it over)."""
+        if self.released:
+            return
+        self.released = True
+        held = _HELD.get(self._key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] <= 0:
+            del _HELD[self._key]
+            os.close(held[0])  # closing the descriptor drops the flock
+
+
+def acquire(folder: str | os.PathLike[str]) -> RunLock | None:
+    """Take the run lock of ``folder`` (created if needed); a `CheckpointError` line naming the holder if taken.
+
+    Returns ``None`` when no lock can be taken here (a read-only folder, a system without ``flock``): the
+    run goes on, and its saves report what is wrong with the folder.
+    """
+    root = Path(folder)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        key = str(root.resolve())
+    except OSError as exc:
+        log.debug("no run lock in %s: %s", root, exc)
+        return None
+    if key in _HELD:
+        _HELD[key][1] += 1
+        return RunLock(key, root)
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(lock_path(root), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        log.debug("no run lock in %s: %s", root, exc)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise CheckpointError(f"another run is writing {str(root)!r}: {describe_holder(holder)}; wait for it to "
+                              "finish or stop it, or give this run another output folder") from None
+    previous = _holder(fd)
+    if previous and previous.get("pid") != os.getpid():
+        log.info("took over the run lock of %s in %s (that process is gone)", describe_holder(previous), root)
+    me = {"host": socket.gethostname(), "pid": os.getpid(),
+          "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+          "command": " ".join(sys.argv)}
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(me).encode())
+    except OSError as exc:  # a full disk: the flock holds all the same
+        log.debug("the run lock of %s does not name its holder: %s", root, exc)
+    _HELD[key] = [fd, 1]
+    return RunLock(key, root)
+
+
+def hold_for_run(folder: str | os.PathLike[str] | None, *, main: bool, combiner: Any = None) -> RunLock | None:
+    """Take ``folder``'s run lock on the main process; every rank raises the same `CheckpointError` if taken.
+
+    ``combiner`` (the ranks' object collectives, ``None`` in one process) carries rank 0's answer to the others.
+    """
+    lock, problem = None, ""
+    if folder is not None and main:
+        try:
+            lock = acquire(folder)
+        except CheckpointError as exc:
+            problem = str(exc)
+    if combiner is not None and folder is not None:
+        problem = combiner.broadcast(problem, source=0)
+    if problem:
+        raise CheckpointError(problem)
+    return lock
