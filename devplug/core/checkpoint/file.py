@@ -22,6 +22,7 @@ import torch
 
 from devplug.core.checkpoint import digest as content
 from devplug.core.checkpoint import sniff
+from devplug.core.checkpoint.diskfull import disk_full_cause
 from devplug.core.checkpoint.tempfiles import create_temp, remove_stale_temp_files
 from devplug.core.errors import CheckpointError
 from devplug.core.tree import map_tensors
@@ -59,8 +60,11 @@ def atomic_save(state: Any, path: str | os.PathLike[str]) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        full = disk_full_cause(exc) if isinstance(exc, Exception) else None
+        if full is not None and full is not exc:  # torch's zip writer says "unexpected pos", the cause inside
+            raise OSError(full.errno, full.strerror, str(target)) from None
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(target.parent, os.O_RDONLY)

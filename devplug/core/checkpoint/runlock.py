@@ -1,11 +1,11 @@
 """The run lock: one job at a time writes a checkpoint folder.
 
-A Trainer with a checkpoint policy takes the lock of the policy's folder, ``.<folder>.devplug-lock`` beside
-it (so the folder holds only checkpoints), before it writes anything (on the main process; the other ranks of its job hear the answer from it). The lock is an
-advisory ``flock`` on that file, which the operating system drops when its process ends however it ends,
-so the lock of a killed run is taken over by the next one; the file names the holder (host, process id,
-start time, command) so a second job is refused with one line saying who holds the folder. Several
-Trainers of one process share the lock.
+A Trainer with a checkpoint policy takes the lock of the policy's folder, ``.<folder>.devplug-lock``
+beside it (so the folder holds only checkpoints), before it writes anything (on the main process; the
+other ranks of its job hear the answer from it). The lock is an advisory ``flock`` on that file, which
+the operating system drops when its process ends however it ends, so the lock of a killed run is taken
+over by the next one; the file names the holder (host, process id, start time, command) so a second job
+is refused with one line saying who holds the folder. Several Trainers of one process share the lock.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from devplug.core.checkpoint import file as ckpt
+from devplug.core.checkpoint.diskfull import disk_full_cause, disk_full_line
 from devplug.core.checkpoint.manifest import check_manifest, write_manifest
 from devplug.core.checkpoint.tempfiles import host_tag, remove_stale_temp_files, tag_writer
 from devplug.core.errors import CheckpointError
@@ -81,11 +82,43 @@ def _replace(staging: Path, target: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def _failure(exc: BaseException, target: Path, *, asynchronous: bool = False) -> Exception:
+    """What a failed save raises, on every rank alike.
+
+    A full disk is an ``OSError`` (ENOSPC/EDQUOT) naming ``target`` for a synchronous save, which the
+    checkpoint policy words as its one line naming the previous checkpoint; anything else, and an
+    asynchronous save (reported later, by the next save or ``close()``), a one-line `CheckpointError`.
+    """
+    full = disk_full_cause(exc)
+    if full is not None and not asynchronous:
+        return OSError(full.errno, full.strerror, str(target))
+    if full is not None:
+        return CheckpointError(f"{disk_full_line(repr(str(target)), full)} in the background; the earlier "
+                               "checkpoints are intact; free some space or save the checkpoints on "
+                               "another disk")
+    failures = getattr(exc, "failures", None)
+    causes = [v[0] if isinstance(v, tuple) else v for v in failures.values()] if isinstance(failures, dict) else []
+    cause = causes[0] if causes else exc
+    reason = ckpt.one_line(str(cause), 300) or type(cause).__name__
+    kind = "asynchronous save" if asynchronous else "save"
+    return CheckpointError(f"the {kind} of {str(target)!r} failed, and the previous checkpoint of that name was "
+                           f"kept: {reason}")
+
+
+def _agree(failure: Exception | None) -> Exception | None:
+    """Rank 0's failure (or ``None``) on every rank: a step only rank 0 takes fails on all or none."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [failure]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return failure
+
+
 class ShardedWriter:
     """Writes sharded checkpoints, one at a time: a pending asynchronous save is finished before the next."""
 
     def __init__(self) -> None:
-        self._pending: tuple[Any, threading.Event, list[BaseException], Path] | None = None
+        self._pending: tuple[Any, threading.Event, list[BaseException], Path, Path] | None = None
         self._async_group: Any = None
 
     def save(self, path: str | os.PathLike[str], tensors: Mapping[str, Any], state: Mapping[str, Any], *,
@@ -94,32 +127,60 @@ class ShardedWriter:
 
         A collective: every rank calls it. Synchronous saves return once the folder is in place on every
         rank; with ``async_save`` the tensors are copied to host memory, written in the background, and
-        the folder is renamed into place when they are (`wait` finishes it).
+        the folder is renamed into place when they are (`wait` finishes it). A save that fails (a full
+        disk included) raises the same one-line error on every rank, removes what it wrote and leaves the
+        previous checkpoint of that name as it was.
         """
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         self.wait()
         target = Path(path)
         staging = _job_staging(target)
+        failure: Exception | None = None
         if _rank() == 0:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(staging, ignore_errors=True)  # a save of this process that was killed midway
-            remove_stale_temp_files(target.parent)  # and those of processes that are gone
-            staging.mkdir()
-            tag_writer(staging)
-            ckpt.atomic_save(ckpt.with_digest(ckpt.to_cpu(dict(state))), staging / STATE_FILE)
-        _barrier()
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.rmtree(staging, ignore_errors=True)  # a save of this process that was killed midway
+                remove_stale_temp_files(target.parent)  # and those of processes that are gone
+                staging.mkdir()
+                tag_writer(staging)
+                ckpt.atomic_save(ckpt.with_digest(ckpt.to_cpu(dict(state))), staging / STATE_FILE)
+            except Exception as exc:  # a full disk before the shards: nothing of this save is left
+                shutil.rmtree(staging, ignore_errors=True)
+                failure = _failure(exc, target, asynchronous=async_save)
+        failure = _agree(failure)  # also the barrier: the staging folder exists before any rank writes
+        if failure is not None:
+            raise failure
         if not async_save:
-            dcp.save(dict(tensors), checkpoint_id=str(staging))
+            try:
+                dcp.save(dict(tensors), checkpoint_id=str(staging))
+            except (Exception, CheckpointException) as exc:  # DCP raises on every rank alike
+                _barrier()
+                if _rank() == 0:
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise _failure(exc, target) from None
             if _rank() == 0:
-                write_manifest(staging)
-                _replace(staging, target)
-            _barrier()
+                try:
+                    write_manifest(staging)
+                    _replace(staging, target)
+                except Exception as exc:
+                    shutil.rmtree(staging, ignore_errors=True)
+                    failure = _failure(exc, target)
+            failure = _agree(failure)
+            if failure is not None:
+                raise failure
             return target
         if self._async_group is None and dist.is_initialized():
             # its own group, so the background writer's collectives never interleave with training's
             self._async_group = dist.new_group(backend="gloo")
-        future: Any = dcp.async_save(dict(tensors), checkpoint_id=str(staging), process_group=self._async_group)
+        try:
+            future: Any = dcp.async_save(dict(tensors), checkpoint_id=str(staging),
+                                         process_group=self._async_group)
+        except (Exception, CheckpointException) as exc:
+            if _rank() == 0:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise _failure(exc, target, asynchronous=True) from None
         done, errors = threading.Event(), []
 
         def finish(fut: Any) -> None:
@@ -134,19 +195,20 @@ class ShardedWriter:
                 done.set()
 
         future.add_done_callback(finish)
-        self._pending = (future, done, errors, target)
+        self._pending = (future, done, errors, target, staging)
         return target
 
     def wait(self) -> None:
-        """Finish the pending asynchronous save, if any; raise `CheckpointError` if it failed."""
+        """Finish the pending asynchronous save, if any; raise a one-line `CheckpointError` if it failed."""
         if self._pending is None:
             return
-        _future, done, errors, target = self._pending
+        _future, done, errors, target, staging = self._pending
         self._pending = None
         done.wait()
         if errors:
-            raise CheckpointError(f"the asynchronous save of {str(target)!r} failed, and the previous checkpoint "
-                                  f"of that name was kept: {errors[0]}") from errors[0]
+            if _rank() == 0:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise _failure(errors[0], target, asynchronous=True) from None
         log.info("asynchronous checkpoint %s written", target)
 
 

@@ -38,7 +38,7 @@ from devplug.core.contract.records import (
 from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed import fsdp
-from devplug.core.distributed.launch import detect_launch
+from devplug.core.distributed.launch import detect_launch, die_with_launcher
 from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
 from devplug.core.errors import ConfigError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
@@ -86,6 +86,7 @@ class Trainer:
         self._config = config if config is not None else TrainerConfig.build(**options)
         self._registry = DeviceRegistry(plugin_manager or get_plugin_manager())
         self._launch = detect_launch()
+        die_with_launcher()  # under torchrun: no worker outlives its launcher
         self._hooks = self._registry.open(self._config.device, options=self._config.device_options,
                                         channels_last=self._config.channels_last)
         self.device = self._hooks.device
