@@ -222,7 +222,11 @@ def resume_source(path: Path) -> Path:
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir() and (path / "checkpoints").is_dir():
-        return path / "checkpoints"
+        path = path / "checkpoints"
+    one_checkpoint = path.is_file() or (path / "trainer.pt").exists() or (path / ".metadata").exists()
+    if not one_checkpoint and not any(path.glob("step_*.pt")):
+        raise CheckpointError(f"no checkpoint (step_*.pt) in {str(path)!r} to resume from; name a checkpoint, or a "
+                              "run folder that has some")
     return path
 
 
