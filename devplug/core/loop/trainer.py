@@ -35,12 +35,18 @@ from devplug.core.contract.records import (
     PrecisionPlan,
     ShardingPlan,
 )
-from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
+from devplug.core.data.device_loader import (
+    DeviceLoader,
+    data_lost_reason,
+    is_dataset,
+    loader_options,
+    own_loader_choice,
+)
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed import fsdp
 from devplug.core.distributed.launch import detect_launch, die_with_launcher
 from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
-from devplug.core.errors import ConfigError, PluginError
+from devplug.core.errors import ConfigError, DataError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.log_once import log_once
 from devplug.core.loop.config import TrainerConfig
@@ -355,9 +361,21 @@ class Trainer:
                               index=index, world_size=self.world_size,
                               region=self._route.region_or_none if self._route.may_mark() else None,
                               before_batch=self._before_batch,
-                              after_batches=self._flops.stop)
+                              after_batches=self._flops.stop, on_data_lost=self._data_lost if train else None)
         self._loaders.append(loader)
         return loader
+
+    def _data_lost(self, exc: BaseException) -> DataError:
+        # The training data failed between steps: save the last finished step first (the policy's checkpoint;
+        # not under FSDP, where a save is a collective the other ranks may not reach), then stop in one line.
+        step, saved = self._position.global_step, None
+        if self._keeper.runs is not None and self.sharding is None and self._position.window_closed():
+            try:
+                saved = self._keeper.save_by_policy()
+            except Exception as save_exc:  # a full disk too: the data's failure is the one to report
+                log.warning("the checkpoint of step %d could not be saved: %s", step, save_exc)
+        kept = f"; step {step} was saved first ({saved})" if saved else ""
+        return DataError(f"the training data failed after step {step}: {data_lost_reason(exc)}{kept}")
 
     # ---- the step ---------------------------------------------------------------------------------------
     def region(self, name: str) -> contextlib.AbstractContextManager[Any]:
