@@ -109,3 +109,15 @@ def test_both_examples_refuse_a_second_run_on_one_output_folder(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and f"pid {proc.pid}" in err[0] and "another run is writing" in err[0], err
     assert list((out / "checkpoints").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_every_rank_of_a_second_fsdp_job_is_refused_and_none_waits(tmp_path, holder):
+    from dist_scripts.common import HERE, run_ranks
+
+    results = run_ranks(HERE / "fsdp_locked.py", [str(tmp_path / "ckpt")], timeout=120, expect_code=3)
+    for rank, result in enumerate(results):
+        lines = result.stdout.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"rank {rank}: another run is writing"), result.stdout
+        assert f"pid {holder.pid}" in lines[0]
+    assert list((tmp_path / "ckpt").iterdir()) == []
