@@ -1,11 +1,12 @@
 """The run lock: one job at a time writes a checkpoint folder.
 
-A Trainer with a checkpoint policy takes the lock of the policy's folder, ``.<folder>.devplug-lock``
-beside it (so the folder holds only checkpoints), before it writes anything (on the main process; the
-other ranks of its job hear the answer from it). The lock is an advisory ``flock`` on that file, which
-the operating system drops when its process ends however it ends, so the lock of a killed run is taken
-over by the next one; the file names the holder (host, process id, start time, command) so a second job
-is refused with one line saying who holds the folder. Several Trainers of one process share the lock.
+A Trainer with a checkpoint policy takes the lock of the policy's folder before it writes anything (on
+the main process; the other ranks of its job hear the answer from it): an advisory ``flock`` on the folder
+itself, which the operating system drops when its process ends however it ends, so the lock of a killed
+run is taken over by the next one. The holder (host, process id, start time, command) is recorded in the
+folder's extended attribute ``user.devplug.lock``, so a second job is refused with one line saying who
+holds the folder; nothing is added to the folder. Several Trainers of one process share the lock. Where
+the file system takes no lock on a folder, the run goes on without one.
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ from devplug.core.errors import CheckpointError
 
 log = logging.getLogger("devplug")
 
-def lock_path(folder: str | os.PathLike[str]) -> Path:
-    """The lock file of ``folder``: beside it, where its parent is writable, else inside it."""
-    root = Path(folder).resolve()
-    beside = root.parent / f".{root.name}.devplug-lock"
-    return beside if root.parent != root and os.access(root.parent, os.W_OK) else root / ".devplug-lock"
+#: The extended attribute of a locked folder that names its holder.
+HOLDER_ATTRIBUTE = "user.devplug.lock"
+
 
 try:
     import fcntl
@@ -37,12 +36,12 @@ except ImportError:  # pragma: no cover - not a POSIX system: no lock
 _HELD: dict[str, list[Any]] = {}  # folder → [file descriptor, holders in this process]
 
 
-def _holder(fd: int) -> dict[str, Any]:
+def read_holder(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """What the folder's lock records about its holder (``{}`` when it records nothing readable)."""
     try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        found = json.loads(os.read(fd, 4096).decode() or "{}")
+        found = json.loads(os.getxattr(os.fspath(folder), HOLDER_ATTRIBUTE).decode())
         return found if isinstance(found, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # no attribute, none supported, or not Linux
         return {}
 
 
@@ -94,28 +93,29 @@ def acquire(folder: str | os.PathLike[str]) -> RunLock | None:
     if fcntl is None:
         return None
     try:
-        fd = os.open(lock_path(root), os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(root, os.O_RDONLY)
     except OSError as exc:
         log.debug("no run lock in %s: %s", root, exc)
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = _holder(fd)
+    except BlockingIOError:
         os.close(fd)
-        raise CheckpointError(f"another run is writing {str(root)!r}: {describe_holder(holder)}; wait for it to "
-                              "finish or stop it, or give this run another output folder") from None
-    previous = _holder(fd)
+        raise CheckpointError(f"another run is writing {str(root)!r}: {describe_holder(read_holder(root))}; wait "
+                              "for it to finish or stop it, or give this run another output folder") from None
+    except OSError as exc:  # a file system that takes no lock on a folder
+        os.close(fd)
+        log.debug("no run lock in %s: %s", root, exc)
+        return None
+    previous = read_holder(root)
     if previous and previous.get("pid") != os.getpid():
         log.info("took over the run lock of %s in %s (that process is gone)", describe_holder(previous), root)
     me = {"host": socket.gethostname(), "pid": os.getpid(),
           "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-          "command": " ".join(sys.argv)}
+          "command": " ".join(sys.argv)[:500]}
     try:
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, json.dumps(me).encode())
-    except OSError as exc:  # a full disk: the flock holds all the same
+        os.setxattr(root, HOLDER_ATTRIBUTE, json.dumps(me).encode())
+    except (OSError, AttributeError) as exc:  # no extended attributes here: the flock holds all the same
         log.debug("the run lock of %s does not name its holder: %s", root, exc)
     _HELD[key] = [fd, 1]
     return RunLock(key, root)

@@ -68,18 +68,18 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, holder, caplog):
     with caplog.at_level(logging.INFO, logger="devplug"):
         trainer = _trainer(tmp_path / "ckpt")
     assert f"pid {holder.pid}" in caplog.text and "took over" in caplog.text
-    held = json.loads(runlock.lock_path(tmp_path / "ckpt").read_text())
-    assert held["pid"] == os.getpid()
+    assert runlock.read_holder(tmp_path / "ckpt")["pid"] == os.getpid()
     trainer.close()
 
 
-def test_a_lock_file_naming_a_dead_process_does_not_block(tmp_path):
+def test_a_lock_record_naming_a_dead_process_does_not_block(tmp_path):
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    runlock.lock_path(folder).write_text(json.dumps({"host": "elsewhere", "pid": 999999999, "started": "then"}))
+    os.setxattr(folder, runlock.HOLDER_ATTRIBUTE, json.dumps({"host": "elsewhere", "pid": 999999999}).encode())
     lock = runlock.acquire(folder)
-    assert lock is not None
+    assert lock is not None and runlock.read_holder(folder)["pid"] == os.getpid()
     lock.release()
+    assert list(folder.iterdir()) == []  # the lock adds nothing to the folder
 
 
 def test_trainers_of_one_process_share_the_lock_and_release_it_on_close(tmp_path):
