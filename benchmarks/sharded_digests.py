@@ -2,7 +2,7 @@
 
 One process shards an MLP over a group of one (``Trainer(strategy="fsdp")``). In each round, in
 alternating order: ``trainer.save(path)`` (twice: the second is the A/A noise floor), ``trainer.load(path)``,
-and the manifest's own work on that folder: every file read and hashed with BLAKE2b, as a save does once
+and the manifest's own work on that folder: every file read and hashed with SHA-256, as a save does once
 the shards are written and a load does before it reads anything. Medians over the rounds; the manifest's
 share of a save and of a load is its time over theirs (both timings include it). The page cache is warm
 (the files were just written), as on a save followed by a resume.
@@ -50,7 +50,7 @@ def hash_folder(folder: Path) -> int:
     total = 0
     for path in sorted(folder.iterdir()):
         if path.is_file() and path.name != "manifest.json":
-            hasher = hashlib.blake2b(digest_size=32)
+            hasher = hashlib.sha256()
             with path.open("rb") as handle:
                 while chunk := handle.read(1 << 20):
                     hasher.update(chunk)
@@ -82,12 +82,12 @@ def main() -> None:
         shutil.rmtree(folder, ignore_errors=True)
     median = {k: statistics.median(v) for k, v in times.items()}
     noise = statistics.median(a / b for a, b in zip(times["save A/A"], times["save"], strict=True))
-    print(f"checkpoint: {size / 2**20:.1f} MiB in {args.rounds} rounds; manifest (read + BLAKE2b of every file) "
+    print(f"checkpoint: {size / 2**20:.1f} MiB in {args.rounds} rounds; manifest (read + SHA-256 of every file) "
           f"{median['manifest'] * 1e3:.0f} ms = {size / median['manifest'] / 2**20:.0f} MiB/s")
     for what in ("save", "load"):
         share = statistics.median(m / t for m, t in zip(times["manifest"], times[what], strict=True))
         print(f"{what}: {median[what] * 1e3:.0f} ms, of which the manifest {share:.0%} "
-              f"(a save without it: {1 / (1 - share):.2f}x faster at most); A/A noise floor {noise:.2f}x")
+              f"(without it: {1 / (1 - share):.2f}x faster at most); A/A noise floor {noise:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The manifest of a sharded checkpoint folder: every file's size and digest, written last, checked on load.
 
 A sharded checkpoint is several files (DCP's shards and ``.metadata``, devplug's ``trainer.pt``) that only
-mean something together. Once all are written, the saving process lists each with its size and BLAKE2b
+mean something together. Once all are written, the saving process lists each with its size and SHA-256
 digest in ``manifest.json`` (written atomically, the last file of the save), so a bit flip in a shard, a
 truncated or missing file, a shard or state file copied in from another checkpoint, or a file added later
 is found before anything is restored, and reported as one line saying the checkpoint is damaged.
@@ -22,13 +22,13 @@ MANIFEST_FILE = "manifest.json"
 #: Files inside a checkpoint folder that are not part of the checkpoint (the name of the process writing it).
 NOT_LISTED = frozenset({MANIFEST_FILE, ".writer"})
 FORMAT = 1
-ALGORITHM = "blake2b"
+ALGORITHM = "sha256"  # with the CPU's SHA instructions, about twice as fast as BLAKE2b here
 _CHUNK = 1 << 20
 
 
 def file_digest(path: Path) -> str:
-    """The BLAKE2b digest (hex, 32 bytes) of the file ``path``'s bytes."""
-    hasher = hashlib.blake2b(digest_size=32)
+    """The SHA-256 digest (hex) of the file ``path``'s bytes."""
+    hasher = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(_CHUNK):
             hasher.update(chunk)
