@@ -82,3 +82,31 @@ def test_resuming_a_read_only_run_folder_says_to_pass_out(tmp_path, capsys, monk
     assert run("--steps", "3", "--resume", str(tmp_path / "run")) == 2
     line = _error(capsys)
     assert "the resumed run's folder" in line and "pass --out" in line and "Read-only file system" in line
+
+
+class _Creates:
+    """A pickle that creates the file ``marker`` when loaded (standing in for any command)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_resume_from_a_sharded_checkpoint_with_a_crafted_metadata_file_is_refused_and_runs_nothing(tmp_path,
+                                                                                                   capsys):
+    import pickle
+
+    from devplug.core.checkpoint.manifest import write_manifest
+
+    out, marker = tmp_path / "run", tmp_path / "ran"
+    assert run("--steps", "2", "--eval-every", "0", "--strategy", "fsdp", "--out", str(out)) == 0
+    capsys.readouterr()
+    folder = out / "checkpoints" / "step_0000002.pt"
+    (folder / ".metadata").write_bytes(pickle.dumps(_Creates(marker)))
+    write_manifest(folder)  # whoever crafted it rewrote the manifest too
+    assert run("--steps", "4", "--eval-every", "0", "--resume", str(folder), "--out", str(tmp_path / "again")) == 2
+    line = _error(capsys)
+    assert "not plain checkpoint metadata" in line and "nothing in it was run" in line
+    assert not marker.exists()
