@@ -17,9 +17,11 @@ import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from devplug.core.checkpoint.tempfiles import writer_alive
 from devplug.core.errors import CheckpointError
 
 log = logging.getLogger("devplug")
@@ -74,6 +76,29 @@ class RunLock:
             os.close(held[0])  # closing the descriptor drops the flock
 
 
+#: Seconds to wait for the lock of a holder that is gone: its children (data loader workers, which share
+#: the lock) end within a few seconds of it.
+ORPHAN_WAIT = 15.0
+
+
+def _gone(holder: dict[str, Any]) -> bool:
+    pid = holder.get("pid")
+    return holder.get("host") == socket.gethostname() and isinstance(pid, int) and not writer_alive(pid)
+
+
+def _take(fd: int, root: Path) -> None:
+    """``flock`` the folder; while its recorded holder is a process of this host that is gone, wait a little."""
+    deadline = time.monotonic() + ORPHAN_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline or not _gone(read_holder(root)):
+                raise
+            time.sleep(0.2)
+
+
 def acquire(folder: str | os.PathLike[str]) -> RunLock | None:
     """Take the run lock of ``folder`` (created if needed); a `CheckpointError` line naming the holder if taken.
 
@@ -98,10 +123,12 @@ def acquire(folder: str | os.PathLike[str]) -> RunLock | None:
         log.debug("no run lock in %s: %s", root, exc)
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _take(fd, root)
     except BlockingIOError:
         os.close(fd)
-        raise CheckpointError(f"another run is writing {str(root)!r}: {describe_holder(read_holder(root))}; wait "
+        holder = read_holder(root)
+        gone = " (its process is gone; a child of it still holds the folder)" if _gone(holder) else ""
+        raise CheckpointError(f"another run is writing {str(root)!r}: {describe_holder(holder)}{gone}; wait "
                               "for it to finish or stop it, or give this run another output folder") from None
     except OSError as exc:  # a file system that takes no lock on a folder
         os.close(fd)

@@ -121,3 +121,30 @@ def test_every_rank_of_a_second_fsdp_job_is_refused_and_none_waits(tmp_path, hol
         assert len(lines) == 1 and lines[0].startswith(f"rank {rank}: another run is writing"), result.stdout
         assert f"pid {holder.pid}" in lines[0]
     assert list((tmp_path / "ckpt").iterdir()) == []
+
+
+_HOLD_WITH_CHILD = """
+import os, sys, time
+from devplug.core.checkpoint import runlock
+runlock.acquire(sys.argv[1])
+if os.fork() == 0:  # a child (a data loader worker) shares the lock and outlives its parent by a moment
+    time.sleep(3)
+    os._exit(0)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_lock_of_a_killed_run_whose_child_lingers_is_taken_over_once_the_child_ends(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD_WITH_CHILD, str(tmp_path / "ckpt")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        lock = runlock.acquire(tmp_path / "ckpt")  # waits for the orphaned child, then takes the lock
+        assert lock is not None and runlock.read_holder(tmp_path / "ckpt")["pid"] == os.getpid()
+        lock.release()
+    finally:
+        proc.kill()
+        proc.wait()
