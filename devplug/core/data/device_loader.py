@@ -110,7 +110,8 @@ class DeviceLoader:
                  on_batch: Callable[[int, float], None], *, train: bool = True, index: int = 0,
                  world_size: int = 1, before_batch: Callable[[], None] | None = None,
                  after_batches: Callable[[], None] | None = None,
-                 region: Callable[[str], contextlib.AbstractContextManager[Any] | None] | None = None) -> None:
+                 region: Callable[[str], contextlib.AbstractContextManager[Any] | None] | None = None,
+                 on_data_lost: Callable[[BaseException], BaseException] | None = None) -> None:
         self.choice = choice
         self.world_size = world_size
         self.seed = position.resume_seeds.pop(index, seed) if train else seed
@@ -126,6 +127,7 @@ class DeviceLoader:
         self._after_batches = after_batches
         self._used_up = False  # an iterator source that reached its end
         self._region = region
+        self._on_data_lost = on_data_lost
 
     @property
     def implementation(self) -> str:
@@ -282,11 +284,30 @@ class DeviceLoader:
                 and position.stop_check():
             position.stopped = True
             return _END, pending
-        batch = pending if lookahead else next(batches, _END)
+        try:
+            batch = pending if lookahead else next(batches, _END)
+            if batch is not _END and lookahead:
+                pending = next(batches, _END)
+        except (DataError, OSError) as exc:  # the data went away mid-run (also in a loader worker)
+            if self._on_data_lost is None:
+                raise
+            raise self._on_data_lost(exc) from exc
         if batch is _END:
             return _END, pending
-        if lookahead:
-            pending = next(batches, _END)
         self.drawn += 1
         position.advance(closes_epoch=lookahead and pending is _END)
         return (self._move(batch) if self._move is not None else batch), pending
+
+
+def data_lost_reason(exc: BaseException) -> str:
+    """Why reading the data failed, in one line: the original error of a loader worker, not torch's wrapping.
+
+    torch re-raises a worker's exception as the same type with "Caught ... in DataLoader worker process N"
+    and the worker's whole traceback as its message; the reason is the traceback's last line.
+    """
+    text = str(exc)
+    if "in DataLoader worker process" in text and "Traceback" in text:
+        last = text.rstrip().splitlines()[-1]
+        _name, sep, rest = last.partition(": ")
+        text = rest if sep else last
+    return " ".join(text.split()) or type(exc).__name__

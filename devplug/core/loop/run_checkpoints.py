@@ -145,17 +145,17 @@ class CheckpointKeeper:
         # Loading a sharded checkpoint is a collective: rank 0 names the newest complete one (a save is
         # renamed into place only once every rank has written), and every rank loads that one.
         named: tuple[str | None, str] = (None, "")
-        if self._is_main:
-            newest = resume_files.newest(source)
-            named = (str(newest) if newest else None,
-                     f"no checkpoint to resume from at {str(source)!r}" if explicit and newest is None else "")
+        skipped: tuple[tuple[Path, str], ...] = ()
+        if self._is_main:  # the newest whose files are intact (its manifest checked), damaged ones passed over
+            newest, skipped, problem = resume_files.newest_intact(source, explicit=explicit)
+            named = (str(newest) if newest else None, problem)
         chosen, problem = self._from_rank0(named)
         if problem:
             raise CheckpointError(problem)
         if chosen is None:
             return None, {}
         extra = self.load(chosen)
-        return self._from_rank0(_resume_report(Path(chosen), ()) if self._is_main else None), extra
+        return self._from_rank0(_resume_report(Path(chosen), skipped) if self._is_main else None), extra
 
     def _from_rank0(self, value: Any) -> Any:
         return self._combiner.broadcast(value, source=0) if self._combiner is not None else value

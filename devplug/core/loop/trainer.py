@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from devplug.core.checkpoint import rng
+from devplug.core.checkpoint import rng, runlock
 from devplug.core.checkpoint.compiled import plain_module
 from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.checkpoint.resume import Resumed
@@ -36,12 +36,18 @@ from devplug.core.contract.records import (
     PrecisionPlan,
     ShardingPlan,
 )
-from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
+from devplug.core.data.device_loader import (
+    DeviceLoader,
+    data_lost_reason,
+    is_dataset,
+    loader_options,
+    own_loader_choice,
+)
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed import fsdp
-from devplug.core.distributed.launch import detect_launch
+from devplug.core.distributed.launch import detect_launch, die_with_launcher
 from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
-from devplug.core.errors import ConfigError, PluginError
+from devplug.core.errors import ConfigError, DataError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.log_once import log_once
 from devplug.core.loop.config import TrainerConfig
@@ -88,6 +94,7 @@ class Trainer:
         self._config = config if config is not None else TrainerConfig.build(**options)
         self._registry = DeviceRegistry(plugin_manager or get_plugin_manager())
         self._launch = detect_launch()
+        die_with_launcher()  # under torchrun: no worker outlives its launcher
         self._hooks = self._registry.open(self._config.device, options=self._config.device_options,
                                         channels_last=self._config.channels_last)
         self.device = self._hooks.device
@@ -127,6 +134,9 @@ class Trainer:
         self._state = TrainerState(device=self.device, precision=self.precision, modules=self._modules,
                                   optimizers=self._optimizers, loaders=self._loaders, position=self._position,
                                   world_size=self.world_size)
+        policy = self._config.checkpoints  # one job at a time writes its folder: taken before anything is written
+        self._run_lock = runlock.hold_for_run(policy.directory if policy is not None else None,
+                                              main=self.is_main_process, combiner=self._combiner)
         loggers = build_loggers(self._config.logger_items, self._config.log_dir,
                                 default=self._config.loggers is None) if self.is_main_process else []
         self._reporter = Reporter(log_dir=self._config.log_dir, progress=self._config.progress,
@@ -353,9 +363,21 @@ class Trainer:
                               index=index, world_size=self.world_size,
                               region=self._route.region_or_none if self._route.may_mark() else None,
                               before_batch=self._before_batch,
-                              after_batches=self._flops.stop)
+                              after_batches=self._flops.stop, on_data_lost=self._data_lost if train else None)
         self._loaders.append(loader)
         return loader
+
+    def _data_lost(self, exc: BaseException) -> DataError:
+        # The training data failed between steps: save the last finished step first (the policy's checkpoint;
+        # not under FSDP, where a save is a collective the other ranks may not reach), then stop in one line.
+        step, saved = self._position.global_step, None
+        if self._keeper.runs is not None and self.sharding is None and self._position.window_closed():
+            try:
+                saved = self._keeper.save_by_policy()
+            except Exception as save_exc:  # a full disk too: the data's failure is the one to report
+                log.warning("the checkpoint of step %d could not be saved: %s", step, save_exc)
+        kept = f"; step {step} was saved first ({saved})" if saved else ""
+        return DataError(f"the training data failed after step {step}: {data_lost_reason(exc)}{kept}")
 
     # ---- the step ---------------------------------------------------------------------------------------
     def region(self, name: str) -> contextlib.AbstractContextManager[Any]:
@@ -855,6 +877,8 @@ class Trainer:
             except Exception as exc:  # close() may run while an exception unwinds: do not mask it
                 log.warning("the run's summary was not handed to the loggers: %s", exc)
         self._reporter.close(self.global_step, summary)
+        if self._run_lock is not None:
+            self._run_lock.release()
 
     def __enter__(self) -> Trainer:
         return self

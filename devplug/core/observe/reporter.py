@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from devplug.core.checkpoint.diskfull import disk_full_cause, disk_full_line, write_atomically
 from devplug.core.contract.records import LogPoint
 from devplug.core.errors import NonFiniteLossError
 from devplug.core.observe.flops import FlopMeter
@@ -68,6 +69,7 @@ class Reporter:
         self.evaluation: dict[str, float] = {}  # the last value of each evaluation figure, as logged
         self.progress_bar: Any = None
         self._closed = False
+        self._failed_writes: set[str] = set()
 
     # ---- loggers ------------------------------------------------------------------------------------
     @property
@@ -80,7 +82,10 @@ class Reporter:
         """Hand ``point`` to every logger, then to the plugins' ``devplug_log`` (main process only)."""
         self._closed = point.final
         for logger in self.loggers:
-            logger.devplug_log(point)
+            try:
+                logger.devplug_log(point)
+            except OSError as exc:  # a full disk (or one gone): reported once, and training goes on
+                self._write_failed(type(logger).__name__, f"the {type(logger).__name__} log", exc)
         if self.publish is not None:
             self.publish(point)
 
@@ -93,10 +98,22 @@ class Reporter:
 
         grid = make_grid(images.detach().float().cpu(), nrow=nrow, normalize=True, value_range=(-1, 1))
         if path is not None:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            save_image(grid, path)
+            try:  # atomically: a PNG is there whole or not at all
+                write_atomically(path, lambda handle: save_image(grid, handle, format="png"))
+            except OSError as exc:
+                self._write_failed("images", f"the image {path}", exc)
+                path = None
         self.emit(LogPoint(step=step, images={tag: grid}, log_dir=self.log_dir,
                            files={tag: os.path.abspath(path)} if path is not None else {}))
+
+    def _write_failed(self, kind: str, what: str, exc: OSError) -> None:
+        """One warning per kind of output that could not be written (a full disk, a folder gone); the run goes on."""
+        if kind in self._failed_writes:
+            return
+        self._failed_writes.add(kind)
+        full = disk_full_cause(exc)
+        reason = disk_full_line(what, full) if full is not None else f"could not write {what} ({exc})"
+        log.warning("%s; training goes on without it", reason)
 
     def log_run(self, step: int, *, hparams: Mapping[str, Any] | None = None,
                 tags: Mapping[str, str] | None = None) -> None:

@@ -66,6 +66,7 @@ class TensorBoardLogger:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy
 
+            _quiet_background_write_failures()
             self._writer = SummaryWriter(self.log_dir, purge_step=self._purge_step)
         return self._writer
 
@@ -114,3 +115,24 @@ class TensorBoardLogger:
     def _write(self, summary: Any) -> None:
         self.writer.file_writer.add_summary(summary)
         self.writer.flush()
+
+
+def _quiet_background_write_failures() -> None:
+    """Keep tensorboard's background writer from printing a traceback when a write fails (a full disk).
+
+    It keeps the error and raises it again at the next write on the training thread, where the Trainer
+    reports it once as one line and training goes on; other threads' errors print as before.
+    """
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "devplug_quiet", False):
+        return
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    hook.devplug_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
