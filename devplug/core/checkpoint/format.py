@@ -19,11 +19,12 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from devplug.core.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TrainingRun(Protocol):
