@@ -13,14 +13,8 @@ import torch
 
 import devplug
 from devplug.core.distributed.ddp import DDPStrategy
-from devplug.core.distributed.strategy import (
-    Strategy,
-    StrategyContext,
-    build_strategy,
-    register_strategy,
-    strategy_names,
-    unregister_strategy,
-)
+from devplug.core.distributed.strategy import build_strategy, strategy_names, unregister_strategy
+from devplug.toolkit import Strategy, StrategyContext, register_strategy
 
 
 class Replicate(Strategy):

@@ -14,16 +14,10 @@ import pytest
 import torch
 
 import devplug
-from devplug.core.checkpoint.format import (
-    CheckpointFormat,
-    TrainingRun,
-    format_names,
-    format_of,
-    register_format,
-    unregister_format,
-)
+from devplug.core.checkpoint.format import TrainingRun, format_names, format_of, unregister_format
 from devplug.core.checkpoint.plain import PlainFile
 from devplug.core.checkpoint.sharded_folder import ShardedFolder
+from devplug.toolkit import CheckpointFormat, register_checkpoint_format
 
 
 class JsonAndTensors(CheckpointFormat):
@@ -57,7 +51,7 @@ class JsonAndTensors(CheckpointFormat):
 
 @pytest.fixture
 def toy_format() -> Iterator[type[JsonAndTensors]]:
-    register_format(JsonAndTensors)  # the one registration line
+    register_checkpoint_format(JsonAndTensors)  # the one registration line
     JsonAndTensors.saves, JsonAndTensors.loads = [], []
     yield JsonAndTensors
     unregister_format(JsonAndTensors.name)
@@ -116,4 +110,4 @@ def test_an_unknown_or_taken_format_name_is_one_line(toy_format):
     with pytest.raises(devplug.ConfigError, match="checkpoint_format"):
         devplug.Trainer(device="cpu", progress=False, checkpoint_format="nope")
     with pytest.raises(devplug.ConfigError, match="already registered"):
-        register_format(type("Clash", (JsonAndTensors,), {"name": "plain"}))
+        register_checkpoint_format(type("Clash", (JsonAndTensors,), {"name": "plain"}))
