@@ -8,7 +8,7 @@ as ``torch_npu`` does on import. Tensors then live on ``torch.device("openreg")`
 reports it as the current accelerator.
 
 A process can register one PrivateUse1 backend only: variants (no pinned-memory allocator, operators
-without a kernel, no autocast) are chosen by environment variables before the import, in a fresh
+without a kernel, no autocast kernels) are chosen by environment variables before the import, in a fresh
 process: ``DEVPLUG_OPENREG_NO_HOST_ALLOCATOR=1``, ``DEVPLUG_OPENREG_MISSING=addmm,...``,
 ``DEVPLUG_OPENREG_NO_AUTOCAST=1``, ``DEVPLUG_OPENREG_DEVICES=N``.
 """
@@ -70,3 +70,7 @@ if torch._C._get_privateuse1_backend_name() != NAME:
     torch.utils.rename_privateuse1_backend(NAME)
     torch._register_device_module(NAME, _device)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+
+
+def autoload() -> None:
+    """torch's ``torch.backends`` entry point: importing this package registered the backend already."""

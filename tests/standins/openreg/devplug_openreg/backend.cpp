@@ -8,11 +8,14 @@
 //   DEVPLUG_OPENREG_NO_HOST_ALLOCATOR=1  no pinned (host) allocator: pinning host memory crashes the process,
 //                                        as it does on backends that register none
 //   DEVPLUG_OPENREG_MISSING=op1,op2      these operators have no kernel (aten names, e.g. addmm,linalg_vector_norm)
+//   DEVPLUG_OPENREG_NO_AUTOCAST=1        no autocast kernels: entering torch.autocast works, the first
+//                                        operator under it fails (as on backends that register none)
 //   DEVPLUG_OPENREG_DEVICES=N            how many devices the backend reports (default 1)
 
 #include <torch/extension.h>
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
@@ -354,6 +357,34 @@ at::Tensor& set_storage_offset(at::Tensor& self, at::Storage source, int64_t off
   return at::cpu::set_(self, source, offset, size, stride);
 }
 
+// Convolutions reach a backend as the "overrideable" operators, which have no CPU kernel to fall back on:
+// run torch's own convolution on host copies and bring the results back.
+at::Tensor on_host(const at::Tensor& t) { return t.defined() ? t.to(at::kCPU) : t; }
+at::Tensor to_device(const at::Tensor& t, const at::Device& device) { return t.defined() ? t.to(device) : t; }
+
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                       c10::IntArrayRef output_padding, int64_t groups) {
+  std::optional<at::Tensor> host_bias = bias.has_value() ? std::optional<at::Tensor>(on_host(*bias)) : std::nullopt;
+  auto out = at::convolution(on_host(input), on_host(weight), host_bias, stride, padding, dilation, transposed,
+                             output_padding, groups);
+  return to_device(out, input.device());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
+    int64_t groups, std::array<bool, 3> output_mask) {
+  auto host_weight = on_host(weight);
+  std::vector<int64_t> bias_size{output_mask[2] ? (transposed ? weight.size(1) * groups : weight.size(0)) : 0};
+  auto [gi, gw, gb] = at::convolution_backward(on_host(grad_output), on_host(input), host_weight,
+                                               output_mask[2] ? c10::OptionalIntArrayRef(bias_size) : std::nullopt,
+                                               stride, padding, dilation, transposed, output_padding, groups,
+                                               output_mask);
+  const auto device = input.device();
+  return {to_device(gi, device), to_device(gw, device), to_device(gb, device)};
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& name = op.schema().operator_name().name;
   if (!kMissing.empty() && kMissing.count(name) > 0) {
@@ -375,11 +406,35 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", set_tensor);
   m.impl("set_.source_Storage", set_storage);
   m.impl("set_.source_Storage_storage_offset", set_storage_offset);
+  m.impl("convolution_overrideable", convolution);
+  m.impl("convolution_backward_overrideable", convolution_backward);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
+
+// ---- autocast: the matrix products in the lower precision, every other operator as it is ----
+struct AutocastRegistration {
+  std::optional<torch::Library> fallthrough;
+  std::optional<torch::Library> kernels;
+  AutocastRegistration() {
+    if (env_flag("DEVPLUG_OPENREG_NO_AUTOCAST")) return;
+    fallthrough.emplace(torch::Library::IMPL, "_", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
+    fallthrough->fallback(torch::CppFunction::makeFallthrough());
+    kernels.emplace(torch::Library::IMPL, "aten", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
+    torch::Library& m = *kernels;
+    KERNEL_PRIVATEUSEONE(linear, lower_precision_fp)
+    KERNEL_PRIVATEUSEONE(mm, lower_precision_fp)
+    KERNEL_PRIVATEUSEONE(addmm, lower_precision_fp)
+    KERNEL_PRIVATEUSEONE(matmul, lower_precision_fp)
+    KERNEL_PRIVATEUSEONE(conv2d, lower_precision_fp)
+    KERNEL_PRIVATEUSEONE(conv_transpose2d, input, lower_precision_fp)
+    KERNEL_PRIVATEUSEONE(mse_loss, fp32)
+    KERNEL_PRIVATEUSEONE(binary_cross_entropy_with_logits, fp32)
+  }
+};
+AutocastRegistration register_autocast;
 
 // ---- what the Python device module reads ----
 int64_t device_count() { return kDevices; }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -98,7 +97,6 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return including_emulation
 
 
-if os.environ.get("DEVPLUG_OPENREG_NO_AUTOCAST") != "1":
-    def get_amp_supported_dtype() -> list[torch.dtype]:
-        """The dtypes torch.autocast may use on this device (without this function autocast cannot be entered)."""
-        return [torch.float16, torch.bfloat16]
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The dtypes torch.autocast may use on this device."""
+    return [torch.float16, torch.bfloat16]
