@@ -10,6 +10,7 @@ import pytest
 from distributions import pip_install, write_project
 
 from devplug.core.registry import environment, manager
+from devplug.plugins.generic.trial import forget_trials
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,9 +29,11 @@ def _clean_devplug_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         monkeypatch.delenv(name, raising=False)
     manager.reset_plugin_manager()
     environment.forget_environment_changes()
+    forget_trials()
     yield
     manager.reset_plugin_manager()
     environment.forget_environment_changes()
+    forget_trials()
 
 
 @pytest.fixture

@@ -48,7 +48,8 @@ def missing_tools() -> str | None:
     from torch.utils.cpp_extension import is_ninja_available
 
     if not is_ninja_available():
-        return "ninja is not installed (pip install ninja): torch.utils.cpp_extension needs it to build the openreg test backend"
+        return ("ninja is not installed (pip install ninja): torch.utils.cpp_extension needs it to build the "
+                "openreg test backend")
     return None
 
 
