@@ -36,6 +36,17 @@ def _clean_devplug_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     forget_trials()
 
 
+@pytest.fixture(scope="session")
+def openreg():
+    """The openreg test backend (a real PrivateUse1 device built from C++), built once per session, cached."""
+    from standins.openreg.harness import build
+
+    built = build()
+    if isinstance(built, str):
+        pytest.skip(f"the openreg test backend cannot be built here: {built}")
+    return built
+
+
 @pytest.fixture
 def install_distribution():
     """A function that pip-installs a tiny plugin distribution into a target folder (no network)."""

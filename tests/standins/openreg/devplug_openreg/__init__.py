@@ -21,7 +21,15 @@ import shutil
 from pathlib import Path
 from types import ModuleType
 
-import torch
+
+def autoload() -> None:
+    """torch's ``torch.backends`` entry point: importing this package registered the backend already.
+
+    Defined before ``import torch``, which runs the entry points: importing this package first works too.
+    """
+
+
+import torch  # noqa: E402
 
 NAME = "openreg"
 SOURCE = Path(__file__).with_name("backend.cpp")
@@ -71,7 +79,3 @@ if torch._C._get_privateuse1_backend_name() != NAME:
     torch.utils.rename_privateuse1_backend(NAME)
     torch._register_device_module(NAME, _device)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-
-
-def autoload() -> None:
-    """torch's ``torch.backends`` entry point: importing this package registered the backend already."""
