@@ -53,3 +53,56 @@ def test_an_honest_plan_is_taken():
     with trainer.autocast():
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16
     trainer.close()
+
+
+# ---- from_canonical: what it makes of a valid state is checked on every load ----------------------------
+def _rotating(device, name, params, options):
+    """A vendor Adam whose converter hands each parameter the next one's state (finite, non-negative: only the
+    shapes show it)."""
+
+    def rotate(optimizer, state):
+        per = state["state"]
+        keys = sorted(per)
+        return {"state": {k: per[keys[(i + 1) % len(keys)]] for i, k in enumerate(keys)},
+                "param_groups": state["param_groups"]}
+
+    return devplug.OptimizerChoice(torch.optim.Adam(params, **options), "vendor.RotatingAdam",
+                                   to_canonical=lambda o, s: s, from_canonical=rotate)
+
+
+class Pick:
+    DEVPLUG_CONTRACT = "1.5"
+
+    def __init__(self, build) -> None:
+        self.build = build
+
+    @devplug.hookimpl
+    def devplug_optimizer(self, device, name, params, options):
+        return self.build(device, name, params, options)
+
+
+def _adam_trainer(build=None):
+    plugins = [("pick", Pick(build))] if build is not None else []
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False,
+                              plugin_manager=create_plugin_manager(autoload=False, extra_plugins=plugins))
+    torch.manual_seed(0)
+    model = trainer.setup(torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)), "net")
+    opt = trainer.optimizer("adam", model.parameters(), lr=1e-2)
+    return trainer, model, opt
+
+
+def test_a_from_canonical_that_does_not_fit_the_parameters_is_refused_on_load(tmp_path):
+    trainer, model, opt = _adam_trainer()
+    for _ in range(2):
+        trainer.backward(model(torch.randn(3, 4)).pow(2).mean())
+        trainer.step(opt)
+    path = trainer.save(tmp_path / "ck.pt")
+    other, other_model, other_opt = _adam_trainer(_rotating)
+    before = {k: v.clone() for k, v in other_model.state_dict().items()}
+    with pytest.raises(devplug.CheckpointError) as caught:
+        other.load(path)
+    message = str(caught.value)
+    assert "vendor.RotatingAdam's from_canonical of plugin 'pick'" in message
+    assert "does not fit the parameters: parameter 0: exp_avg has shape (6,), the parameter (6, 4)" in message
+    assert other_opt.state_dict()["state"] == {}
+    assert all(torch.equal(before[k], v) for k, v in other_model.state_dict().items())
