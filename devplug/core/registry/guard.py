@@ -217,6 +217,19 @@ _GUARD_CODES = frozenset(
 )
 
 
+def running_hook_frame(thread_id: int | None) -> tuple[HookLabel, int] | None:
+    """The hook implementation thread ``thread_id`` is running now (the innermost guarded one) and an id of
+    that call (the same while the same call runs), or ``None``."""
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    while frame is not None:
+        if frame.f_code in _GUARD_CODES:
+            label = frame.f_locals.get("label")
+            if isinstance(label, HookLabel):
+                return label, id(frame)
+        frame = frame.f_back
+    return None
+
+
 def running_hook(thread_id: int | None) -> HookLabel | None:
     """The hook implementation thread ``thread_id`` is running now (the innermost guarded one), or ``None``.
 

@@ -4,12 +4,16 @@ never returns, a plugin written for an older contract given a setting it does no
 
 from __future__ import annotations
 
+import logging
+import time
+
 import attrs
 import pytest
 import torch
 
 import devplug
 from devplug.core.registry.manager import create_plugin_manager
+from devplug.core.registry.watchdog import watchdog
 from devplug.toolkit import autocast_plan
 
 
@@ -106,3 +110,61 @@ def test_a_from_canonical_that_does_not_fit_the_parameters_is_refused_on_load(tm
     assert "does not fit the parameters: parameter 0: exp_avg has shape (6,), the parameter (6, 4)" in message
     assert other_opt.state_dict()["state"] == {}
     assert all(torch.equal(before[k], v) for k, v in other_model.state_dict().items())
+
+
+# ---- step hooks: a slow one is named, a stuck one fails the run clearly ---------------------------------
+class SlowMarker:
+    DEVPLUG_CONTRACT = "1.5"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    @devplug.hookimpl
+    def devplug_register_devices(self):
+        return devplug.DeviceSpec(name="slowmark", description="marks steps slowly", priority=5,
+                                  probe=devplug.Availability.yes, torch_type="cpu")
+
+    @devplug.hookimpl
+    def devplug_mark_step(self, device, phase):
+        deadline = time.monotonic() + self.seconds
+        while time.monotonic() < deadline:  # busy in Python, as a plugin polling its runtime is
+            time.sleep(0.01)
+
+
+def _one_step(seconds: float) -> None:
+    watchdog().forget_warnings()
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("slowmark", SlowMarker(seconds))])
+    trainer = devplug.Trainer(device="slowmark", precision="32-true", progress=False, plugin_manager=pm)
+    model = trainer.setup(torch.nn.Linear(2, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    try:
+        trainer.backward(model(torch.ones(1, 2)).sum())
+        trainer.step(opt)
+    finally:
+        trainer.close()
+
+
+def test_a_slow_step_hook_is_named_in_a_warning(monkeypatch, caplog):
+    monkeypatch.setenv("DEVPLUG_HOOK_WARN_SECONDS", "0.3")
+    with caplog.at_level(logging.WARNING, logger="devplug"):
+        _one_step(1.0)
+    warned = [r.getMessage() for r in caplog.records if "devplug_mark_step of plugin 'slowmark'" in r.getMessage()]
+    assert len(warned) == 1 and "has been running for" in warned[0] and "DEVPLUG_HOOK_TIMEOUT" in warned[0]
+
+
+def test_a_step_hook_stuck_past_the_hard_limit_fails_the_run_naming_it(monkeypatch):
+    monkeypatch.setenv("DEVPLUG_HOOK_WARN_SECONDS", "0.2")
+    monkeypatch.setenv("DEVPLUG_HOOK_TIMEOUT", "1")
+    started = time.monotonic()
+    with pytest.raises(devplug.PluginError, match=r"devplug_mark_step of plugin 'slowmark' .* did not return within "
+                                                   r"1 s .*DEVPLUG_HOOK_TIMEOUT"):
+        _one_step(60.0)
+    assert time.monotonic() - started < 10
+
+
+def test_fast_step_hooks_are_never_named(monkeypatch, caplog):
+    monkeypatch.setenv("DEVPLUG_HOOK_WARN_SECONDS", "0.5")
+    with caplog.at_level(logging.WARNING, logger="devplug"):
+        for _ in range(3):
+            _one_step(0.0)
+    assert not [r for r in caplog.records if "devplug_mark_step" in r.getMessage()]
