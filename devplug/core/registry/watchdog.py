@@ -72,8 +72,8 @@ class Watchdog:
     def __init__(self, warn: float, hard: float) -> None:
         self.warn, self.hard = warn, hard
         self._watched: dict[int, int] = {}  # thread id -> how many trainers watch it
-        self._seen: dict[int, tuple[int, float, HookLabel]] = {}  # thread id -> (frame id, first seen, label)
-        self._warned: set[tuple[int, int]] = set()
+        self._seen: dict[int, tuple[int, float, HookLabel]] = {}  # thread id -> (call number, first seen, label)
+        self._warned: set[int] = set()  # the calls named already
         self._failed: dict[int, float] = {}  # thread id -> when the error was sent
         self._warned_hooks: set[str] = set()
         self._lock = threading.Lock()
@@ -123,16 +123,17 @@ class Watchdog:
             if found is None:
                 self._seen.pop(thread_id, None)
                 continue
-            label, frame_id = found
+            label, call = found
             seen = self._seen.get(thread_id)
-            if seen is None or seen[0] != frame_id:
-                self._seen[thread_id] = (frame_id, now, label)
+            if seen is None or seen[0] != call:
+                self._seen[thread_id] = (call, now, label)
+                self._warned.clear()
                 continue
             elapsed = now - seen[1]
             if elapsed >= self.hard:
                 self._fail(thread_id, label, elapsed, now)
-            elif elapsed >= self.warn and (thread_id, frame_id) not in self._warned:
-                self._warned.add((thread_id, frame_id))
+            elif elapsed >= self.warn and call not in self._warned:
+                self._warned.add(call)
                 if str(label) not in self._warned_hooks:
                     self._warned_hooks.add(str(label))
                     log.warning("%s has been running for %.1f s (%s warns at %g s, %s fails the run at %g s); "
