@@ -21,6 +21,7 @@ from devplug.core.contract import hookspecs
 from devplug.core.contract.records import Device
 from devplug.core.errors import DeviceUnavailableError, PluginError, UnknownDeviceError
 from devplug.core.registry.bounded import time_limit
+from devplug.core.registry.contract_gaps import warn_gaps
 from devplug.core.registry.manager import DevplugPluginManager, get_plugin_manager
 from devplug.core.registry.registered import RegisteredDevice
 
@@ -89,12 +90,18 @@ class DeviceRegistry:
             hooks = DeviceHooks(self, device)
             try:
                 hooks(hookspecs.devplug_device_setup)
+                self._warn_contract_gaps(device)
                 return hooks
             except PluginError as exc:
                 if request != "auto":
                     raise
                 log.warning("device %s could not be set up, trying the next available one: %s", device, exc)
                 skipped.append(device.name)
+
+    def _warn_contract_gaps(self, device: Device) -> None:
+        entry = self.devices[device.name]
+        implements = {caller.name for caller in self.pm.get_hookcallers(entry.plugin) or []}
+        warn_gaps(device, entry.plugin, entry.plugin_name, entry.distribution, implements)
 
     @staticmethod
     def _request(request: str | None) -> str:

@@ -14,7 +14,7 @@ import torch
 import devplug
 from devplug.core.registry.manager import create_plugin_manager
 from devplug.core.registry.watchdog import watchdog
-from devplug.toolkit import autocast_plan
+from devplug.toolkit import autocast_plan, forget_logged
 
 
 def lying_precision(rename: dict[str, tuple[str, str]]):
@@ -168,3 +168,40 @@ def test_fast_step_hooks_are_never_named(monkeypatch, caplog):
         for _ in range(3):
             _one_step(0.0)
     assert not [r for r in caplog.records if "devplug_mark_step" in r.getMessage()]
+
+
+# ---- contract gaps: a setting the plugin's declared contract predates is warned once ---------------------
+def _old_mover(contract: str):
+    class OldMover:
+        DEVPLUG_CONTRACT = contract
+
+        @devplug.hookimpl
+        def devplug_register_devices(self):
+            return devplug.DeviceSpec(name="oldmove", description="moves with .to only", priority=5,
+                                      probe=devplug.Availability.yes, torch_type="cpu")
+
+        @devplug.hookimpl
+        def devplug_to_device(self, device, obj):
+            return obj.to(device.torch_device)
+
+    return create_plugin_manager(autoload=False, extra_plugins=[("oldmove", OldMover())])
+
+
+def _gap_warnings(caplog, contract: str, channels_last: bool) -> list[str]:
+    forget_logged()
+    with caplog.at_level(logging.WARNING, logger="devplug"):
+        for _ in range(2):
+            devplug.Trainer(device="oldmove", channels_last=channels_last, progress=False,
+                            plugin_manager=_old_mover(contract)).close()
+    return [r.getMessage() for r in caplog.records if "channels_last=True" in r.getMessage()]
+
+
+def test_a_contract_1_0_plugin_asked_for_channels_last_is_warned_about_once(caplog):
+    warned = _gap_warnings(caplog, "1.0", True)
+    assert len(warned) == 1
+    assert "plugin 'oldmove'" in warned[0] and "contract 1.0" in warned[0] and "devplug_to_device" in warned[0]
+
+
+@pytest.mark.parametrize(("contract", "channels_last"), [("1.1", True), ("1.0", False), (">=1.0,<2", True)])
+def test_no_warning_where_the_plugin_knows_the_setting_or_it_is_not_asked(caplog, contract, channels_last):
+    assert _gap_warnings(caplog, contract, channels_last) == []
