@@ -22,7 +22,7 @@ from devplug.core.contract.records import Device
 from devplug.core.errors import DeviceUnavailableError, PluginError, UnknownDeviceError
 from devplug.core.registry.bounded import time_limit
 from devplug.core.registry.contract_gaps import warn_gaps
-from devplug.core.registry.manager import DevplugPluginManager, get_plugin_manager
+from devplug.core.registry.manager import ENV_BLOCK, DevplugPluginManager, get_plugin_manager
 from devplug.core.registry.registered import RegisteredDevice
 
 log = logging.getLogger("devplug")
@@ -130,6 +130,11 @@ class DeviceRegistry:
             entry, index = self.devices[chosen], None
         else:
             match = _REQUEST_RE.match(request)
+            if match is not None and match["name"] not in self.devices and self.pm.is_blocked_name(match["name"]):
+                raise DeviceUnavailableError(
+                    f"device {match['name']!r} is blocked: its plugin {match['name']!r} is named in {ENV_BLOCK}, so "
+                    f"it was not loaded; remove it from {ENV_BLOCK} to use the device. Available devices: "
+                    f"{', '.join(self.available_names()) or 'none'}")
             if match is None or match["name"] not in self.devices:
                 raise UnknownDeviceError(
                     f"unknown device {request!r}; known devices: {self._describe_known()}. "

@@ -205,3 +205,33 @@ def test_a_contract_1_0_plugin_asked_for_channels_last_is_warned_about_once(capl
 @pytest.mark.parametrize(("contract", "channels_last"), [("1.1", True), ("1.0", False), (">=1.0,<2", True)])
 def test_no_warning_where_the_plugin_knows_the_setting_or_it_is_not_asked(caplog, contract, channels_last):
     assert _gap_warnings(caplog, contract, channels_last) == []
+
+
+# ---- messages ---------------------------------------------------------------------------------------------
+def test_a_misspelt_hook_name_is_refused_with_the_closest_real_one():
+    class Typo:
+        DEVPLUG_CONTRACT = "1.5"
+
+        @devplug.hookimpl
+        def devplug_optimiser(self, device, name, params, options):
+            return None
+
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("typo", Typo())])
+    failures = [str(f) for f in pm.failures]
+    assert len(failures) == 1 and "typo" in failures[0]
+    assert "devplug_optimiser (did you mean devplug_optimizer?)" in failures[0]
+    assert pm.get_plugin("typo") is None
+
+
+def test_a_device_whose_plugin_is_blocked_is_reported_as_blocked(monkeypatch):
+    class Acme:
+        DEVPLUG_CONTRACT = "1.5"
+
+        @devplug.hookimpl
+        def devplug_register_devices(self):
+            return devplug.DeviceSpec(name="acme", description="acme card", priority=5,
+                                      probe=devplug.Availability.yes, torch_type="cpu")
+
+    pm = create_plugin_manager(autoload=False, blocked=["acme"], extra_plugins=[("acme", Acme())])
+    with pytest.raises(devplug.DeviceUnavailableError, match="device 'acme' is blocked: .*DEVPLUG_BLOCK_PLUGINS"):
+        devplug.Trainer(device="acme", progress=False, plugin_manager=pm)
