@@ -2,8 +2,9 @@
 
 The backend (``tests/standins/openreg``) is built once per session and cached between runs; each test
 runs its code in a child process (a process can register one PrivateUse1 backend, and it then becomes
-torch's accelerator for the rest of the process). Variants of the backend drive the failure tests: no
-pinned-memory allocator (pinning crashes the process), operators without a kernel, no autocast kernels.
+torch's accelerator for the rest of the process); the examples and the whole kit are also marked slow.
+Variants of the backend drive the failure tests: no pinned-memory allocator (pinning crashes the
+process), operators without a kernel, no autocast kernels.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def test_the_generic_plugin_lists_and_chooses_it(openreg):
     assert "'auto' selects: openreg" in out
 
 
+@pytest.mark.slow  # the whole kit, or an example end to end, in a child process
 def test_devplug_check_passes_on_it(openreg):
     done = openreg.run(["-m", "devplug", "check", "openreg"], timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -65,6 +67,7 @@ def test_a_checkpoint_moves_device_to_cpu_and_back(openreg, tmp_path):
     assert result["later_cpu"] == pytest.approx(result["later_dev"], rel=1e-5)
 
 
+@pytest.mark.slow  # the whole kit, or an example end to end, in a child process
 def test_the_dcgan_example_trains_a_few_steps_on_it(openreg, tmp_path):
     done = openreg.run(["examples/dcgan.py", "--device", "openreg", "--data", "fake", "--steps", "2",
                         "--batch-size", "8", "--log-every", "1", "--no-progress", "--workers", "0",
@@ -79,6 +82,7 @@ LM_SMALL = ["--steps", "3", "--log-every", "1", "--width", "32", "--layers", "1"
             "--batch-size", "4", "--corpus-mb", "0.1", "--eval-every", "0", "--sample-bytes", "0", "--workers", "0"]
 
 
+@pytest.mark.slow  # the whole kit, or an example end to end, in a child process
 def test_the_lm_example_trains_a_few_steps_on_it(openreg, tmp_path):
     done = openreg.run(["examples/lm.py", "--device", "openreg", *LM_SMALL, "--out", str(tmp_path)], timeout=600)
     out = ok(done)
@@ -107,6 +111,7 @@ def test_without_a_host_allocator_asking_to_pin_is_one_clear_error(openreg):
     assert "pin_memory=False" in message
 
 
+@pytest.mark.slow  # the whole kit, or an example end to end, in a child process
 def test_without_a_host_allocator_both_examples_train(openreg, tmp_path):
     ok(openreg.run(["examples/lm.py", "--device", "openreg", *LM_SMALL, "--out", str(tmp_path / "lm")],
                    variant=NO_HOST_ALLOCATOR, timeout=600))
@@ -148,6 +153,7 @@ def test_saving_works_on_a_backend_without_norm_kernels(openreg, tmp_path):
     assert not Path(str(tmp_path / "ck.pt") + ".nan").exists()
 
 
+@pytest.mark.slow  # the whole kit, or an example end to end, in a child process
 def test_the_lm_example_can_turn_pinning_off_and_says_why_it_cannot_pin(openreg, tmp_path):
     lm = ["examples/lm.py", "--device", "openreg", *LM_SMALL]
     ok(openreg.run([*lm, "--no-pin-memory", "--out", str(tmp_path / "a")], variant=NO_HOST_ALLOCATOR, timeout=600))
