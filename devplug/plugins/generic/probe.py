@@ -13,7 +13,7 @@ import torch
 
 from devplug import Availability
 from devplug.plugins.generic.catalog import facts, privateuse1_name
-from devplug.plugins.generic.trial import trial
+from devplug.plugins.generic.trial import TIMED_OUT, trial
 from devplug.toolkit import device_available, device_count, device_module, probe_time_limit
 
 
@@ -58,8 +58,14 @@ def trained(device_type: str) -> Availability:
     tried = trial(device_type, probe_time_limit() * 0.9)
     if tried.ok("train"):
         return Availability.yes()
+    problem = tried.problem("train")
+    if TIMED_OUT in problem:
+        return Availability.no(
+            f"{tried.who()} was tried on a tiny training step, which {problem}",
+            "raise DEVPLUG_PROBE_TIMEOUT (seconds): the first trial imports the backend in a new process; it is "
+            "kept once it finishes")
     return Availability.no(
-        f"{tried.who()} is present but could not train a Linear layer: {tried.problem('train')}",
+        f"{tried.who()} is present but could not train a Linear layer: {problem}",
         f"check that {tried.backend} was built for torch {torch.__version__}, or report this to its maintainers")
 
 

@@ -233,5 +233,5 @@ def test_a_device_whose_plugin_is_blocked_is_reported_as_blocked(monkeypatch):
                                       probe=devplug.Availability.yes, torch_type="cpu")
 
     pm = create_plugin_manager(autoload=False, blocked=["acme"], extra_plugins=[("acme", Acme())])
-    with pytest.raises(devplug.DeviceUnavailableError, match="device 'acme' is blocked: .*DEVPLUG_BLOCK_PLUGINS"):
+    with pytest.raises(devplug.DeviceUnavailableError, match=r"device 'acme' is blocked: .*DEVPLUG_BLOCK_PLUGINS"):
         devplug.Trainer(device="acme", progress=False, plugin_manager=pm)
