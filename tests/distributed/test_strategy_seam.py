@@ -109,3 +109,17 @@ def test_an_unknown_or_taken_strategy_name_is_one_line(replicate):
         devplug.Trainer(device="cpu", progress=False, strategy="tensor-parallel")
     with pytest.raises(devplug.ConfigError, match="already registered"):
         register_strategy(type("Clash", (Replicate,), {"name": "fsdp"}))
+
+
+def test_the_author_chooses_the_format_and_a_sharding_strategy_refuses_one_rank_0_writes_alone(tmp_path):
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, stop_signals=(),
+                              checkpoint_format="sharded")
+    model = trainer.setup(torch.nn.Linear(3, 1))
+    trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    saved = tmp_path / "step_0000000.pt"
+    assert trainer.save(saved) == str(saved) and (saved / ".metadata").is_file()  # a folder, not a file
+    trainer.load(saved)
+    trainer.close()
+    with pytest.raises(devplug.ConfigError, match="checkpoint_format='plain' is written by rank 0 alone"):
+        devplug.Trainer(device="cpu", precision="32-true", progress=False, stop_signals=(), strategy="fsdp",
+                        checkpoint_format="plain")
