@@ -95,7 +95,7 @@ def test_the_built_in_strategies_are_objects_chosen_once():
     trainer = devplug.Trainer(device="cpu", progress=False, stop_signals=())
     launch = trainer._launch
     assert type(trainer._strategy) is Strategy and trainer._strategy.checkpoint_format == "plain"
-    assert strategy_names() == ("auto", "ddp", "fsdp")
+    assert strategy_names() == ("auto", "ddp", "fsdp", "tp", "fsdp+tp")
     # one process: "ddp" and "auto" wrap nothing; launched, they are DDP
     context = StrategyContext(hooks=lambda *a, **k: None, device=trainer.device, launch=launch)
     assert type(build_strategy("ddp", context)) is Strategy

@@ -152,8 +152,10 @@ class FSDPStrategy(Strategy):
         """The plan's reason (which mixed-precision policy and optimizer implementation), if it gives one."""
         return self.sharding.reason if self.sharding is not None and self.sharding.reason else None
 
-    def prepare(self, module: torch.nn.Module, shard: Any = None) -> torch.nn.Module:
+    def prepare(self, module: torch.nn.Module, shard: Any = None, tp_plan: Any = None) -> torch.nn.Module:
         """Shard ``module`` in place before compiling, as torch's FSDP expects."""
+        if tp_plan is not None:
+            raise ConfigError("setup(tp_plan=...) needs strategy='tp' or 'fsdp+tp'; this trainer's is 'fsdp'")
         assert self.sharding is not None
         return shard_module(module, self.sharding, self.context.device, shard)
 

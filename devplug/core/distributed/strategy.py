@@ -28,8 +28,8 @@ from devplug.core.errors import ConfigError
 @attrs.frozen(kw_only=True)
 class StrategyContext:
     """What a strategy is built with: the device plugin's hooks (``hooks(spec, **kwargs)``), the device, the
-    launch, the joined process group's setup (``None`` in one process), the author's DDP options, and the
-    precision's name."""
+    launch, the joined process group's setup (``None`` in one process), the author's DDP options, the
+    precision's name, and the tensor-parallel size asked for (``None``: the strategy's default)."""
 
     hooks: Callable[..., Any]
     device: Device
@@ -37,6 +37,7 @@ class StrategyContext:
     collective: CollectiveSetup | None = None
     ddp_overrides: Mapping[str, Any] = attrs.field(factory=dict)
     precision: str = "32-true"
+    tp: int | None = None
 
 
 def local_tensor(value: Any) -> Any:
@@ -65,12 +66,19 @@ class Strategy:
         """Why the run trains this way, for the summary's reasons; ``None`` when there is nothing to say."""
         return None
 
-    def prepare(self, module: torch.nn.Module, shard: Any = None) -> torch.nn.Module:
-        """Before compiling: change ``module`` in place where the strategy needs it (``shard`` as given to
-        ``setup``); the module to go on with. This one takes no ``shard``."""
+    def prepare(self, module: torch.nn.Module, shard: Any = None, tp_plan: Any = None) -> torch.nn.Module:
+        """Before compiling: change ``module`` in place where the strategy needs it (``shard`` and ``tp_plan``
+        as given to ``setup``); the module to go on with. This one takes neither."""
         if shard is not None:
             raise ConfigError(f"setup(shard=...) needs Trainer(strategy='fsdp'); this trainer's is {self.name!r}")
+        if tp_plan is not None:
+            raise ConfigError(f"setup(tp_plan=...) needs strategy='tp' or 'fsdp+tp'; this trainer's is {self.name!r}")
         return module
+
+    def data_parallel(self) -> tuple[int, int] | None:
+        """This rank's place among the groups that see different batches, and their number; ``None``: every
+        rank is its own group (the launch's rank and world size)."""
+        return None
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         """After compiling: the module the author's loop calls (a wrapper, or ``module`` itself)."""
@@ -97,6 +105,8 @@ BUILT_IN: dict[str, str] = {
     "none": "devplug.core.distributed.strategy:Strategy",
     "ddp": "devplug.core.distributed.ddp:DDPStrategy",
     "fsdp": "devplug.core.distributed.fsdp:FSDPStrategy",
+    "tp": "devplug.core.distributed.tensor_parallel:TPStrategy",
+    "fsdp+tp": "devplug.core.distributed.tensor_parallel:FSDPTPStrategy",
 }
 _registered: dict[str, type[Strategy]] = {}
 

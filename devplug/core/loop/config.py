@@ -114,7 +114,10 @@ class TrainerConfig:
       SIGUSR1; ``()`` leaves every signal alone).
     - ``strategy``: ``"auto"`` (DDP when launched with more than one process), ``"ddp"``, or ``"fsdp"``: shard
       parameters, gradients and optimizer state across ranks with PyTorch's ``fully_shard`` as the device
-      plugin's sharding plan says (one process too: a process group of one); or a registered strategy's name.
+      plugin's sharding plan says (one process too: a process group of one); ``"tp"``: tensor parallel over
+      every process; ``"fsdp+tp"``: tensor parallel in groups of ``tp`` processes, FSDP across the groups; or
+      a registered strategy's name.
+    - ``tp``: how many processes split each layer under ``"tp"`` or ``"fsdp+tp"`` (``None``: all of them).
     - ``checkpoint_format``: how checkpoints are written: ``"plain"`` (one file), ``"sharded"`` (a folder every
       rank writes) or a registered format's name; ``None`` (default): the strategy's (sharded under FSDP).
     - ``checkpoints``: a `CheckpointPolicy`: periodic, best-k and end-of-run checkpoints
@@ -150,6 +153,7 @@ class TrainerConfig:
     stop_signals: tuple[str, ...] = attrs.field(default=DEFAULT_STOP_SIGNALS, converter=tuple,
                                                 validator=lambda _i, _a, v: signal_numbers(v))
     strategy: str = attrs.field(default="auto", validator=_Registered(_strategies))
+    tp: int | None = attrs.field(default=None, validator=_optional(positive_int))
     checkpoint_format: str | None = attrs.field(default=None, validator=_optional(_Registered(_formats)))
     checkpoints: CheckpointPolicy | None = attrs.field(
         default=None, validator=_optional(attrs.validators.instance_of(CheckpointPolicy)))

@@ -123,7 +123,7 @@ class Trainer:
         self.precision: PrecisionPlan = plan
         self._strategy = build_strategy(self._config.strategy, StrategyContext(
             hooks=self._hooks, device=self.device, launch=self._launch, collective=self._collective,
-            ddp_overrides=self._config.ddp_overrides(), precision=plan.name))
+            ddp_overrides=self._config.ddp_overrides(), precision=plan.name, tp=self._config.tp))
         self.strategy: str = self._strategy.name
         self.sharding: ShardingPlan | None = self._strategy.sharding
         self._modules: dict[str, torch.nn.Module] = {}
@@ -275,7 +275,7 @@ class Trainer:
         return self._move(obj)
 
     def setup(self, module: torch.nn.Module, name: str | None = None, *, shard: Any = None,
-              activation_checkpointing: Any = None) -> torch.nn.Module:
+              activation_checkpointing: Any = None, tp_plan: Any = None) -> torch.nn.Module:
         """Prepare ``module`` for training: precision conversion, device, compile, DDP or FSDP.
 
         The module is registered under ``name`` (default: its class name, lower-cased) for checkpoints; a
@@ -284,7 +284,9 @@ class Trainer:
         (``strategy="auto"`` or ``"ddp"``); with ``strategy="fsdp"``, sharded in place with ``fully_shard``
         over every instance of the classes in ``shard`` (a parameter count instead: every submodule that
         large; left out: 1,000,000), then the root. ``activation_checkpointing=[Block]`` recomputes those
-        blocks' activations in backward instead of keeping them.
+        blocks' activations in backward instead of keeping them. With ``strategy="tp"`` or ``"fsdp+tp"``,
+        ``tp_plan`` maps module paths (wildcards allowed) to ``"colwise"``, ``"rowwise"`` or ``"sequence"``
+        (left out: each MLP's first layer colwise and last rowwise); see docs/distributed.md.
         """
         key = name or type(plain_module(module)).__name__.lower()  # a model you compiled: its own class
         if key in self._modules:
@@ -297,7 +299,8 @@ class Trainer:
             from devplug.core.loop.recompute import apply_activation_checkpointing
 
             apply_activation_checkpointing(module, activation_checkpointing)
-        module = self._strategy.prepare(module, shard)  # FSDP shards in place here, before compiling
+        plan = {} if tp_plan is None else {"tp_plan": tp_plan}
+        module = self._strategy.prepare(module, shard, **plan)  # FSDP shards, TP splits, in place, before compiling
         if self._config.compile:
             compiled = self._hooks(spec.devplug_compile, module=module, options=dict(self._config.compile_options))
             module = compiled if compiled is not None else module
@@ -354,10 +357,11 @@ class Trainer:
         if is_dataset(source) and not (batch_size is None and isinstance(source, (list, tuple))):
             if batch_size is None:
                 raise ConfigError("batch_size is required to load a Dataset: trainer.dataloader(dataset, 64)")
+            data_rank, data_world = self._strategy.data_parallel() or (self.rank, self.world_size)
             options = loader_options(
                 batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
                 pin_memory=pin_memory, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
-                seed=base_seed, rank=self.rank, world_size=self.world_size, collate_fn=collate_fn, sampler=sampler,
+                seed=base_seed, rank=data_rank, world_size=data_world, collate_fn=collate_fn, sampler=sampler,
                 evaluation=not train)
             choice = self._hooks(spec.devplug_dataloader, source=source, options=options)
             assert choice is not None  # the core fallback always answers
