@@ -50,10 +50,13 @@ def build_parser() -> ConfigParser:
                             "(default: $DEVPLUG_DEVICE, else auto = the best available; see `devplug devices`)"),
         Flag("precision", help="auto (the device plugin's best), 32-true, 16-mixed, bf16-mixed, or a name the "
                                "device plugin knows (default: auto)"),
-        Flag("strategy", choices=("auto", "ddp", "fsdp"),
+        Flag("strategy", choices=("auto", "ddp", "fsdp", "tp", "fsdp+tp"),
              help="auto: DDP when launched with more than one process, else one plain process; ddp; fsdp: shard "
                   "weights, gradients and optimizer state across the ranks, one unit per transformer block, as the "
-                  "device plugin's sharding plan says (default: auto)"),
+                  "device plugin's sharding plan says; tp: split each block's MLP across the ranks (tensor "
+                  "parallel); fsdp+tp: tensor parallel in groups of --tp ranks, FSDP across the groups "
+                  "(default: auto)"),
+        Flag("tp", help="ranks that split each layer under --strategy tp or fsdp+tp (default: all of them)"),
     ], group=device)
     device.add_argument("--recompute", action="store_true",
                         help="activation checkpointing of every transformer block: keep only each block's input "

@@ -136,18 +136,18 @@ def build_run(trainer: devplug.Trainer, settings: cli.Settings, corpus: Corpus) 
     """The network (sharded or replicated as the strategy says), AdamW, the schedule and both loaders."""
     args, spec = settings.args, settings.spec
     stats = trainer.memory_stats()  # before the network is built: too large is one line, not an allocator's error
-    check_memory(spec, args.batch_size, shards=trainer.world_size if trainer.strategy == "fsdp" else 1,
+    check_memory(spec, args.batch_size, shards=data_parallel_size(trainer) if "fsdp" in trainer.strategy else 1,
                  device_total=getattr(stats, "total", None), host_available=available_host_memory())
     network = LanguageModel(spec)  # built after the Trainer seeded every rank alike: replicas start equal
     parameters = count_parameters(network)
-    model = trainer.setup(network, name="lm", shard=[Block] if trainer.strategy == "fsdp" else None,
+    model = trainer.setup(network, name="lm", shard=[Block] if "fsdp" in trainer.strategy else None,
                           activation_checkpointing=[Block] if args.recompute else None)
     optimizer = trainer.optimizer("adamw", model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                                   weight_decay=args.weight_decay)
     schedule = devplug.LRSchedule(total_steps=args.steps, warmup_steps=min(args.warmup, args.steps), decay="cosine",
                                   min_factor=args.min_lr / args.lr)
 
-    world = trainer.world_size
+    world = data_parallel_size(trainer)  # tensor-parallel ranks of one group read the same batches
     windows = Windows.tiling(corpus.train, spec.context)
     if len(windows) < args.batch_size * world:
         raise devplug.DataError(f"the training text has {len(windows)} windows of --context {spec.context}, fewer "
@@ -168,6 +168,13 @@ def build_run(trainer: devplug.Trainer, settings: cli.Settings, corpus: Corpus) 
     run = Run(settings, trainer, corpus, model, optimizer, schedule, loader, eval_loader, count, parameters)
     trainer.register_for_checkpointing(history=run.history, spec=Saved(spec.as_dict()))
     return run
+
+
+def data_parallel_size(trainer: devplug.Trainer) -> int:
+    """How many groups of ranks read different batches: every rank, but one per tensor-parallel group."""
+    if trainer.strategy in ("tp", "fsdp+tp"):
+        return trainer.world_size // (trainer.config.tp or trainer.world_size)
+    return trainer.world_size
 
 
 def resume_if_asked(run: Run) -> None:
@@ -203,6 +210,15 @@ def announce(run: Run) -> None:
 
 def sharding_reason(trainer: devplug.Trainer) -> str:
     """The device plugin's sharding plan in words, or why nothing is sharded."""
+    if trainer.strategy in ("tp", "fsdp+tp"):
+        tp = trainer.world_size // data_parallel_size(trainer)
+        split = f"tensor parallel: each block's MLP split across {tp} rank(s), the rest replicated"
+        return f"{split}; FSDP across the groups: {sharding_plan(trainer)}" if trainer.sharding else split
+    return sharding_plan(trainer)
+
+
+def sharding_plan(trainer: devplug.Trainer) -> str:
+    """The device plugin's FSDP plan in words, or why nothing is sharded."""
     if trainer.sharding is None:
         return f"none (strategy {trainer.strategy}: every process holds all the weights)"
     return trainer.sharding.reason or "the device plugin's plan"
@@ -215,7 +231,7 @@ def train_loop(run: Run) -> None:
     and the checkpoint policy saves that step; a second Ctrl-C stops at once.
     """
     trainer, args, model, optimizer = run.trainer, run.settings.args, run.model, run.optimizer
-    tokens_per_batch = args.batch_size * args.context * trainer.world_size
+    tokens_per_batch = args.batch_size * args.context * data_parallel_size(trainer)
     meter = run.meter
     try:
         for _epoch in trainer.epochs(sys.maxsize, max_steps=args.steps):
@@ -269,7 +285,8 @@ def evaluate(run: Run) -> float:
                 total += next_byte_loss(model, batch, reduction="sum").double()
     model.train()
     total = trainer.all_reduce(total, op="sum")  # a collective: every rank, after its pass
-    return float(total) / (run.eval_windows * run.settings.spec.context)
+    copies = trainer.world_size // data_parallel_size(trainer)  # the ranks of a tensor-parallel group saw one block
+    return float(total) / (copies * run.eval_windows * run.settings.spec.context)
 
 
 def report_eval(run: Run, loss: float) -> None:
