@@ -61,10 +61,10 @@ from typing import Any
 import torch
 from _dcgan import PRESETS, DCGANStep, ShapesDataset, to_unit_range
 from _timing import interleaved_samples, paired_ratio
-from devplug.plugins.cpu.peak import peak_flops
 from torch import nn
 
 import devplug
+from devplug.plugins.cpu.peaks import peak_flops
 
 EAGER, AA = "eager", "eager (A/A)"
 #: Variant name -> (compile, channels_last).

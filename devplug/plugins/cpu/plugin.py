@@ -8,6 +8,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from devplug import (
@@ -141,11 +142,14 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
     An explicit ``bf16-mixed`` or ``16-mixed`` on a CPU without that format in hardware warns once: it
     runs emulated, slower than fp32.
     """
-    if precision == "auto":
-        precision = "bf16-mixed" if has_native_bf16() else "32-true"
-    else:
+    if precision != "auto":
         warn_if_emulated(precision)
-    return autocast_plan(device, precision)
+        return autocast_plan(device, precision)
+    native = has_native_bf16()
+    plan = autocast_plan(device, "bf16-mixed" if native else "32-true")
+    why = ("this CPU computes bf16 natively (AMX, AVX512-BF16 or Arm BF16)" if native else
+           "this CPU has no native bf16 arithmetic, so bf16 would be emulated, slower than fp32")
+    return attrs.evolve(plan, description=f"{plan.description} (auto: {why})")
 
 
 @hookimpl
