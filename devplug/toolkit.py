@@ -23,6 +23,7 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
 - `measured_matmul_flops` — a device's measured matmul FLOP/s, a peak for MFU where none is published;
   `cached_matmul_flops` — the same, measured once per machine and cached (never on every run's
   critical path); `cache_dir` — devplug's cache folder (``$DEVPLUG_CACHE_DIR`` relocates it);
+  `probe_time_limit` — the seconds a probe may take (``DEVPLUG_PROBE_TIMEOUT``);
 - PyTorch's device-generic API, as the core fallback uses it for any device type:
   `device_module`, `current_accelerator_type`, `device_available`, `device_count`,
   `select_device`, `synchronize`, `memory_stats`, `collective_backend`,
@@ -100,6 +101,7 @@ from devplug.core.optim.torch_optimizers import (
     torch_optimizer_class,
     torch_optimizer_defaults,
 )
+from devplug.core.registry.bounded import time_limit as probe_time_limit
 from devplug.core.registry.environment import environment_changes
 from devplug.core.registry.manager import BUILTIN_PLUGINS
 from devplug.core.tree import map_tensors, move_to
@@ -153,6 +155,7 @@ __all__ = [
     "native_bf16",
     "native_groups",
     "printable",
+    "probe_time_limit",
     "process_memory_stats",
     "remove_stale_temp_files",
     "select_device",
