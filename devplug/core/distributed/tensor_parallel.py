@@ -97,7 +97,7 @@ def replicate_rest(module: torch.nn.Module, tp_mesh: Any) -> int:
                 dt = distribute_tensor(param.detach(), tp_mesh, [Replicate()], src_data_rank=None)
                 made[id(param)] = torch.nn.Parameter(dt, requires_grad=param.requires_grad)
             sub.register_parameter(name, made[id(param)])
-        sub.register_forward_pre_hook(_inputs_to_dtensor(tp_mesh))
+        sub.register_forward_pre_hook(_inputs_to_dtensor(tp_mesh), with_kwargs=True)
         sub.register_forward_hook(_output_to_local)
     return len(made)
 
@@ -105,10 +105,14 @@ def replicate_rest(module: torch.nn.Module, tp_mesh: Any) -> int:
 def _inputs_to_dtensor(tp_mesh: Any) -> Any:
     from torch.distributed.tensor import DTensor, Replicate
 
-    def hook(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(DTensor.from_local(a, tp_mesh, [Replicate()], run_check=False)
-                     if isinstance(a, torch.Tensor) and not isinstance(a, DTensor) else a
-                     for a in args)
+    def convert(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+            return DTensor.from_local(value, tp_mesh, [Replicate()], run_check=False)
+        return value
+
+    def hook(_module: torch.nn.Module, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()}
     return hook
 
 

@@ -54,7 +54,7 @@ def test_defaults_are_the_configs_own_unless_the_script_says_otherwise(tmp_path)
     (["--log-every", "0"], ["argument --log-every: must be a positive integer, got 0"]),
     (["--log-every", "x"], ["--log-every", "'x'"]),
     (["--seed", "-1"], ["--seed", "from 0 to 9223372036854775807"]),
-    (["--strategy", "tp"], ["--strategy: invalid choice: 'tp'"]),
+    (["--strategy", "pipeline"], ["--strategy: invalid choice: 'pipeline'"]),
     (["--lr", "nan"], ["--lr", "finite"]),
     (["--lr", "0"], ["--lr", "positive"]),
     (["--keep-checkpoints", "-1"], ["--keep-checkpoints", "an integer >= 0"]),
@@ -92,7 +92,7 @@ def test_a_config_file_sets_values_and_the_command_line_wins(tmp_path, suffix):
     ("log-every = 0\n", ["log-every (--log-every) must be a positive integer, got 0"]),
     ("colour = 'red'\n", ["unknown key 'colour'", "log-every"]),
     ("compile = 'yes'\n", ["compile must be true or false"]),
-    ("strategy = 'tp'\n", ["strategy must be one of auto, ddp, fsdp, got 'tp'"]),
+    ("strategy = 'pipeline'\n", ["strategy must be one of auto, ddp, fsdp, tp, fsdp+tp, got 'pipeline'"]),
     ("log-every = [1, 2]\n", ["log-every must be a string or a number"]),
     ("log-every = \n", ["is not valid TOML"]),
 ])
