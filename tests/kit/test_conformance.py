@@ -270,7 +270,7 @@ BROKEN = [
      "state, weight differs from the original optimizer's after the same steps"),
     (ScalerWithBf16, lambda d: check_precision(d, "bf16-mixed"), "a scaler belongs only to 16-mixed"),
     (WrongErrorForFp16, lambda d: check_precision(d, "16-mixed"), "raise devplug.PrecisionError"),
-    (SilentlyDowngrades, lambda d: check_precision(d, "bf16-mixed"), "the plan says '32-true'"),
+    (SilentlyDowngrades, lambda d: check_precision(d, "bf16-mixed"), "with a plan named '32-true'"),
     (BadRegion, check_region, "not a context manager"),
     (RejectsOptimizerPhase, lambda d: check_mark_step(d, devplug.Phase.OPTIMIZER_STEP), "raised KeyError"),
     (UnknownBackend, check_collective_setup, "'warpdrive' is unknown to torch.distributed"),
