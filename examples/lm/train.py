@@ -213,7 +213,7 @@ def sharding_reason(trainer: devplug.Trainer) -> str:
     if trainer.strategy in ("tp", "fsdp+tp"):
         tp = trainer.world_size // data_parallel_size(trainer)
         split = f"tensor parallel: each block's MLP split across {tp} rank(s), the rest replicated"
-        return f"{split}; FSDP across the groups: {sharding_plan(trainer)}" if trainer.sharding else split
+        return f"{split}; FSDP across the groups: {sharding_plan(trainer)}" if "fsdp" in trainer.strategy else split
     return sharding_plan(trainer)
 
 

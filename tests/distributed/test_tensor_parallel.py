@@ -178,6 +178,8 @@ def test_tensor_parallel_on_one_process_trains_as_plain_and_refuses_a_tp_that_do
     assert type(model.blocks[0].mlp[0].weight).__name__ == "DTensor"
     assert model.head.weight is model.embed.weight  # the tied weight stays one parameter
     opt = trainer.optimizer("adamw", model.parameters(), **scenario.ADAMW)
+    # over DTensor parameters: the torch.optim kernel the device plugin's sharding plan allows
+    assert "foreach=True" in trainer.optimizer_implementation(opt)
     ours = scenario.train(trainer, model, opt, range(2), 0, 1)
     trainer.close()
     plain = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False)

@@ -30,11 +30,11 @@ log = logging.getLogger("devplug")
 DEFAULT_MIN_PARAMS = 1_000_000
 
 
-def require_plan(plan: ShardingPlan | None, device: Device) -> ShardingPlan:
+def require_plan(plan: ShardingPlan | None, device: Device, strategy: str = "fsdp") -> ShardingPlan:
     """The plan, or a `ConfigError` with the plugin's one-line reason when the device cannot shard."""
     if plan is None or not plan.supported:
         reason = plan.reason if plan is not None else f"{device}: its plugin gave no sharding plan; use strategy='ddp'"
-        raise ConfigError(f"strategy='fsdp' is not available: {reason}")
+        raise ConfigError(f"strategy={strategy!r} is not available: {reason}")
     return plan
 
 

@@ -6,8 +6,9 @@ optimizer built over its parameters, gradient clipping, switching gradient synch
 accumulation boundaries, and the checkpoint format it saves. The Trainer asks its strategy and tests no
 strategy name.
 
-A new strategy (tensor parallel, FSDP with tensor parallel on a device mesh) is one module with a
-`Strategy` subclass plus one line: an entry in ``BUILT_IN`` for a built-in, or ``register_strategy(...)``
+A new strategy (as tensor parallel and FSDP with tensor parallel on a device mesh were, in
+``tensor_parallel.py``) is one module with a `Strategy` subclass plus one line: an entry in ``BUILT_IN``
+for a built-in, or ``register_strategy(...)``
 for one of your own.
 """
 

@@ -142,12 +142,16 @@ class TPStrategy(Strategy):
         if self.name == "tp" and world // tp > 1:
             raise ConfigError(f"strategy='tp' with tp={tp} on {world} processes leaves {world // tp} data-parallel "
                               "groups: use strategy='fsdp+tp', or tp equal to the number of processes")
+        # parameters become DTensors: the device plugin's sharding plan says which optimizer kernel runs over them
+        self.sharding = require_plan(context.hooks(spec.devplug_sharding, precision=context.precision),
+                                     context.device, self.name)
 
     @property
     def reason(self) -> str | None:
-        """The mesh's shape."""
+        """The mesh's shape, then the sharding plan's reason."""
         shape = dict(zip(self.mesh.mesh_dim_names or (), self.mesh.mesh.shape, strict=False))
-        return f"device mesh dp={shape.get('dp', 1)} x tp={shape.get('tp', 1)}"
+        mesh = f"device mesh dp={shape.get('dp', 1)} x tp={shape.get('tp', 1)}"
+        return f"{mesh}; {self.sharding.reason}" if self.sharding is not None and self.sharding.reason else mesh
 
     def data_parallel(self) -> tuple[int, int]:
         """This rank's place among the data-parallel groups and their number (ranks of one ``tp`` group
@@ -159,6 +163,11 @@ class TPStrategy(Strategy):
         if shard is not None and self.name == "tp":
             raise ConfigError("setup(shard=...) needs strategy='fsdp' or 'fsdp+tp'; this trainer's is 'tp'")
         return self._parallelize(module, tp_plan)
+
+    def optimizer_request(self, algorithm: str, params: list[Any], options: Mapping[str, Any],
+                          ask_plugin: Callable[[], Any]) -> Callable[[], Any]:
+        """A torch.optim optimizer over the DTensor parameters, with the plan's kernel (as under FSDP)."""
+        return FSDPStrategy.optimizer_request(self, algorithm, params, options, ask_plugin)  # type: ignore[arg-type]
 
     def _parallelize(self, module: torch.nn.Module, tp_plan: Any) -> torch.nn.Module:
         from torch.distributed.tensor.parallel import parallelize_module
@@ -180,11 +189,6 @@ class FSDPTPStrategy(TPStrategy):
 
     name = "fsdp+tp"
 
-    def __init__(self, context: StrategyContext) -> None:
-        super().__init__(context)
-        self.sharding = require_plan(context.hooks(spec.devplug_sharding, precision=context.precision),
-                                     context.device)
-
     def prepare(self, module: torch.nn.Module, shard: Any = None, tp_plan: Any = None) -> torch.nn.Module:
         """Tensor parallel first, then ``fully_shard`` over the ``dp`` mesh (units as ``shard`` says)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -197,11 +201,6 @@ class FSDPTPStrategy(TPStrategy):
             fully_shard(target, mesh=self.mesh["dp"], reshard_after_forward=plan.reshard_after_forward,
                         mp_policy=policy)
         return module
-
-    def optimizer_request(self, algorithm: str, params: list[Any], options: Mapping[str, Any],
-                          ask_plugin: Callable[[], Any]) -> Callable[[], Any]:
-        """A torch.optim optimizer over the sharded parameters, with the plan's kernel (as under FSDP)."""
-        return FSDPStrategy.optimizer_request(self, algorithm, params, options, ask_plugin)  # type: ignore[arg-type]
 
     def no_sync(self, module: Any) -> contextlib.AbstractContextManager[Any]:
         """FSDP's reduce-scatter switched off (gradients accumulate unsharded until the step's last micro-batch)."""
