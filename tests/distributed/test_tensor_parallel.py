@@ -106,7 +106,7 @@ def test_two_tensor_parallel_ranks_match_one_process(tp_run, reference):
 def test_fsdp_times_tensor_parallel_on_four_ranks_matches_one_process(tp_run, reference):
     _out, runs = tp_run
     ft = runs["ft"]
-    assert ft["reason"] == "device mesh dp=2 x tp=2"
+    assert ft["reason"].startswith("device mesh dp=2 x tp=2; FSDP")
     steps = range(FT_STEPS)
     torch.testing.assert_close(_curve(ft["losses"], steps), _curve(reference["losses"], range(STEPS))[:FT_STEPS],
                                rtol=1e-5, atol=0)

@@ -148,10 +148,11 @@ class TPStrategy(Strategy):
 
     @property
     def reason(self) -> str | None:
-        """The mesh's shape, then the sharding plan's reason."""
+        """The mesh's shape (under FSDP, then the sharding plan's reason)."""
         shape = dict(zip(self.mesh.mesh_dim_names or (), self.mesh.mesh.shape, strict=False))
         mesh = f"device mesh dp={shape.get('dp', 1)} x tp={shape.get('tp', 1)}"
-        return f"{mesh}; {self.sharding.reason}" if self.sharding is not None and self.sharding.reason else mesh
+        plan = self.sharding
+        return f"{mesh}; {plan.reason}" if "fsdp" in self.name and plan is not None and plan.reason else mesh
 
     def data_parallel(self) -> tuple[int, int]:
         """This rank's place among the data-parallel groups and their number (ranks of one ``tp`` group
