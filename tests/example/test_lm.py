@@ -214,8 +214,8 @@ def test_the_two_rank_fsdp_checkpoint_is_a_sharded_folder_that_resumes_exactly(f
 def test_tensor_parallel_on_two_ranks_learns_one_process_curve_and_held_out_loss(tmp_path, capsys):
     # both tensor-parallel ranks read the same batches, so one process on the same flags is the reference;
     # the held-out loss is summed over the ranks and must count each window once
-    tp = run_ranks(REPO / "examples" / "lm.py", [*RANKS, "--strategy", "tp", "--out", str(tmp_path / "tp")],
-                   timeout=600)[0].stdout
+    tp = run_ranks(REPO / "examples" / "lm.py", [*RANKS, "--strategy", "tp", "--out", str(tmp_path / "tp"),
+                                                 "--consolidate", str(tmp_path / "tp.pt")], timeout=600)[0].stdout
     assert "strategy tp over 2 processes" in tp and "MLP split across 2 rank(s)" in tp
     assert example.main([*RANKS, "--out", str(tmp_path / "one")]) == 0
     one = capsys.readouterr().out
@@ -225,6 +225,9 @@ def test_tensor_parallel_on_two_ranks_learns_one_process_curve_and_held_out_loss
     assert summary_of(tmp_path / "tp")["final_eval_loss"] == pytest.approx(
         summary_of(tmp_path / "one")["final_eval_loss"], rel=1e-4)
     assert is_sharded_checkpoint(tmp_path / "tp" / "checkpoints" / "step_0000006.pt")
+    weights = torch.load(tmp_path / "tp.pt", weights_only=True)  # the split MLP gathered into one plain file
+    LanguageModel(TINY_SPEC).load_state_dict(weights)
+    assert type(weights["blocks.0.mlp.0.weight"]) is torch.Tensor
 
 
 def test_the_example_has_no_device_branch_and_no_vendor_import():
