@@ -5,8 +5,9 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
 - `move_to`, `map_tensors` — move modules, tensors and nested batches;
 - `precision_plan` — a registered precision's plan, parameterised by the device (scaler, autocast or
   a module conversion, notes for the summary); `autocast_plan` — its short form;
-  `precision_named` / `precision_names` — a registered `Precision` (its compute dtype, whether it needs a
-  grad scaler and why) and the registered names (``"auto"`` aside); `Precision`, `AutocastPrecision`,
+  `precision_named` / `find_precision` / `precision_names` — a registered `Precision` (its compute dtype,
+  whether it needs a grad scaler and why, the dtype FSDP gathers in; ``find_precision`` gives ``None``
+  for an unregistered name) and the registered names (``"auto"`` aside); `Precision`, `AutocastPrecision`,
   `PrecisionParams` and `register_precision` / `unregister_precision` — a plugin's own precision;
 - `TORCH_OPTIMIZERS`, `torch_optimizer_class`, `torch_optimizer_defaults` — standard
   optimizer names, their torch classes and defaults, to map an author's options faithfully onto a
@@ -104,6 +105,7 @@ from devplug.core.optim.torch_optimizers import (
 )
 from devplug.core.precision.autocast import AutocastPrecision
 from devplug.core.precision.base import Precision, PrecisionParams
+from devplug.core.precision.registry import find as find_precision
 from devplug.core.precision.registry import get as precision_named
 from devplug.core.precision.registry import names as precision_names
 from devplug.core.precision.registry import register as register_precision
@@ -149,6 +151,7 @@ __all__ = [
     "environment_changes",
     "evaluation_shard",
     "fastest_torch_optimizer",
+    "find_precision",
     "forget_logged",
     "image_transform",
     "list_images",

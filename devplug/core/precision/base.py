@@ -109,6 +109,14 @@ class Precision(abc.ABC):
     def plan(self, params: PrecisionParams) -> PrecisionPlan:
         """The plan for a device with ``params``; ``devplug.PrecisionError`` when the device type cannot run it."""
 
+    @property
+    def gather_dtype(self) -> torch.dtype | None:
+        """The dtype FSDP gathers parameters in at this precision: the compute dtype where it is a 16-bit float.
+
+        ``None`` keeps the parameters' own (fp32). A precision whose weights travel otherwise overrides it.
+        """
+        return self.compute_dtype if self.compute_dtype in (torch.bfloat16, torch.float16) else None
+
     def describe(self, text: str, params: PrecisionParams) -> str:
         """``text`` (or the device's own ``description``) with the device's notes appended in parentheses."""
         description = text if params.description is None else params.description

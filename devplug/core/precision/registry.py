@@ -7,6 +7,8 @@ registration line below; a plugin adds its own with ``devplug.toolkit.register_p
 
 from __future__ import annotations
 
+import torch
+
 from devplug.core.errors import PrecisionError
 from devplug.core.precision import bf16_mixed, fp16_mixed, full_32
 from devplug.core.precision.base import Precision
@@ -48,6 +50,17 @@ def choices() -> tuple[str, ...]:
 def is_known(name: str) -> bool:
     """True when ``name`` is a registered precision (``"auto"`` is not one)."""
     return name in _REGISTERED
+
+
+def find(name: str) -> Precision | None:
+    """The precision registered as ``name``, or ``None`` (a plugin's own setting such as Gaudi's ``"hmp"``)."""
+    return _REGISTERED.get(name) if isinstance(name, str) else None
+
+
+def gather_dtype(name: str) -> torch.dtype | None:
+    """The dtype FSDP gathers parameters in at precision ``name`` (``None``: fp32, also for unregistered names)."""
+    precision = find(name)
+    return precision.gather_dtype if precision is not None else None
 
 
 def get(name: str) -> Precision:

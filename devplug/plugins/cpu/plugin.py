@@ -27,9 +27,8 @@ from devplug import (
 )
 from devplug.plugins.cpu import peak
 from devplug.toolkit import (
+    find_precision,
     log_once,
-    precision_named,
-    precision_names,
     precision_plan,
     process_memory_stats,
     torch_dataloader,
@@ -121,7 +120,8 @@ FORMATS = {torch.bfloat16: ("bf16", "AMX-BF16 or AVX512-BF16 on x86, BF16 on Arm
 
 def compute_dtype(precision: str) -> torch.dtype:
     """The dtype ``precision`` computes in (float32 for a name no precision is registered under)."""
-    return precision_named(precision).compute_dtype if precision in precision_names() else torch.float32
+    known = find_precision(precision)
+    return known.compute_dtype if known is not None else torch.float32
 
 
 def warn_if_emulated(precision: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from devplug import Device, PrecisionPlan
-from devplug.toolkit import precision_named, precision_names, precision_plan
+from devplug.toolkit import find_precision, precision_plan
 
 #: First compute capability with TF32 and native bf16 tensor cores (Ampere).
 AMPERE = (8, 0)
@@ -47,7 +47,8 @@ def plan_precision(device: Device, precision: str, *, bf16: bool | None = None) 
     notes = []
     if requested == "auto":
         notes.append("auto: " + ("GPU has native bf16" if name == "bf16-mixed" else "no native bf16 on this GPU"))
-    dtype = precision_named(name).compute_dtype if name in precision_names() else None
+    known = find_precision(name)
+    dtype = known.compute_dtype if known is not None else None
     if dtype == torch.bfloat16 and requested != "auto":
         native = bf16 if bf16 is not None else (native_bf16() if torch.cuda.is_available() else None)
         if native is False:

@@ -33,7 +33,7 @@ import torch
 
 from devplug import Device, PrecisionError, PrecisionPlan
 from devplug.plugins.hpu import runtime
-from devplug.toolkit import precision_named, precision_names, precision_plan
+from devplug.toolkit import find_precision, precision_named, precision_names, precision_plan
 
 HMP_MODULE = "habana_frameworks.torch.hpex.hmp"
 HMP_OPT_LEVELS = ("O1", "O2")
@@ -124,8 +124,8 @@ def hmp_plan(settings: HmpSettings, device: Device) -> PrecisionPlan:
 def plan_precision(device: Device, precision: str) -> PrecisionPlan:
     """The precision plan for ``precision`` on a Gaudi device (see the module docstring)."""
     hmp_option = device.options.get("hmp")
-    known = precision in precision_names()
-    if known and precision_named(precision).compute_dtype == torch.float16:
+    known = find_precision(precision)
+    if known is not None and known.compute_dtype == torch.float16:
         raise PrecisionError(
             "precision='16-mixed' (fp16 with a grad scaler) is a GPU recipe; Gaudi trains in bf16, which needs "
             "no loss scaling: use precision='bf16-mixed' (or 'auto')"
@@ -137,7 +137,7 @@ def plan_precision(device: Device, precision: str) -> PrecisionPlan:
                              f"not {precision!r}")
     if precision == "auto":
         return precision_plan(device, "bf16-mixed")
-    if known:
+    if known is not None:
         return precision_plan(device, precision)
     runs = [name for name in precision_names() if precision_named(name).compute_dtype != torch.float16]
     raise PrecisionError(f"precision {precision!r} is not one of {', '.join(['auto', *runs, 'hmp'])} "
