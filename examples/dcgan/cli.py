@@ -14,6 +14,7 @@ from typing import NoReturn
 import attrs
 
 from devplug import CheckpointError, ConfigError, DataError
+from devplug.toolkit import precision_names
 
 from .cache import default_cache_dir
 from .models import PRESETS, ModelSpec
@@ -118,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="device to train on: auto, cpu, cuda, hpu, NAME:INDEX, or any plugin's device "
                              "(default: $DEVPLUG_DEVICE, else auto = the best available; see `devplug devices`)")
     device.add_argument("--precision", default="auto",
-                        help="auto (the device plugin's best), 32-true, 16-mixed, bf16-mixed, or a name the "
+                        help=f"auto (the device plugin's best), {', '.join(precision_names())}, or a name the "
                              "device plugin knows, e.g. hmp on Gaudi (default: auto)")
     device.add_argument("--compile", action="store_true",
                         help="torch.compile both networks with the device plugin's backend")

@@ -13,6 +13,7 @@ from typing import NoReturn
 import attrs
 
 from devplug import CheckpointError, ConfigError
+from devplug.toolkit import precision_names
 
 from .models import ModelSpec
 
@@ -97,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="device to train on: auto, cpu, cuda, hpu, NAME:INDEX, or any plugin's device "
                              "(default: $DEVPLUG_DEVICE, else auto = the best available; see `devplug devices`)")
     device.add_argument("--precision", default="auto",
-                        help="auto (the device plugin's best), 32-true, 16-mixed, bf16-mixed, or a name the "
+                        help=f"auto (the device plugin's best), {', '.join(precision_names())}, or a name the "
                              "device plugin knows (default: auto)")
     device.add_argument("--strategy", default="auto", choices=STRATEGIES,
                         help="auto: DDP when launched with more than one process, else one plain process; ddp; "
