@@ -130,3 +130,13 @@ def test_a_plugin_may_still_return_its_own_plan_for_a_registered_name(toy):
     pm = create_plugin_manager(autoload=False, extra_plugins=[("own-plan", OwnPlan())])
     trainer = devplug.Trainer(device="cpu", precision=toy.name, progress=False, plugin_manager=pm)
     assert trainer.precision.description == "mine"
+
+
+def test_the_kit_checks_a_registered_precision_and_its_scaler_on_the_cpu(toy):
+    from devplug.testing import open_device
+    from devplug.testing.checks.precision import check_precision
+    from devplug.testing.checks.sharding import check_sharding
+
+    dut = open_device("cpu", create_plugin_manager(autoload=False))
+    assert check_precision(dut, toy.name).startswith("toy-scaled-32 -> toy-scaled-32: fp32 with a grad scaler")
+    assert check_sharding(dut, toy.name).startswith("toy-scaled-32: gather fp32, reduce fp32")  # fp32 compute
