@@ -1,7 +1,8 @@
-"""``python -m devplug``: the ``devplug`` command (devices, check, doctor), for environments without the script."""
+"""``python -m devplug``: the ``devplug`` command (devices, check, doctor, consolidate), for environments without
+the script."""
 
 import sys
 
-from devplug.cli import main
+from devplug._console import main
 
 sys.exit(main())

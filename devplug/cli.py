@@ -1,6 +1,7 @@
-"""The ``devplug`` command: list device plugins and what they can do here; check a plugin's contract; doctor.
+"""The ``devplug`` command: list device plugins and what they can do here; check a plugin's contract; doctor;
+consolidate a sharded checkpoint into one file.
 
-Every command takes ``--json`` for scripts (the shapes are in docs/getting-started.md). Exit codes:
+Every command but ``consolidate`` takes ``--json`` for scripts (the shapes are in docs/getting-started.md). Exit codes:
 0 success, 1 a conformance check failed, 2 an error (unknown device, bad arguments), 3 ``check``'s
 device is not available on this machine (0 with ``--allow-unavailable``).
 """
@@ -13,13 +14,14 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from devplug._version import __version__
 from devplug.core.contract.records import CONTRACT_VERSION
-from devplug.core.errors import DevplugError
+from devplug.core.errors import CheckpointError, DevplugError
 from devplug.core.observe.doctor import Diagnosis, diagnose
 from devplug.core.registry.bounded import time_limit
 from devplug.core.registry.devices import DeviceRegistry
@@ -376,9 +378,41 @@ def check_report(device: str, *, run_compiled: bool = False) -> tuple[str, bool]
     return run.report(), not run.count("failed")
 
 
+#: ``devplug --help``: plain text (the module docstring is written for the API docs).
+DESCRIPTION = f"""\
+List device plugins and what they can do here, check a plugin against the hook
+contract, gather what a bug report needs, and turn a sharded checkpoint into
+one file.
+
+Every command but consolidate takes --json for scripts. Exit codes: {EXIT_OK} success,
+{EXIT_FAILED} a conformance check failed, {EXIT_ERROR} an error (unknown device, bad arguments),
+{EXIT_UNAVAILABLE} the device of check is not available on this machine ({EXIT_OK} with
+--allow-unavailable).
+"""
+
+
+def consolidate(source: str, target: str, module: str | None = None) -> str:
+    """``devplug consolidate``: one module's full weights from the sharded checkpoint ``source`` into the file
+    ``target`` (a plain ``state_dict`` that ``torch.load`` reads); the line to print."""
+    from devplug.core.checkpoint.sharded import consolidate_checkpoint, is_sharded_checkpoint
+
+    folder, file = Path(source).expanduser(), Path(target).expanduser()
+    if not folder.exists():
+        raise CheckpointError(f"checkpoint {str(folder)!r} does not exist")
+    if not folder.is_dir() or not is_sharded_checkpoint(folder):
+        what = "a file" if folder.is_file() else "a folder"
+        raise CheckpointError(f"{str(folder)!r} is {what}, not a sharded checkpoint (a folder of shards that a run "
+                              "with strategy='fsdp' wrote); a plain checkpoint file is already one file")
+    if file.is_dir():
+        raise CheckpointError(f"{str(file)!r} is a folder; name the file to write")
+    written = consolidate_checkpoint(folder, file, module=module)
+    return f"wrote {written}: the full weights as one plain state_dict (torch.load(path, weights_only=True))"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``devplug`` command."""
-    parser = argparse.ArgumentParser(prog="devplug", description=__doc__)
+    parser = argparse.ArgumentParser(prog="devplug", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"devplug {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     devices = sub.add_parser("devices", help="list device plugins, availability and why not")
@@ -395,6 +429,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--allow-unavailable", action="store_true",
                        help=f"exit 0, not {EXIT_UNAVAILABLE}, when the device is not available on this machine")
     doctor = sub.add_parser("doctor", help="versions, environment, incompatible pairs and warnings for a bug report")
+    merge = sub.add_parser(
+        "consolidate", help="write a sharded checkpoint's full weights as one plain file",
+        description="Write one module's full weights from a sharded checkpoint folder (strategy='fsdp') into one "
+                    "plain state_dict file that torch.load reads, in this one process.")
+    merge.add_argument("source", metavar="SHARDED_DIR", help="the sharded checkpoint, a folder step_NNNNNNN.pt/")
+    merge.add_argument("target", metavar="OUT.pt", help="the file to write (replaced atomically)")
+    merge.add_argument("--module", default=None,
+                       help="the module to write, by the name given to Trainer.setup (needed when there are several)")
     for command in (devices, check, doctor):
         command.add_argument("--json", action="store_true",
                              help="print one JSON object instead of text (keys: docs/getting-started.md)")
@@ -431,6 +473,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 print(run.report())
             return run.exit_code
+        elif args.command == "consolidate":
+            print(consolidate(args.source, args.target, args.module))
     except (DevplugError, ConformanceError) as exc:  # ConformanceError: the device is not registered at all
         if getattr(args, "json", False):
             _print_json({"error": str(exc), "exit_code": EXIT_ERROR})

@@ -5,7 +5,9 @@ The example is the folder ``examples/dcgan/`` (see its README.md); this launcher
 ``python examples/dcgan.py`` (and ``torchrun ... examples/dcgan.py``) that the docs and the Makefile use.
 """
 
-from dcgan.train import run_as_script  # examples/ is on sys.path when this file runs: dcgan is the folder
+import devplug
+
+from dcgan.train import main  # examples/ is on sys.path when this file runs: dcgan is the folder
 
 if __name__ == "__main__":
-    run_as_script()
+    devplug.ConfigParser.run_as_script(main)

@@ -5,7 +5,9 @@ The example is the folder ``examples/lm/``; this launcher keeps the command ``py
 (and ``torchrun ... examples/lm.py``) that the docs use.
 """
 
-from lm.train import run_as_script  # examples/ is on sys.path when this file runs: lm is the folder
+import devplug
+
+from lm.train import main  # examples/ is on sys.path when this file runs: lm is the folder
 
 if __name__ == "__main__":
-    run_as_script()
+    devplug.ConfigParser.run_as_script(main)

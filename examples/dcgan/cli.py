@@ -1,19 +1,21 @@
-"""The command line of the DCGAN example: every flag, its default, and how flags become run settings."""
+"""The command line of the DCGAN example: every flag, its default, and how flags become run settings.
+
+The Trainer's options and the checkpoint policy are devplug's configs bound to flags
+(`devplug.ConfigParser`); this module adds the model's, the data's and the optimizer's flags, and the
+``--config FILE`` every devplug parser reads takes them all.
+"""
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 import attrs
 
-from devplug import CheckpointError, ConfigError, DataError
+from devplug import CheckpointPolicy, ConfigError, ConfigParser, DataError, Flag, TrainerConfig
 from devplug.toolkit import precision_names
 
 from .cache import default_cache_dir
@@ -52,89 +54,37 @@ Exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted (summary 
 """
 
 
-#: Largest ``--seed``: torch seeds are 64-bit, and the loaders add the epoch to the seed.
-MAX_SEED = 2**63 - 1
-
-
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one ``dcgan: error:`` line (status 2), like every other bad input."""
-
-    def error(self, message: str) -> NoReturn:
-        """Print ``message`` on one line and exit with status 2."""
-        self.exit(2, f"dcgan: error: {' '.join(message.split())} (see --help)\n")
-
-
-def _integer(text: str, low: int, high: int | None, what: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-    if value < low or (high is not None and value > high):
-        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    return _integer(text, 1, None, "a positive integer")
-
-
-def _non_negative_int(text: str) -> int:
-    return _integer(text, 0, None, "an integer >= 0")
-
-
-def _seed(text: str) -> int:
-    return _integer(text, 0, MAX_SEED, f"an integer from 0 to {MAX_SEED}")
+integer, number = ConfigParser.integer, ConfigParser.number
 
 
 def _workers(text: str) -> int:
     limit = max(64, 4 * (os.cpu_count() or 1))
-    return _integer(text, 0, limit, f"an integer from 0 to {limit} (4 per CPU core here, at least 64)")
+    return integer(0, limit, f"an integer from 0 to {limit} (4 per CPU core here, at least 64)")(text)
 
 
-def _finite_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _finite_float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser; ``--help`` documents every flag."""
-    parser = Parser(
-        prog="dcgan.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,  # a flag is spelled out, so the ones given on a resume command line are known
-    )
-    device = parser.add_argument_group("device")
-    device.add_argument("--device", default=None,
-                        help="device to train on: auto, cpu, cuda, hpu, NAME:INDEX, or any plugin's device "
-                             "(default: $DEVPLUG_DEVICE, else auto = the best available; see `devplug devices`)")
-    device.add_argument("--precision", default="auto",
-                        help=f"auto (the device plugin's best), {', '.join(precision_names())}, or a name the "
-                             "device plugin knows, e.g. hmp on Gaudi (default: auto)")
-    device.add_argument("--compile", action="store_true",
-                        help="torch.compile both networks with the device plugin's backend")
-    device.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                        help="channels-last memory layout for both networks and the batches (default: the "
-                             "device plugin's preference, e.g. on for the CPU, where convolutions run in it)")
+def build_parser() -> ConfigParser:
+    """The argument parser; ``--help`` documents every flag (a flag is spelled out: ``allow_abbrev`` is off, so
+    the ones given on a resume command line are known)."""
+    parser = ConfigParser("dcgan.py", description=DESCRIPTION, epilog=EPILOG)
+    parser.bind(TrainerConfig, [
+        Flag("device", help="device to train on: auto, cpu, cuda, hpu, NAME:INDEX, or any plugin's device "
+                            "(default: $DEVPLUG_DEVICE, else auto = the best available; see `devplug devices`)"),
+        Flag("precision", help=f"auto (the device plugin's best), {', '.join(precision_names())}, or a name the "
+                               "device plugin knows, e.g. hmp on Gaudi (default: auto)"),
+        Flag("compile", help="torch.compile both networks with the device plugin's backend (default: off)"),
+        Flag("channels_last", boolean=True, default=None, convert=lambda on: "auto" if on is None else on,
+             help="channels-last memory layout for both networks and the batches (default: the device plugin's "
+                  "preference, e.g. on for the CPU, where convolutions run in it)"),
+    ], group=parser.add_argument_group("device"))
 
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="auto", choices=["auto", *PRESETS],
                        help=f"size preset (table below); auto = {AUTO_MODEL_EMBEDDED} for the embedded data, "
                             f"{AUTO_MODEL_OTHER} otherwise (default: auto)")
-    model.add_argument("--nz", type=_positive_int, help="latent vector size (overrides the preset)")
-    model.add_argument("--ngf", type=_positive_int, help="generator width (overrides the preset)")
-    model.add_argument("--ndf", type=_positive_int, help="discriminator width (overrides the preset)")
-    model.add_argument("--image-size", type=_positive_int,
+    model.add_argument("--nz", type=integer(1), help="latent vector size (overrides the preset)")
+    model.add_argument("--ngf", type=integer(1), help="generator width (overrides the preset)")
+    model.add_argument("--ndf", type=integer(1), help="discriminator width (overrides the preset)")
+    model.add_argument("--image-size", type=integer(1),
                        help="square image size, a power of two from 16 to 1024 (overrides the preset; each "
                             "doubling adds one block to each network)")
 
@@ -161,50 +111,38 @@ def build_parser() -> argparse.ArgumentParser:
                       help="pin host batches for faster copies (default: what the device plugin prefers)")
     data.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction, default=True,
                       help="keep loader workers alive between epochs (default: on)")
-    data.add_argument("--prefetch-factor", type=_positive_int, default=None,
+    data.add_argument("--prefetch-factor", type=integer(1), default=None,
                       help="batches each worker loads ahead (default: the device plugin's, 2 for torch's loader)")
 
     train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=_positive_int, default=None,
+    train.add_argument("--steps", type=integer(1), default=None,
                        help="stop at this global step (counted across --resume)")
-    train.add_argument("--epochs", type=_positive_int, default=None,
+    train.add_argument("--epochs", type=integer(1), default=None,
                        help=f"stop after this many epochs (counted across --resume; default: {DEFAULT_EPOCHS} "
                             "when --steps is not given, else unlimited)")
-    train.add_argument("--batch-size", type=_positive_int, default=128,
+    train.add_argument("--batch-size", type=integer(1), default=128,
                        help="images per step on each process (default: 128, as in the DCGAN paper)")
-    train.add_argument("--lr", type=_positive_float, default=2e-4, help="Adam learning rate (default: 2e-4)")
-    train.add_argument("--beta1", type=_finite_float, default=0.5, help="Adam beta1 (default: 0.5)")
-    train.add_argument("--nonfinite", choices=["raise", "warn", "ignore"], default="raise",
-                       help="a NaN/inf loss at a log point: stop with an error (default), warn, or ignore; "
-                            "a checkpoint with non-finite weights is never written either way")
-    train.add_argument("--seed", type=_seed, default=0,
-                       help=f"seed for weights, noise, shuffling and the fixed sample noise, 0 to {MAX_SEED} "
-                            "(default: 0)")
-    train.add_argument("--resume", type=Path, default=None, metavar="PATH",
-                       help="continue from a checkpoint file, or from the newest checkpoint of a run folder, at "
-                            "its saved step (give the same model flags as the run that wrote it)")
-    train.add_argument("--auto-resume", action="store_true",
-                       help="resume from the newest checkpoint in --out if there is one, else start fresh: "
-                            "what a job restarted by torchrun --max-restarts or a scheduler wants")
+    train.add_argument("--lr", type=number(0, strict=True), default=2e-4, help="Adam learning rate (default: 2e-4)")
+    train.add_argument("--beta1", type=number(), default=0.5, help="Adam beta1 (default: 0.5)")
+    parser.bind(TrainerConfig, [
+        Flag("nonfinite", help="a NaN/inf loss at a log point: stop with an error, warn, or ignore; a checkpoint "
+                               "with non-finite weights is never written either way (default: raise)"),
+        Flag("seed", default=0, help="seed for weights, noise, shuffling and the fixed sample noise (default: 0)"),
+    ], group=train)
 
     out = parser.add_argument_group("outputs")
-    out.add_argument("--out", type=Path, default=None,
-                     help="run folder (default: runs/dcgan/<timestamp>; with --resume, the resumed run's folder)")
-    out.add_argument("--log-every", type=_positive_int, default=50,
-                     help="steps between log points: the only steps that read values back from the device "
-                          "(default: 50)")
-    out.add_argument("--sample-every", type=_positive_int, default=250,
+    parser.add_run_arguments(out, runs="runs/dcgan")
+    out.add_argument("--sample-every", type=integer(1), default=250,
                      help="steps between fixed-noise sample grids (PNG + TensorBoard; default: 250)")
-    out.add_argument("--save-every", type=_positive_int, default=1000,
-                     help="steps between checkpoints; one is also written at the end (default: 1000)")
-    out.add_argument("--keep-checkpoints", type=_non_negative_int, default=3,
-                     help="newest checkpoints to keep, 0 keeps all (default: 3)")
-    out.add_argument("--price-per-hour", type=_positive_float, default=None, metavar="DOLLARS",
-                     help="what the machine costs per hour; adds images per dollar (images/hour / price) to the "
-                          "summary")
-    out.add_argument("--profile", default=None, metavar="'steps A-B'",
-                     help="profile steps A to B, data wait included; trace in OUT/tensorboard/profiler (TensorBoard, "
-                          "Perfetto)")
+    parser.bind_checkpoints(out, save_every=1000)
+    parser.bind(TrainerConfig, [
+        Flag("log_every", help="steps between log points: the only steps that read values back from the device "
+                               "(default: 50)"),
+        Flag("price_per_hour", metavar="DOLLARS", type=number(0, strict=True),
+             help="what the machine costs per hour; adds images per dollar (images/hour / price) to the summary"),
+        Flag("profile", metavar="'steps A-B'", help="profile steps A to B, data wait included; trace in "
+                                                    "OUT/tensorboard/profiler (TensorBoard, Perfetto)"),
+    ], group=out)
     out.add_argument("--no-progress", action="store_true",
                      help="no progress bar; each log point prints one line instead")
     return parser
@@ -223,6 +161,7 @@ class Settings:
     out: Path
     resume: Path | None  # --resume: a checkpoint file, or a folder of them (a run folder's checkpoints/)
     cache_dir: Path
+    trainer: TrainerConfig  # the Trainer's options: the flags bound to devplug.TrainerConfig
     auto_resume: bool = False  # --auto-resume: the newest intact checkpoint of --out, if any
 
     @property
@@ -263,44 +202,20 @@ def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -
     epochs = args.epochs
     if epochs is None and args.steps is None:
         epochs = DEFAULT_EPOCHS
-    resume = resume_source(args.resume.expanduser()) if args.resume is not None else None
-    if args.auto_resume:
-        if args.resume is not None:
-            raise ConfigError("--auto-resume and --resume contradict each other; give one")
-        if args.out is None:
-            raise ConfigError("--auto-resume needs --out, the run folder to look for checkpoints in")
-    out = args.out
-    if out is None:
-        if resume is not None:
-            folder = resume if resume.is_dir() else resume.parent
-            out = folder.parent if folder.name == "checkpoints" else folder
-        else:
-            stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
-            out = Path("runs") / "dcgan" / stamp
+    parser = build_parser()  # the same bindings as the parser that parsed args
+    run = parser.run_folder(args, now=now)
+    policy = parser.build(CheckpointPolicy, args, directory=run.out / "checkpoints", at_end=True)
+    config = parser.build(TrainerConfig, args, log_dir=str(run.out / "tensorboard"), progress=not args.no_progress,
+                          checkpoints=policy)
     cache_dir = args.cache_dir.expanduser() if args.cache_dir is not None else default_cache_dir()
-    return Settings(args=args, model=model, spec=spec, data=data, epochs=epochs, steps=args.steps, out=out,
-                    resume=resume, cache_dir=cache_dir, auto_resume=args.auto_resume)
-
-
-def resume_source(path: Path) -> Path:
-    """What ``--resume PATH`` resumes from: a checkpoint file, or a folder of them (a run folder's
-    ``checkpoints/``), whose newest intact one the Trainer loads. A missing path fails now, before any work."""
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
-    if path.is_dir() and (path / "checkpoints").is_dir():
-        return path / "checkpoints"
-    return path
+    return Settings(args=args, model=model, spec=spec, data=data, epochs=epochs, steps=args.steps, out=run.out,
+                    resume=run.resume, cache_dir=cache_dir, trainer=config, auto_resume=run.auto_resume)
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse ``argv`` (``None``: ``sys.argv[1:]``); argparse exits with status 2 on a bad flag.
 
-    ``args.explicit`` holds the destinations of the flags given on the command line (they override what a
-    resumed checkpoint says).
+    ``args.explicit`` holds the destinations of the flags given on the command line or in ``--config`` (they
+    override what a resumed checkpoint says).
     """
-    parser = build_parser()
-    tokens = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(tokens)
-    by_flag = {flag: action.dest for action in parser._actions for flag in action.option_strings}
-    args.explicit = {by_flag[t.split("=", 1)[0]] for t in tokens if t.split("=", 1)[0] in by_flag}
-    return args
+    return build_parser().parse(argv)

@@ -4,59 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-import attrs
-
-
-@attrs.define
-class Stopwatch:
-    """Steady-state throughput: counts images after the first completed step (warm-up, compilation and
-    worker start-up excluded); falls back to the whole run when it had only one step.
-
-    The caller synchronizes the device before `first_step_done` and `stop`, so queued
-    device work is inside the measured time.
-    """
-
-    started: float = attrs.field(factory=time.perf_counter)
-    steady_start: float | None = None
-    #: Wall-clock (Unix) time at the end of the first step, comparable across processes: a launcher that
-    #: noted when it started this process gets the process's time to its first step from it.
-    first_step_unix_time: float | None = None
-    stopped: float | None = None
-    images_total: int = 0
-    images_steady: int = 0
-
-    def add(self, images: int) -> None:
-        """Count the images of one completed step (all ranks)."""
-        self.images_total += images
-        if self.steady_start is not None:
-            self.images_steady += images
-
-    def first_step_done(self) -> None:
-        """Start the steady-state clock."""
-        if self.steady_start is None:
-            self.steady_start = time.perf_counter()
-            self.first_step_unix_time = time.time()
-
-    def stop(self) -> None:
-        """Stop both clocks."""
-        self.stopped = time.perf_counter()
-
-    @property
-    def wall_seconds(self) -> float:
-        """Seconds from the start to `stop` (or now)."""
-        return (self.stopped or time.perf_counter()) - self.started
-
-    @property
-    def images_per_second(self) -> float:
-        """Steady-state images per second (0 when nothing ran)."""
-        end = self.stopped or time.perf_counter()
-        if self.steady_start is not None and self.images_steady and end > self.steady_start:
-            return self.images_steady / (end - self.steady_start)
-        return self.images_total / self.wall_seconds if self.wall_seconds > 0 else 0.0
+from devplug import ThroughputMeter
 
 
 def _count(value: float) -> str:
@@ -73,7 +24,7 @@ def build_summary(
     optimizer_g: str,
     optimizer_d: str,
     data: str,
-    stopwatch: Stopwatch,
+    meter: ThroughputMeter,
     price_per_hour: float | None,
     cache: Any,
     decodes_every_epoch: bool,
@@ -83,7 +34,7 @@ def build_summary(
     last_checkpoint: str | None,
 ) -> dict[str, Any]:
     """Everything the summary shows, as plain values (also written to ``summary.json``)."""
-    rate = stopwatch.images_per_second
+    rate = meter.per_second
     per_hour = rate * 3600
     summary: dict[str, Any] = {
         "status": "interrupted" if interrupted else "finished",
@@ -102,9 +53,9 @@ def build_summary(
         "data": data,
         "steps": trainer_summary["steps"],
         "epoch": trainer_summary["epoch"],
-        "images_this_run": stopwatch.images_total,
-        "wall_seconds": round(stopwatch.wall_seconds, 3),
-        "first_step_unix_time": stopwatch.first_step_unix_time,  # when the first step ended (time.time())
+        "images_this_run": meter.total,
+        "wall_seconds": round(meter.wall_seconds, 3),
+        "first_step_unix_time": meter.first_step_unix_time,  # when the first step ended (time.time())
         "images_per_sec": rate,
         "images_per_hour": per_hour,
         "price_per_hour": price_per_hour,

@@ -19,6 +19,7 @@ loader, sample noise), `resume_if_asked`, `announce`, `train_loop`,
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,8 +38,7 @@ from dcgan import checks, cli, resume
 from dcgan.data import TrainingData, load_training_data
 from dcgan.notices import library_warnings_printed
 from dcgan.step import DCGANStep, to_unit_range
-from dcgan.summary import Stopwatch, build_summary, format_summary, write_summary
-from dcgan.text import one_line
+from dcgan.summary import build_summary, format_summary, write_summary
 
 SAMPLE_COUNT = 64  # images in the fixed-noise sample grid (8×8)
 
@@ -71,7 +71,7 @@ class Run:
 class Progress:
     """What `train_loop` leaves for the end of the run: its timing, its last outputs, how it ended."""
 
-    stopwatch: Stopwatch
+    meter: devplug.ThroughputMeter  # images/s after the first step
     completed: int  # the last step whose updates all finished: a safe point to checkpoint
     last_sample: str | None = None
     interrupted: bool = False
@@ -114,23 +114,7 @@ def build_trainer(settings: cli.Settings) -> devplug.Trainer:
     steps, after the step's sample grid: the saved generator is the one the next step starts from) and when
     the loop ends, and keeps the newest ``--keep-checkpoints``.
     """
-    args = settings.args
-    policy = devplug.CheckpointPolicy(directory=settings.out / "checkpoints", every_n_steps=args.save_every,
-                                      at_end=True, keep_last=args.keep_checkpoints or None)
-    trainer = devplug.Trainer(
-        device=args.device,
-        precision=args.precision,
-        log_dir=str(settings.out / "tensorboard"),
-        log_every=args.log_every,
-        seed=args.seed,
-        compile=args.compile,
-        channels_last="auto" if args.channels_last is None else args.channels_last,
-        progress=not args.no_progress,
-        nonfinite=args.nonfinite,
-        profile=args.profile,
-        price_per_hour=args.price_per_hour,
-        checkpoints=policy,
-    )
+    trainer = devplug.Trainer(settings.trainer)  # the flags bound to devplug.TrainerConfig (dcgan.cli)
     if trainer.is_main_process:  # temp files of saves a killed run left behind (never a live writer's)
         remove_stale_temp_files(settings.out / "checkpoints")
     return trainer
@@ -207,8 +191,8 @@ def train_loop(run: Run) -> Progress:
     """
     settings, trainer, train_step = run.settings, run.trainer, run.train_step
     args = settings.args
-    progress = Progress(stopwatch=Stopwatch(), completed=trainer.global_step)
-    stopwatch = progress.stopwatch
+    progress = Progress(meter=devplug.ThroughputMeter(), completed=trainer.global_step)
+    meter = progress.meter
     try:
         for _epoch in trainer.epochs(settings.epochs or sys.maxsize, max_steps=settings.steps):
             for real, _labels in run.loader:
@@ -222,10 +206,10 @@ def train_loop(run: Run) -> Progress:
                 if step % args.sample_every == 0:
                     progress.last_sample = save_samples(run)
                 # --save-every: the Trainer's checkpoint policy saves when the loader is asked for the next batch
-                stopwatch.add(real.shape[0] * trainer.world_size)
-                if stopwatch.steady_start is None:  # once: time the steady state after warm-up
+                meter.add(real.shape[0] * trainer.world_size)
+                if not meter.is_steady:  # once: time the steady state after warm-up
                     trainer.synchronize()
-                    stopwatch.first_step_done()
+                    meter.first_step_done()
                 progress.completed = step
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once
         progress.interrupted = True
@@ -236,7 +220,7 @@ def train_loop(run: Run) -> Progress:
         # The same Ctrl-C also stopped a loader worker while the next batch was being fetched.
     progress.interrupted = progress.interrupted or trainer.exit_code != 0
     trainer.synchronize()
-    stopwatch.stop()
+    meter.stop()
     return progress
 
 
@@ -263,7 +247,7 @@ def save_last_outputs(run: Run, progress: Progress) -> None:
     """At a step boundary, the checkpoint and sample grid of the last step, unless the schedule just wrote them."""
     trainer, args = run.trainer, run.settings.args
     at_safe_point = trainer.global_step == progress.completed
-    if at_safe_point and progress.stopwatch.images_total:
+    if at_safe_point and progress.meter.total:
         # Save before sampling: G samples in train mode, which moves its batch-norm running statistics,
         # and a checkpoint taken after that would resume to other weights than an uninterrupted run.
         # The policy saved when epochs() ended; after a second Ctrl-C (or a loader stopped by the same
@@ -289,7 +273,7 @@ def summarize(run: Run, progress: Progress) -> dict[str, Any]:
         optimizer_g=trainer.optimizer_implementation(train_step.opt_g),
         optimizer_d=trainer.optimizer_implementation(train_step.opt_d),
         data=run.data.description,
-        stopwatch=progress.stopwatch,
+        meter=progress.meter,
         price_per_hour=settings.args.price_per_hour,
         cache=run.data.cache,
         decodes_every_epoch=settings.data_is_folder and run.data.cache is None,
@@ -301,7 +285,8 @@ def summarize(run: Run, progress: Progress) -> dict[str, Any]:
 
 
 def finish(run: Run, progress: Progress) -> int:
-    """Close the trainer and the data, write and print the summary, leave the process group; the exit status."""
+    """Close the trainer and the data, write and print the summary; the exit status (main leaves the process
+    group)."""
     trainer = run.trainer
     summary = summarize(run, progress)
     trainer.close()
@@ -309,8 +294,6 @@ def finish(run: Run, progress: Progress) -> int:
     if trainer.is_main_process:
         write_summary(summary, run.settings.out / "summary.json")
         print(format_summary(summary), flush=True)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
     return trainer.exit_code or (130 if progress.interrupted else 0)
 
 
@@ -320,31 +303,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     Bad input (data, device, image size, checkpoint) prints one ``dcgan: error:`` line on stderr and
     returns 2; Ctrl-C prints the summary so far and returns 130.
     """
-    args = cli.parse(argv)
-    created: list[Path] = []
+    return cli.build_parser().run(start, argv)
+
+
+def start(args: argparse.Namespace) -> int:
+    """Resolve the flags; build the image cache (``--cache-only``) or train. The exit status."""
+    settings = cli.resolve(args)
+    if args.cache_only:
+        cache = load_training_data(settings, None).cache
+        print(cache.describe() if cache is not None else "dcgan: nothing to cache")
+        return 0
+    created = checks.prepare_output_dir(settings.out)  # a bad --out fails now, not at the first log point
     try:
-        settings = cli.resolve(args)
-        if args.cache_only:
-            cache = load_training_data(settings, None).cache
-            print(cache.describe() if cache is not None else "dcgan: nothing to cache")
-            return 0
-        created = checks.prepare_output_dir(settings.out)  # a bad --out fails now, not at the first log point
         return train(settings)
-    except devplug.DevplugError as exc:
+    except devplug.DevplugError:
         checks.remove_empty(created)  # the run stopped before writing anything: leave no empty folders
-        print(f"dcgan: error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("dcgan: interrupted", file=sys.stderr)
-        return 130
-
-
-def run_as_script() -> None:
-    """What ``python examples/dcgan.py`` does: `main` on the command line, then exit with its status."""
-    for stream in (sys.stdout, sys.stderr):  # file names that are not valid UTF-8 print as \xNN, never crash
-        stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
-    sys.exit(main())
+        raise
 
 
 if __name__ == "__main__":
-    run_as_script()
+    devplug.ConfigParser.run_as_script(main)

@@ -6,68 +6,8 @@ import json
 import math
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
-
-import attrs
-
-
-@attrs.define
-class Stopwatch:
-    """Steady-state training throughput: tokens after the first step (warm-up excluded), evaluation excluded.
-
-    The caller synchronizes the device before `first_step_done`, `pause`, `resume` and `stop`, so queued
-    device work is inside the measured time.
-    """
-
-    started: float = attrs.field(factory=time.perf_counter)
-    steady_start: float | None = None
-    stopped: float | None = None
-    paused: float = 0.0  # seconds spent evaluating after the steady start
-    _pause_start: float | None = None
-    tokens_total: int = 0
-    tokens_steady: int = 0
-
-    def add(self, tokens: int) -> None:
-        """Count the tokens of one micro-batch (all ranks)."""
-        self.tokens_total += tokens
-        if self.steady_start is not None:
-            self.tokens_steady += tokens
-
-    def first_step_done(self) -> None:
-        """Start the steady-state clock."""
-        if self.steady_start is None:
-            self.steady_start = time.perf_counter()
-
-    def pause(self) -> None:
-        """Stop counting time (an evaluation begins)."""
-        self._pause_start = time.perf_counter()
-
-    def resume(self) -> None:
-        """Count time again (the evaluation ended)."""
-        if self._pause_start is not None and self.steady_start is not None:
-            self.paused += time.perf_counter() - max(self._pause_start, self.steady_start)
-        self._pause_start = None
-
-    def stop(self) -> None:
-        """Stop the clocks."""
-        self.stopped = time.perf_counter()
-
-    @property
-    def wall_seconds(self) -> float:
-        """Seconds from the start to `stop` (or now), evaluation included."""
-        return (self.stopped or time.perf_counter()) - self.started
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Steady-state training tokens per second over all ranks (0 when nothing ran)."""
-        end = self.stopped or time.perf_counter()
-        if self.steady_start is not None and self.tokens_steady:
-            seconds = end - self.steady_start - self.paused
-            if seconds > 0:
-                return self.tokens_steady / seconds
-        return self.tokens_total / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
 def perplexity(loss: float | None) -> float | None:

@@ -19,6 +19,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -39,7 +40,7 @@ from devplug import toolkit
 from lm import cli
 from lm.corpus import Corpus, Windows, load_corpus
 from lm.models import VOCAB, Block, LanguageModel, count_parameters, generate
-from lm.summary import Stopwatch, format_summary, perplexity, write_summary
+from lm.summary import format_summary, perplexity, write_summary
 
 Say = Callable[..., None]
 #: Longest sample shown in the summary (the console shows all of it).
@@ -96,7 +97,7 @@ class Run:
     parameters: int
     history: EvalHistory = attrs.field(factory=EvalHistory)
     resumed: devplug.Resumed | None = None
-    stopwatch: Stopwatch = attrs.field(factory=Stopwatch)
+    meter: devplug.ThroughputMeter = attrs.field(factory=devplug.ThroughputMeter)  # tokens/s, evaluation left out
     interrupted: bool = False
     sample: str | None = None
     consolidated: str | None = None
@@ -124,12 +125,7 @@ def train(settings: cli.Settings, corpus: Corpus) -> int:
 
 def build_trainer(settings: cli.Settings) -> devplug.Trainer:
     """The Trainer: a checkpoint every ``--save-every`` steps and at the end, the newest ``--keep-checkpoints`` kept."""
-    args = settings.args
-    policy = devplug.CheckpointPolicy(directory=settings.out / "checkpoints", every_n_steps=args.save_every,
-                                      at_end=True, keep_last=args.keep_checkpoints or None)
-    trainer = devplug.Trainer(device=args.device, precision=args.precision, strategy=args.strategy, seed=args.seed,
-                              accumulate_grad_batches=args.accumulate, log_dir=str(settings.out / "tensorboard"),
-                              log_every=args.log_every, progress=False, checkpoints=policy)
+    trainer = devplug.Trainer(settings.trainer)  # the flags bound to devplug.TrainerConfig (lm.cli)
     if trainer.is_main_process:  # temp files of saves a killed run left behind (never a live writer's)
         toolkit.remove_stale_temp_files(settings.out / "checkpoints")
     return trainer
@@ -214,7 +210,7 @@ def train_loop(run: Run) -> None:
     """
     trainer, args, model, optimizer = run.trainer, run.settings.args, run.model, run.optimizer
     tokens_per_batch = args.batch_size * args.context * trainer.world_size
-    stopwatch = run.stopwatch
+    meter = run.meter
     try:
         for _epoch in trainer.epochs(sys.maxsize, max_steps=args.steps):
             for batch in run.loader:  # (batch, context + 1) bytes on the device: this rank's share
@@ -227,10 +223,10 @@ def train_loop(run: Run) -> None:
                         trainer.clip_grad_norm(optimizer, args.clip)
                     stepped = trainer.step(optimizer)
                 values = trainer.log(loss=loss.detach())  # read back from the device at log points only
-                stopwatch.add(tokens_per_batch)
-                if stepped and stopwatch.steady_start is None:  # once: time the steady state after warm-up
+                meter.add(tokens_per_batch)
+                if stepped and not meter.is_steady:  # once: time the steady state after warm-up
                     trainer.synchronize()
-                    stopwatch.first_step_done()
+                    meter.first_step_done()
                 step = trainer.global_step
                 if values is not None:
                     rate = values.get("samples_per_sec", 0.0) * args.context
@@ -238,15 +234,15 @@ def train_loop(run: Run) -> None:
                             f"lr {optimizer.param_groups[0]['lr']:.2e}  {rate:,.0f} tokens/s", flush=True)
                 if stepped and args.eval_every and step % args.eval_every == 0 and step < args.steps:
                     trainer.synchronize()
-                    stopwatch.pause()
-                    report_eval(run, evaluate(run))
-                    stopwatch.resume()
+                    with meter.paused(), trainer.throughput.paused():  # evaluation is not training time
+                        report_eval(run, evaluate(run))
+                        trainer.synchronize()
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once
         run.interrupted = True
         run.say("\nlm: interrupted", file=sys.stderr)
     run.interrupted = run.interrupted or trainer.exit_code != 0
     trainer.synchronize()
-    stopwatch.stop()
+    meter.stop()
 
 
 def next_byte_loss(model: nn.Module, batch: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -327,7 +323,7 @@ def consolidate(run: Run) -> None:
 
 def summarize(run: Run) -> dict[str, Any]:
     """Everything the summary shows, as plain values (also written to ``summary.json``)."""
-    trainer, stopwatch = run.trainer, run.stopwatch
+    trainer, meter = run.trainer, run.meter
     values = trainer.summary()
     last_checkpoint = values["last_checkpoint"]
     if run.resumed is not None and last_checkpoint == str(run.resumed.path):
@@ -350,9 +346,9 @@ def summarize(run: Run) -> dict[str, Any]:
         "recompute": run.settings.args.recompute,
         "corpus": run.corpus.description,
         "steps": values["steps"],
-        "tokens_this_run": stopwatch.tokens_total,
-        "wall_seconds": round(stopwatch.wall_seconds, 3),
-        "tokens_per_sec": stopwatch.tokens_per_second,
+        "tokens_this_run": meter.total,
+        "wall_seconds": round(meter.wall_seconds, 3),
+        "tokens_per_sec": meter.per_second,
         "first_eval_loss": run.history.first,
         "final_eval_loss": run.history.last,
         "final_eval_perplexity": perplexity(run.history.last),
@@ -364,15 +360,13 @@ def summarize(run: Run) -> dict[str, Any]:
 
 
 def finish(run: Run) -> int:
-    """Close the trainer, write and print the summary, leave the process group; the exit status."""
+    """Close the trainer, write and print the summary; the exit status (`main` leaves the process group)."""
     trainer = run.trainer
     summary = summarize(run)
     trainer.close()
     if trainer.is_main_process:
         write_summary(summary, run.settings.out / "summary.json")
         print(format_summary(summary), flush=True)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
     return trainer.exit_code or (130 if run.interrupted else 0)
 
 
@@ -388,38 +382,22 @@ def prepare_output_dir(out: Path) -> None:
                                   "folder") from None
 
 
-def one_line(error: BaseException) -> str:
-    """An error message on one line, at most 600 characters."""
-    text = toolkit.printable(" ".join(str(error).split()))
-    return text if len(text) <= 600 else text[:597] + "..."
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the example with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
 
     Bad input (a flag, the device, a checkpoint, the output folder) prints one ``lm: error:`` line on
     stderr and returns 2; Ctrl-C prints the summary so far and returns 130.
     """
-    args = cli.parse(argv)
-    try:
-        settings = cli.resolve(args)
-        corpus = load_corpus(int(args.corpus_mb * 2**20))
-        prepare_output_dir(settings.out)
-        return train(settings, corpus)
-    except devplug.DevplugError as exc:
-        print(f"lm: error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("lm: interrupted", file=sys.stderr)
-        return 130
+    return cli.build_parser().run(start, argv)
 
 
-def run_as_script() -> None:
-    """What ``python examples/lm.py`` does: `main` on the command line, then exit with its status."""
-    for stream in (sys.stdout, sys.stderr):  # file names that are not valid UTF-8 print as \xNN, never crash
-        stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
-    sys.exit(main())
+def start(args: argparse.Namespace) -> int:
+    """Resolve the flags, read the corpus, check the output folder, train; the exit status."""
+    settings = cli.resolve(args)
+    corpus = load_corpus(int(args.corpus_mb * 2**20))
+    prepare_output_dir(settings.out)
+    return train(settings, corpus)
 
 
 if __name__ == "__main__":
-    run_as_script()
+    devplug.ConfigParser.run_as_script(main)

@@ -63,6 +63,9 @@ PROJECT = "devplug"
 hookspec = pluggy.HookspecMarker(PROJECT)
 
 
+# ---- Registration: when a plugin is loaded and a device is chosen -----------------------------------------------
+
+
 @hookspec
 def devplug_register_devices() -> DeviceSpec | Iterable[DeviceSpec]:
     """Announce the device types this plugin serves.
@@ -85,6 +88,9 @@ def devplug_device_setup(device: Device) -> None:
     to import a vendor runtime (``habana_frameworks.torch.core``), set ``torch.cuda.set_device``, enable
     TF32 and so on. Returns nothing. Not first-result: every implementation runs.
     """
+
+
+# ---- Building a run: what Trainer(...), setup(), optimizer() and dataloader() ask once --------------------------
 
 
 @hookspec(firstresult=True)
@@ -135,68 +141,13 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
 
 
 @hookspec(firstresult=True)
-def devplug_region(device: Device, name: str) -> contextlib.AbstractContextManager[Any] | None:
-    """Return a context manager that marks a named region of the step for profilers.
+def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> Any:
+    """Compile ``module`` for ``device`` (``torch.compile`` with the device's backend) and return it.
 
-    Called around ``"forward"`` (``Trainer.autocast``), ``"backward"``, ``"optimizer_step"`` and
-    ``"data_wait"`` (the loop waiting for each training batch). Inside a profiler window the Trainer also
-    opens a ``torch.profiler.record_function`` range of the same name around it.
-    Return a context manager (e.g. an NVTX range) or ``None`` for no marking. First-result.
-    """
-
-
-@hookspec(firstresult=True)
-def devplug_profiler_activities(device: Device) -> list[torch.profiler.ProfilerActivity] | None:
-    """Name the ``torch.profiler.ProfilerActivity`` values to record on ``device``.
-
-    Called when a profiler window opens (``Trainer(profile="steps 10-15")``), never in a step that is not
-    profiled. Return a list that includes ``ProfilerActivity.CPU`` (the host side: data wait, regions,
-    launches) and the device's own activity where this torch has one (``CUDA``, ``HPU``, ``XPU``, ...), or
-    ``None`` to defer (the core's fallback: CPU plus the activity named like the device type, when torch
-    has it). First-result.
-    """
-
-
-@hookspec(firstresult=True)
-def devplug_peak_flops(device: Device, precision: str) -> PeakFlops | float | None:
-    """Report the peak FLOP/s of one ``device`` for the precision plan named ``precision``.
-
-    Called once per Trainer, after the FLOPs of a training step were counted, to compute MFU (achieved
-    FLOP/s over this peak). Return the dense (no sparsity) peak of the matrix units for the precision the
-    plan computes in (``"bf16-mixed"``: BF16; ``"32-true"``: FP32, or TF32 where matmuls use it) as a
-    `PeakFlops` naming its source (contract 1.4): ``"datasheet"`` (a published figure), ``"computed"``
-    (cores × clock × FLOP per cycle) or ``"measured (cached)"`` (measured once per machine,
-    ``devplug.toolkit.cached_matmul_flops``); a plain float is still accepted (source ``"plugin"``);
-    ``None`` when unknown (MFU is then not reported). A figure that is not positive and finite (zero,
-    negative, infinite, NaN) is refused with a ``PluginError`` naming the plugin, which the Trainer logs as
-    one warning: MFU is then not reported, and training goes on. Must be cheap: never measure on every
-    run (the figure would follow the machine's load, and MFU with it). Not called when the author gives
-    ``peak_flops=``. First-result.
-    """
-
-
-@hookspec
-def devplug_mark_step(device: Device, phase: Phase) -> None:
-    """Mark a step boundary for devices that execute lazily.
-
-    Called by the Trainer right after ``backward`` (``Phase.BACKWARD``) and right after each optimizer
-    step (``Phase.OPTIMIZER_STEP``). A lazy-mode device flushes its accumulated graph here (Gaudi:
-    ``htcore.mark_step()``); eager devices do nothing. Must not synchronize with the host. Returns nothing. Not
-    first-result: every implementation runs (so a neutral plugin can count steps).
-    """
-
-
-@hookspec(firstresult=True)
-def devplug_clip_grad_norm(
-    device: Device, parameters: list[torch.Tensor], max_norm: float, norm_type: float
-) -> torch.Tensor | None:
-    """Clip the gradients of ``parameters`` in place to a total ``norm_type``-norm of ``max_norm``.
-
-    Called by ``Trainer.clip_grad_norm`` once per optimizer step, after the grad scaler (if any) has
-    unscaled the gradients; ``parameters`` are those of one optimizer that have a gradient. Returns the
-    total norm before clipping as a tensor on the device (never read back to the host here), or
-    ``None`` to defer (the core's fallback uses ``torch.nn.utils.clip_grad_norm_``). A device with a
-    fused clip kernel implements it here (Gaudi: ``hpex.normalization.FusedClipNorm``). First-result.
+    Called by ``Trainer.setup`` when compilation is enabled. ``options`` are passed on to the
+    compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. Must return promptly (compile lazily,
+    as ``torch.compile`` does, on the first call): the hook is not bounded by devplug, and one that blocks
+    blocks the Trainer; that is the plugin's responsibility. First-result.
     """
 
 
@@ -242,6 +193,45 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
     """
 
 
+# ---- The step: called in every training step --------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def devplug_region(device: Device, name: str) -> contextlib.AbstractContextManager[Any] | None:
+    """Return a context manager that marks a named region of the step for profilers.
+
+    Called around ``"forward"`` (``Trainer.autocast``), ``"backward"``, ``"optimizer_step"`` and
+    ``"data_wait"`` (the loop waiting for each training batch). Inside a profiler window the Trainer also
+    opens a ``torch.profiler.record_function`` range of the same name around it.
+    Return a context manager (e.g. an NVTX range) or ``None`` for no marking. First-result.
+    """
+
+
+@hookspec
+def devplug_mark_step(device: Device, phase: Phase) -> None:
+    """Mark a step boundary for devices that execute lazily.
+
+    Called by the Trainer right after ``backward`` (``Phase.BACKWARD``) and right after each optimizer
+    step (``Phase.OPTIMIZER_STEP``). A lazy-mode device flushes its accumulated graph here (Gaudi:
+    ``htcore.mark_step()``); eager devices do nothing. Must not synchronize with the host. Returns nothing. Not
+    first-result: every implementation runs (so a neutral plugin can count steps).
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_clip_grad_norm(
+    device: Device, parameters: list[torch.Tensor], max_norm: float, norm_type: float
+) -> torch.Tensor | None:
+    """Clip the gradients of ``parameters`` in place to a total ``norm_type``-norm of ``max_norm``.
+
+    Called by ``Trainer.clip_grad_norm`` once per optimizer step, after the grad scaler (if any) has
+    unscaled the gradients; ``parameters`` are those of one optimizer that have a gradient. Returns the
+    total norm before clipping as a tensor on the device (never read back to the host here), or
+    ``None`` to defer (the core's fallback uses ``torch.nn.utils.clip_grad_norm_``). A device with a
+    fused clip kernel implements it here (Gaudi: ``hpex.normalization.FusedClipNorm``). First-result.
+    """
+
+
 @hookspec(firstresult=True)
 def devplug_synchronize(device: Device) -> bool | None:
     """Wait until all work queued on ``device`` has finished; return True when handled.
@@ -249,6 +239,9 @@ def devplug_synchronize(device: Device) -> bool | None:
     Called at log points and before timing measurements only, never in the steady-state step.
     First-result.
     """
+
+
+# ---- Observing a run: figures for logs, summaries and profiles --------------------------------------------------
 
 
 @hookspec(firstresult=True)
@@ -261,13 +254,32 @@ def devplug_memory_stats(device: Device) -> MemoryStats | None:
 
 
 @hookspec(firstresult=True)
-def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> Any:
-    """Compile ``module`` for ``device`` (``torch.compile`` with the device's backend) and return it.
+def devplug_peak_flops(device: Device, precision: str) -> PeakFlops | float | None:
+    """Report the peak FLOP/s of one ``device`` for the precision plan named ``precision``.
 
-    Called by ``Trainer.setup`` when compilation is enabled. ``options`` are passed on to the
-    compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. Must return promptly (compile lazily,
-    as ``torch.compile`` does, on the first call): the hook is not bounded by devplug, and one that blocks
-    blocks the Trainer; that is the plugin's responsibility. First-result.
+    Called once per Trainer, after the FLOPs of a training step were counted, to compute MFU (achieved
+    FLOP/s over this peak). Return the dense (no sparsity) peak of the matrix units for the precision the
+    plan computes in (``"bf16-mixed"``: BF16; ``"32-true"``: FP32, or TF32 where matmuls use it) as a
+    `PeakFlops` naming its source (contract 1.4): ``"datasheet"`` (a published figure), ``"computed"``
+    (cores × clock × FLOP per cycle) or ``"measured (cached)"`` (measured once per machine,
+    ``devplug.toolkit.cached_matmul_flops``); a plain float is still accepted (source ``"plugin"``);
+    ``None`` when unknown (MFU is then not reported). A figure that is not positive and finite (zero,
+    negative, infinite, NaN) is refused with a ``PluginError`` naming the plugin, which the Trainer logs as
+    one warning: MFU is then not reported, and training goes on. Must be cheap: never measure on every
+    run (the figure would follow the machine's load, and MFU with it). Not called when the author gives
+    ``peak_flops=``. First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_profiler_activities(device: Device) -> list[torch.profiler.ProfilerActivity] | None:
+    """Name the ``torch.profiler.ProfilerActivity`` values to record on ``device``.
+
+    Called when a profiler window opens (``Trainer(profile="steps 10-15")``), never in a step that is not
+    profiled. Return a list that includes ``ProfilerActivity.CPU`` (the host side: data wait, regions,
+    launches) and the device's own activity where this torch has one (``CUDA``, ``HPU``, ``XPU``, ...), or
+    ``None`` to defer (the core's fallback: CPU plus the activity named like the device type, when torch
+    has it). First-result.
     """
 
 
@@ -294,6 +306,9 @@ def devplug_log(device: Device, point: LogPoint) -> None:
     """
 
 
+# ---- Diagnosis: devplug doctor ----------------------------------------------------------------------------------
+
+
 @hookspec
 def devplug_doctor() -> DoctorReport | None:
     """Contribute to ``devplug doctor``, the report a bug report needs.
@@ -308,7 +323,8 @@ def devplug_doctor() -> DoctorReport | None:
     """
 
 
-#: Every hook of the contract, in the order above (the hook reference and the conformance kit follow it).
+#: Every hook of the contract, in the order above: a run's lifecycle (the hook reference and the conformance
+#: kit follow it).
 HOOKS: tuple[Callable[..., Any], ...] = tuple(
     fn for name, fn in list(globals().items()) if name.startswith("devplug_") and inspect.isfunction(fn)
 )

@@ -19,9 +19,10 @@ raises `ImageTooLarge`, which says what the limit is and how to raise it.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported when an image is decoded: it is not a dependency of devplug itself
+    import numpy as np
 
 #: A JPEG is decoded at reduced scale only down to this multiple of the target size (short side).
 DRAFT_MARGIN = 2
@@ -60,6 +61,8 @@ def to_rgb(image: Any) -> Any:
     if mode == "RGB":
         return image
     if mode in _SIXTEEN_BIT or mode in ("I", "F"):
+        import numpy as np
+
         return Image.fromarray(_to_uint8(np.asarray(image), mode), "L").convert("RGB")
     if mode == "P" and "transparency" in image.info:
         image, mode = image.convert("RGBA"), "RGBA"
@@ -72,6 +75,8 @@ def to_rgb(image: Any) -> Any:
 
 def _to_uint8(pixels: np.ndarray, mode: str) -> np.ndarray:
     """Scale a single-channel 16-bit, 32-bit integer or float array to 0..255 uint8."""
+    import numpy as np
+
     values = pixels.astype(np.float64)
     if mode == "F":
         finite = values[np.isfinite(values)]
@@ -102,6 +107,7 @@ def load_rgb(path: str | os.PathLike[str], size: int, *, draft: bool = True, mar
     ``margin`` is the least short side, in multiples of ``size``, a reduced-scale decode keeps. Raises
     `ImageTooLarge` over the decompression-bomb limit and Pillow's own errors for unreadable files.
     """
+    import numpy as np
     from PIL import Image, ImageOps
 
     try:

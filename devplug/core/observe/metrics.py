@@ -7,9 +7,10 @@ in a single transfer.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -143,6 +144,16 @@ class Throughput:
         if self._start is not None and self._last is not None:
             self._start += seconds
             self._last += seconds
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """``with trainer.throughput.paused():`` around an evaluation: its time is left out of samples/s and of
+        the data-wait share (the caller synchronises the device before and after)."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.exclude(time.perf_counter() - began)
 
     def lap(self) -> float:
         """Samples/s since the previous lap (``wait_share`` is then this lap's data wait); the caller synchronises."""

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from devplug.core.contract.answers import peak_flops_problem
 from devplug.core.contract.records import OptimizerChoice
+from devplug.core.contract.value_rules import peak_flops_problem
 from devplug.core.errors import PluginError
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from devplug import (
+    CONTRACT_VERSION,
     Availability,
     CollectiveSetup,
     Device,
@@ -25,7 +26,7 @@ from devplug import (
     ShardingPlan,
     hookimpl,
 )
-from devplug.plugins.cpu import peak
+from devplug.plugins.cpu import peaks
 from devplug.toolkit import (
     find_precision,
     log_once,
@@ -36,7 +37,8 @@ from devplug.toolkit import (
     torch_sharding_plan,
 )
 
-DEVPLUG_CONTRACT = "1.5"
+#: The contract these hooks implement: a built-in always speaks the contract of the devplug it ships in.
+DEVPLUG_CONTRACT = CONTRACT_VERSION
 
 #: Optimizers that torch implements with a fused CPU kernel in recent releases.
 FUSED_CANDIDATES = ("adam", "adamw", "sgd", "adagrad")
@@ -179,8 +181,8 @@ def devplug_memory_stats(device: Device) -> MemoryStats:
 
 @hookimpl
 def devplug_peak_flops(device: Device, precision: str) -> PeakFlops:
-    """Computed from the CPU's features and clock (`.peak`); where it cannot be, measured once per machine."""
-    return peak.peak_flops(compute_dtype(precision))
+    """Computed from the CPU's features and clock (`.peaks`); where it cannot be, measured once per machine."""
+    return peaks.peak_flops(compute_dtype(precision))
 
 
 @hookimpl

@@ -22,6 +22,7 @@ import attrs
 import torch
 
 from devplug import (
+    CONTRACT_VERSION,
     CollectiveSetup,
     Device,
     DeviceSpec,
@@ -46,7 +47,8 @@ from devplug.plugins.cuda.precision import configure_tf32, plan_precision
 from devplug.plugins.cuda.probe import compute_capability, device_count, probe
 from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_dataloader, torch_sharding_plan
 
-DEVPLUG_CONTRACT = "1.5"
+#: The contract these hooks implement: a built-in always speaks the contract of the devplug it ships in.
+DEVPLUG_CONTRACT = CONTRACT_VERSION
 
 log = logging.getLogger("devplug")
 

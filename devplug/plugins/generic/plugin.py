@@ -18,12 +18,13 @@ from typing import Any
 
 import attrs
 
-from devplug import Device, DeviceSpec, LoaderChoice, LoaderOptions, ShardingPlan, hookimpl
+from devplug import CONTRACT_VERSION, Device, DeviceSpec, LoaderChoice, LoaderOptions, ShardingPlan, hookimpl
 from devplug.plugins.generic.catalog import declared_types, facts, priority
 from devplug.plugins.generic.probe import count, probe
 from devplug.toolkit import log_once, torch_dataloader, torch_sharding_plan
 
-DEVPLUG_CONTRACT = "1.5"
+#: The contract these hooks implement: a built-in always speaks the contract of the devplug it ships in.
+DEVPLUG_CONTRACT = CONTRACT_VERSION
 
 
 def device_spec(device_type: str) -> DeviceSpec:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from devplug import (
+    CONTRACT_VERSION,
     CollectiveSetup,
     Device,
     DeviceSpec,
@@ -25,7 +26,8 @@ from devplug import (
 from devplug.plugins.hpu import clipping, data, distributed, doctor, mode, optimizers, peaks, probe, sharding, stats
 from devplug.plugins.hpu import precision as precision_plans
 
-DEVPLUG_CONTRACT = "1.5"
+#: The contract these hooks implement: a built-in always speaks the contract of the devplug it ships in.
+DEVPLUG_CONTRACT = CONTRACT_VERSION
 
 
 @hookimpl

@@ -18,7 +18,7 @@ import devplug
 from devplug.core.observe import flops as flops_module
 from devplug.core.observe.flops import measured_matmul_flops
 from devplug.core.registry.manager import create_plugin_manager
-from devplug.plugins.cpu import peak as cpu_peak
+from devplug.plugins.cpu import peaks as cpu_peak
 from devplug.plugins.cuda import peaks as cuda_peaks
 from devplug.plugins.hpu import peaks as hpu_peaks
 

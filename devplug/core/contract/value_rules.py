@@ -1,4 +1,5 @@
-"""Rules on the values of hook answers that their type alone does not state."""
+"""Rules on the values of hook answers that their type alone does not state; the guard applies them where the
+core receives each answer (`devplug.core.registry.answers`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,82 @@
+"""`devplug.ThroughputMeter`: steady-state units per second, the first step and every pause left out."""
+
+from __future__ import annotations
+
+import pytest
+
+import devplug
+
+
+class Clock:
+    """A seconds clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_rate_leaves_out_the_first_step_and_every_pause():
+    clock = Clock()
+    meter = devplug.ThroughputMeter(clock=clock)
+    clock.now += 5.0  # the first step: warm-up, compilation
+    meter.add(10)
+    meter.first_step_done()
+    for _ in range(4):  # four steps of 10 units, 1 s each
+        clock.now += 1.0
+        meter.add(10)
+    with meter.paused():  # an evaluation of 30 s
+        clock.now += 30.0
+    clock.now += 1.0
+    meter.add(10)
+    meter.stop()
+    assert meter.total == 60 and meter.steady == 50
+    assert meter.paused_seconds == pytest.approx(30.0)
+    assert meter.per_second == pytest.approx(50 / 5.0)  # not 50 / 35
+    assert meter.wall_seconds == pytest.approx(40.0)
+
+
+def test_a_pause_before_the_steady_state_counts_only_from_its_start():
+    clock = Clock()
+    meter = devplug.ThroughputMeter(clock=clock)
+    meter.pause()  # an evaluation before the first step
+    clock.now += 10.0
+    meter.resume()
+    meter.add(4)
+    meter.first_step_done()
+    meter.pause()
+    clock.now += 3.0
+    meter.first_step_done()  # a second call changes nothing
+    meter.stop()  # ends the open pause
+    assert meter.paused_seconds == pytest.approx(3.0)
+
+
+def test_a_run_of_one_step_reports_its_whole_rate_and_an_empty_one_zero():
+    clock = Clock()
+    one = devplug.ThroughputMeter(clock=clock)
+    clock.now += 2.0
+    one.add(8)
+    one.first_step_done()
+    one.stop()
+    assert one.per_second == pytest.approx(4.0)
+    assert devplug.ThroughputMeter(clock=clock).per_second == 0.0
+
+
+def test_the_trainers_own_meter_leaves_a_paused_evaluation_out_of_samples_per_second(monkeypatch):
+    from types import SimpleNamespace
+
+    from devplug.core.observe import metrics
+
+    clock = Clock()
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+    meter = metrics.Throughput()
+    meter.add(8)  # the first batch starts the clock
+    clock.now += 1.0
+    meter.add(8)
+    with meter.paused():  # a 9 s evaluation between two training batches
+        clock.now += 9.0
+    clock.now += 1.0
+    meter.add(8)
+    assert meter.lap() == pytest.approx(24 / 2.0)  # not 24 / 11
+    assert meter.seconds_total == pytest.approx(2.0)
