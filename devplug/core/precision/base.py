@@ -125,7 +125,8 @@ class Precision(abc.ABC):
     def use_scaler(self, params: PrecisionParams) -> bool:
         """Whether the plan carries a grad scaler; refuses to drop one this precision needs without a reason."""
         use = self.needs_scaler if params.scaler is None else params.scaler
-        if self.needs_scaler and not use and not params.no_scaler_reason.strip():
+        # 16-mixed keeps the record's own message (PrecisionPlan refuses such a plan the same way)
+        if self.needs_scaler and not use and not params.no_scaler_reason.strip() and self.name != FLOAT16_PRECISION:
             raise ValueError(
                 f"a {self.name!r} plan has no grad scaler, which it needs ({self.scaler_reason}): keep it, or "
                 "give no_scaler_reason='why none is needed'")

@@ -140,3 +140,39 @@ def test_the_kit_checks_a_registered_precision_and_its_scaler_on_the_cpu(toy):
     dut = open_device("cpu", create_plugin_manager(autoload=False))
     assert check_precision(dut, toy.name).startswith("toy-scaled-32 -> toy-scaled-32: fp32 with a grad scaler")
     assert check_sharding(dut, toy.name).startswith("toy-scaled-32: gather fp32, reduce fp32")  # fp32 compute
+
+
+def _device(name: str) -> devplug.Device:
+    """A Device record as the registry builds it for a built-in plugin's device type (no hardware needed)."""
+    spec = devplug.DeviceSpec(name=name, description=name, priority=100, probe=devplug.Availability.yes)
+    return devplug.Device(spec=spec, index=None, plugin_name=name)
+
+
+def test_gaudi_plans_a_registered_precision_through_the_layer_and_refuses_one_computing_in_fp16(toy):
+    from devplug.plugins.hpu import precision as hpu_precision
+
+    plan = hpu_precision.plan_precision(_device("hpu"), toy.name)
+    assert plan.name == toy.name and isinstance(plan.scaler, torch.amp.GradScaler)
+
+    class ToyFp16(toy_precision.ToyScaled32):
+        name = "toy-fp16"
+        compute_dtype = torch.float16
+
+    toolkit.register_precision(ToyFp16())
+    try:
+        with pytest.raises(devplug.PrecisionError, match="GPU recipe"):
+            hpu_precision.plan_precision(_device("hpu"), "toy-fp16")
+        with pytest.raises(devplug.PrecisionError, match=r"'fp8' is not one of auto, 32-true, bf16-mixed, "
+                                                         r"toy-scaled-32, hmp \(the settings Gaudi runs\)"):
+            hpu_precision.plan_precision(_device("hpu"), "fp8")
+    finally:
+        toolkit.unregister_precision("toy-fp16")
+
+
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled, but CUDA is not available")
+def test_cuda_adds_what_it_knows_of_the_gpu_to_a_registered_precisions_plan(toy):
+    from devplug.plugins.cuda import precision as cuda_precision
+
+    plan = cuda_precision.plan_precision(_device("cuda"), toy.name)
+    assert plan.name == toy.name and isinstance(plan.scaler, torch.amp.GradScaler)
+    assert plan.description == "fp32 with a grad scaler (a toy) (TF32 matmul/cuDNN on Ampere and newer)"
