@@ -39,7 +39,7 @@ class PrecisionPlan:
     the loss is scaled: a ``"16-mixed"`` plan must carry a ``scaler``, or say in ``no_scaler_reason`` why
     none is needed (e.g. ``"the optimizer scales the loss itself"``). A ``"16-mixed"`` plan with neither
     cannot be built (``ValueError``); returned from ``devplug_precision``, that is reported as the plugin's
-    error, naming it.
+    error, naming it. The same holds for any registered precision that says it needs a grad scaler.
     """
 
     name: str
@@ -51,11 +51,19 @@ class PrecisionPlan:
     no_scaler_reason: str = attrs.field(default="", kw_only=True, validator=attrs.validators.instance_of(str))
 
     def __attrs_post_init__(self) -> None:
-        if self.name == FLOAT16_PRECISION and self.scaler is None and not self.no_scaler_reason.strip():
+        if self.scaler is not None or self.no_scaler_reason.strip():
+            return
+        if self.name == FLOAT16_PRECISION:
             raise ValueError(
                 f"a {FLOAT16_PRECISION!r} PrecisionPlan (float16 autocast) has no grad scaler, so small gradients "
                 "underflow to zero: give it scaler=torch.amp.GradScaler(...), or no_scaler_reason='why none is "
                 "needed'")
+        precision = REGISTERED.get(self.name)
+        if precision is not None and precision.needs_scaler:
+            raise ValueError(
+                f"a {self.name!r} PrecisionPlan has no grad scaler, which that precision needs "
+                f"({precision.scaler_reason}): give it scaler=torch.amp.GradScaler(...), or "
+                "no_scaler_reason='why none is needed'")
 
 
 def _notes(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -123,14 +131,17 @@ class Precision(abc.ABC):
         return description + (f" ({'; '.join(params.notes)})" if params.notes else "")
 
     def use_scaler(self, params: PrecisionParams) -> bool:
-        """Whether the plan carries a grad scaler; refuses to drop one this precision needs without a reason."""
-        use = self.needs_scaler if params.scaler is None else params.scaler
-        # 16-mixed keeps the record's own message (PrecisionPlan refuses such a plan the same way)
-        if self.needs_scaler and not use and not params.no_scaler_reason.strip() and self.name != FLOAT16_PRECISION:
-            raise ValueError(
-                f"a {self.name!r} plan has no grad scaler, which it needs ({self.scaler_reason}): keep it, or "
-                "give no_scaler_reason='why none is needed'")
-        return use
+        """Whether the plan carries a grad scaler: the device's say, else this precision's need.
+
+        Dropping one the precision needs takes ``params.no_scaler_reason``: the `PrecisionPlan` refuses it
+        otherwise.
+        """
+        return self.needs_scaler if params.scaler is None else params.scaler
 
     def __repr__(self) -> str:
         return f"<precision {self.name}: {self.summary}>"
+
+
+#: The registered precisions by name, filled by `devplug.core.precision.registry` (kept here, at the bottom of
+#: the layer, so that a `PrecisionPlan` can hold any precision that needs a grad scaler to its need).
+REGISTERED: dict[str, Precision] = {}

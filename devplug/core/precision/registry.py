@@ -11,12 +11,11 @@ import torch
 
 from devplug.core.errors import PrecisionError
 from devplug.core.precision import bf16_mixed, fp16_mixed, full_32
+from devplug.core.precision.base import REGISTERED as _REGISTERED
 from devplug.core.precision.base import Precision
 
 #: The setting a device plugin resolves to its best precision; not a precision itself.
 AUTO = "auto"
-
-_REGISTERED: dict[str, Precision] = {}
 
 
 def register(precision: Precision) -> Precision:

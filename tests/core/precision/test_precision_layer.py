@@ -80,8 +80,10 @@ def test_registering_a_taken_name_or_auto_is_refused(toy):
 
 def test_dropping_a_scaler_the_precision_needs_takes_a_reason(toy):
     device = devplug.Trainer(device="cpu", precision="32-true", progress=False).device
-    with pytest.raises(ValueError, match="'toy-scaled-32' plan has no grad scaler, which it needs"):
+    with pytest.raises(ValueError, match="'toy-scaled-32' PrecisionPlan has no grad scaler, which that precision"):
         toolkit.precision_plan(device, toy.name, scaler=False)
+    with pytest.raises(ValueError, match="'toy-scaled-32' PrecisionPlan has no grad scaler"):  # a plugin's own plan
+        devplug.PrecisionPlan(name=toy.name)
     plan = toolkit.precision_plan(device, toy.name, scaler=False, no_scaler_reason="the optimizer scales")
     assert plan.scaler is None and plan.no_scaler_reason == "the optimizer scales"
 
@@ -176,3 +178,17 @@ def test_cuda_adds_what_it_knows_of_the_gpu_to_a_registered_precisions_plan(toy)
     plan = cuda_precision.plan_precision(_device("cuda"), toy.name)
     assert plan.name == toy.name and isinstance(plan.scaler, torch.amp.GradScaler)
     assert plan.description == "fp32 with a grad scaler (a toy) (TF32 matmul/cuDNN on Ampere and newer)"
+
+
+def test_a_plugin_plan_without_the_scaler_a_registered_precision_needs_is_refused_naming_the_plugin(toy):
+    class NoScaler:
+        @devplug.hookimpl(tryfirst=True)
+        def devplug_precision(self, device, precision):
+            return devplug.PrecisionPlan(name=precision)
+
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("no-scaler", NoScaler())])
+    with pytest.raises(devplug.PluginError) as caught:
+        devplug.Trainer(device="cpu", precision=toy.name, progress=False, plugin_manager=pm)
+    assert str(caught.value).startswith("devplug_precision of plugin 'no-scaler' (registered at run time) raised "
+                                        "ValueError: a 'toy-scaled-32' PrecisionPlan has no grad scaler, which that "
+                                        "precision needs (it stands for a format whose gradients underflow")
