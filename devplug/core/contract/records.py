@@ -208,8 +208,8 @@ class Phase(str, enum.Enum):
     OPTIMIZER_STEP = "optimizer_step"
 
 
-#: Precision names understood by devplug, in the conventions PyTorch users already know: ``"auto"`` and the
-#: built-in precisions, as registered in `devplug.core.precision.registry` (the one place the names live).
+#: Precision names understood by devplug, in the conventions PyTorch users already know.
+#: ``"auto"`` and the built-in precisions, from `devplug.core.precision.registry` (the one place the names live).
 PRECISIONS = choices()
 
 
