@@ -64,7 +64,7 @@ from _timing import interleaved_samples, paired_ratio
 from torch import nn
 
 import devplug
-from devplug.plugins.cpu.peak import peak_flops
+from devplug.plugins.cpu.peaks import peak_flops
 
 EAGER, AA = "eager", "eager (A/A)"
 #: Variant name -> (compile, channels_last).

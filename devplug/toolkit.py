@@ -44,6 +44,7 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   `torch_sharding_plan` — the fallback's FSDP plan for a device and precision, to adjust;
 - `remove_stale_temp_files` — delete the temporary files of checkpoint saves whose process is gone
   (``Trainer.save`` does it itself; call it at start to tidy a checkpoint folder at once);
+- `write_atomically` — write an output file whole or not at all (a temporary file renamed into place);
 - `log_once` — say something (a fallback and its reason) once per process (`forget_logged`
   resets it in tests);
 - `environment_changes` — the environment variables a plugin changed while loading (each an
@@ -58,6 +59,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from devplug.core.checkpoint.diskfull import write_atomically
 from devplug.core.checkpoint.sharded import consolidate_checkpoint
 from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.data.evaluation import EvaluationSampler, evaluation_shard
@@ -185,4 +187,5 @@ __all__ = [
     "torch_sharding_plan",
     "tune_loader",
     "unregister_precision",
+    "write_atomically",
 ]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
-from devplug import ThroughputMeter
+from devplug import ThroughputMeter, toolkit
 
 
 def _count(value: float) -> str:
@@ -123,6 +122,6 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def write_summary(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write ``summary`` as JSON."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    """Write ``summary`` as JSON, atomically (a temporary file renamed into place: never half a file)."""
+    text = json.dumps(summary, indent=2, default=str) + "\n"
+    toolkit.write_atomically(path, lambda handle: handle.write(text.encode()))

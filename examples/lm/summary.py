@@ -41,7 +41,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         start = f" (from {first:.3f}, perplexity {perplexity(first):.1f})" if first is not None else ""
         rows.append(("held-out loss", f"{final:.3f} nats/byte, perplexity {perplexity(final):.2f}{start}"))
     if summary["sample"] is not None:
-        rows.append(("sample", summary["sample"]))
+        rows.append(("sample", repr(summary["sample"])))  # one line, escapes shown
     if summary["last_checkpoint"]:
         rows.append(("checkpoint", summary["last_checkpoint"]))
     if summary["consolidated"]:

@@ -39,6 +39,7 @@ from devplug import toolkit
 
 from lm import cli
 from lm.corpus import Corpus, Windows, load_corpus
+from lm.memory import available_host_memory, check_memory
 from lm.models import VOCAB, Block, LanguageModel, count_parameters, generate
 from lm.summary import format_summary, perplexity, write_summary
 
@@ -134,6 +135,9 @@ def build_trainer(settings: cli.Settings) -> devplug.Trainer:
 def build_run(trainer: devplug.Trainer, settings: cli.Settings, corpus: Corpus) -> Run:
     """The network (sharded or replicated as the strategy says), AdamW, the schedule and both loaders."""
     args, spec = settings.args, settings.spec
+    stats = trainer.memory_stats()  # before the network is built: too large is one line, not an allocator's error
+    check_memory(spec, args.batch_size, shards=trainer.world_size if trainer.strategy == "fsdp" else 1,
+                 device_total=getattr(stats, "total", None), host_available=available_host_memory())
     network = LanguageModel(spec)  # built after the Trainer seeded every rank alike: replicas start equal
     parameters = count_parameters(network)
     model = trainer.setup(network, name="lm", shard=[Block] if trainer.strategy == "fsdp" else None,
@@ -330,7 +334,7 @@ def summarize(run: Run) -> dict[str, Any]:
         last_checkpoint = None  # this run wrote none
     shown = None
     if run.sample is not None:
-        shown = repr(run.sample if len(run.sample) <= SAMPLE_SHOWN else run.sample[:SAMPLE_SHOWN] + "...")
+        shown = run.sample if len(run.sample) <= SAMPLE_SHOWN else run.sample[:SAMPLE_SHOWN] + "..."  # plain text
     return {
         "status": "interrupted" if run.interrupted else "finished",
         "device": values["device"],
@@ -370,16 +374,38 @@ def finish(run: Run) -> int:
     return trainer.exit_code or (130 if run.interrupted else 0)
 
 
-def prepare_output_dir(out: Path) -> None:
-    """Create ``out`` and check a file can be written there, so a bad ``--out`` is one line now."""
+def prepare_output_dir(out: Path, *, given: bool = True) -> None:
+    """Create ``out`` and check a file can be written there, so a bad ``--out`` is one line now.
+
+    ``given``: ``--out`` named it; otherwise it is the folder of the run ``--resume`` continues.
+    """
     try:
         (out / "checkpoints").mkdir(parents=True, exist_ok=True)
         probe = out / f".lm-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
+        if not given:
+            raise devplug.ConfigError(f"the resumed run's folder {str(out)!r}, where it writes without --out, cannot "
+                                      f"be written: {exc.strerror or exc}; pass --out to write the resumed run to a "
+                                      "writable folder") from None
         raise devplug.ConfigError(f"--out {str(out)!r} cannot be written: {exc.strerror or exc}; pass a writable "
                                   "folder") from None
+
+
+def check_consolidate_target(target: Path | None) -> None:
+    """``--consolidate FILE``: its folder must take a file now, not only after training (one line if not)."""
+    if target is None:
+        return
+    target = target.expanduser()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        probe = target.parent / f".{target.name}.lm-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise devplug.ConfigError(f"--consolidate {str(target)!r} cannot be written: {exc.strerror or exc}; name a "
+                                  "file in a writable folder") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -395,7 +421,8 @@ def start(args: argparse.Namespace) -> int:
     """Resolve the flags, read the corpus, check the output folder, train; the exit status."""
     settings = cli.resolve(args)
     corpus = load_corpus(int(args.corpus_mb * 2**20))
-    prepare_output_dir(settings.out)
+    prepare_output_dir(settings.out, given=args.out is not None)
+    check_consolidate_target(args.consolidate)
     return train(settings, corpus)
 
 

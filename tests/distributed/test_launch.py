@@ -204,3 +204,23 @@ def test_detect_launch_reads_os_environ_by_default(monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     info = detect_launch()
     assert (info.launcher, info.rank, info.world_size) == ("openmpi", 1, 2)
+
+
+@pytest.mark.parametrize("raw", ["abc", "-5", "0", "nan", "inf"])
+def test_a_collective_wait_that_is_not_a_positive_number_is_refused_like_the_other_variables(raw):
+    from devplug.core.distributed.combine import collective_wait_seconds
+    from devplug.core.registry.bounded import time_limit
+
+    with pytest.raises(ConfigError) as info:
+        collective_wait_seconds({"DEVPLUG_COLLECTIVE_WAIT": raw})
+    assert str(info.value) == f"DEVPLUG_COLLECTIVE_WAIT={raw!r} is not a positive number of seconds (e.g. 120 or 2.5)"
+    with pytest.raises(ConfigError, match=f"DEVPLUG_PROBE_TIMEOUT={raw!r} is not a positive number of seconds"):
+        time_limit({"DEVPLUG_PROBE_TIMEOUT": raw})  # its sibling, worded the same way
+
+
+def test_a_collective_wait_unset_is_the_default_and_a_number_is_used():
+    from devplug.core.distributed.combine import DEFAULT_COLLECTIVE_WAIT, collective_wait_seconds
+
+    assert collective_wait_seconds({}) == DEFAULT_COLLECTIVE_WAIT
+    assert collective_wait_seconds({"DEVPLUG_COLLECTIVE_WAIT": " "}) == DEFAULT_COLLECTIVE_WAIT
+    assert collective_wait_seconds({"DEVPLUG_COLLECTIVE_WAIT": "2.5"}) == 2.5

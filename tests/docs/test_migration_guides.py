@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from paths import REPO
 
 GUIDES = REPO / "docs" / "migration"
@@ -66,9 +67,21 @@ def test_the_guides_share_the_preamble_and_the_devplug_version():
     assert len(set(devplug_side.values())) == 1, "the devplug version differs between the guides"
 
 
+def test_the_guides_are_current_and_their_evaluation_counts_each_sample_once():
+    block = guide_block("pytorch.md", "devplug")
+    assert 'trainer.all_reduce(correct, op="sum")' in block and "flush_logs" not in block  # no mean of accuracies
+    for page in PAGES.values():
+        text = (GUIDES / page).read_text()
+        assert "DistributedDataParallel` only" not in text and 'strategy="fsdp"' in text, page
+        assert "Weights & Biases" in text, page
+
+
 def test_the_devplug_version_trains_checkpoints_and_resumes(tmp_path):
     script = guide_block("pytorch.md", "common") + "\n\n" + guide_block("pytorch.md", "devplug")
     check_result(*run_twice(script, tmp_path))
+    namespace: dict = {}
+    exec(guide_block("pytorch.md", "common"), namespace)  # the exported weights load into the plain model
+    namespace["make_model"]().load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))
     kept = sorted(p.name for p in (tmp_path / "runs" / "guide").glob("step_*.pt"))
     assert kept == ["step_0000040.pt", f"step_{STEPS:07d}.pt"]  # every 20 steps and at the end, keep_last=2
 
@@ -94,6 +107,15 @@ def test_the_table_maps_the_calls_readers_look_for():
         "accelerate.md": ["accelerator.prepare", "accelerator.accumulate", "clip_grad_norm_",
                           "accelerator.save_state", "gather_for_metrics", "trainer.gather", "trainer.resume"],
     }
+    small_calls = ["trainer.barrier()", "trainer.main_process_first()", "trainer.broadcast(obj, src=0)",
+                   "trainer.unwrap(model)"]
+    peers = {"pytorch.md": ["dist.barrier()", "dist.broadcast_object_list", "model.module"],
+             "fabric.md": ["fabric.barrier()", "fabric.rank_zero_first()", "fabric.broadcast(obj, src=0)",
+                           "bf16-true", "fabric.init_module()"],
+             "accelerate.md": ["accelerator.wait_for_everyone()", "accelerator.main_process_first()",
+                               "broadcast_object_list", "accelerator.unwrap_model(model)", "accelerator.save_model"]}
+    for page in expected:
+        expected[page] += small_calls + peers[page]
     for page, names in expected.items():
         table = (GUIDES / page).read_text().split("## Call by call")[1].split("\n## ")[0]
         for name in names:

@@ -49,7 +49,7 @@ def test_a_tiny_run_learns_and_reports_held_out_perplexity(tmp_path, capsys):
     assert summary["steps"] == 30 and summary["tokens_this_run"] == 30 * 8 * 16 and summary["tokens_per_sec"] > 0
     assert summary["strategy"] == "none" and summary["optimizer"].startswith("torch.optim.AdamW")
     assert "step 30/30  loss" in printed and "LM run summary" in printed and "perplexity" in printed
-    assert summary["sample"][1:5] == "def " and (out / "checkpoints" / "step_0000030.pt").is_file()
+    assert summary["sample"][:4] == "def " and (out / "checkpoints" / "step_0000030.pt").is_file()
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

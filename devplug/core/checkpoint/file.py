@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 
 from devplug.core.checkpoint import digest as content
 from devplug.core.checkpoint import sniff
+from devplug.core.checkpoint.diskfull import disk_full_cause
 from devplug.core.checkpoint.tempfiles import create_temp, remove_stale_temp_files
 from devplug.core.errors import CheckpointError
 from devplug.core.tree import map_tensors
@@ -58,8 +60,11 @@ def atomic_save(state: Any, path: str | os.PathLike[str]) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        full = disk_full_cause(exc) if isinstance(exc, Exception) else None
+        if full is not None and full is not exc:  # torch's zip writer says "unexpected pos", the cause inside
+            raise OSError(full.errno, full.strerror, str(target)) from None
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(target.parent, os.O_RDONLY)
@@ -72,9 +77,18 @@ def atomic_save(state: Any, path: str | os.PathLike[str]) -> Path:
     return target
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` as one plain line: terminal escape sequences removed, whitespace runs made one space."""
+    plain = " ".join(_ANSI.sub("", text).split())
+    return plain if limit is None else plain[:limit]
+
+
 def _torch_reason(exc: BaseException) -> str:
     """torch's reason in a few words, without its advice to retry with ``weights_only=False``."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
     detail = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("WeightsUnpickler error")), "")
     if detail:
         return f"it holds something other than tensors and plain values ({detail})"

@@ -67,7 +67,9 @@ class CheckpointPolicy:
     - ``at_end``: save when ``epochs()`` ends normally or on a stop signal or request (not on an exception).
     - ``keep_last``: the newest files kept (``None`` keeps every file).
     - ``keep_best`` with ``monitor`` and ``mode``: also keep the best K by a value passed to ``trainer.log``
-      (``"min"``: lower is better). A checkpoint is scored with the monitored value's latest logged value.
+      (``"min"``: lower is better). A checkpoint is scored with the value of its own weights: the first
+      value of ``monitor`` logged at its step (after that step's optimizer step, before the next one's),
+      whether logged before or after the save; one without such a value is unscored.
     - ``auto_resume``: continue from the newest intact checkpoint of ``directory`` when the loop starts.
     """
 
@@ -117,6 +119,8 @@ class RunCheckpoints:
         self.last_saved_step = 0
         self.last_saved_time = time.monotonic()
         self.last_path: Path | None = None
+        #: the step of the newest checkpoint while its score may still arrive (logged later at its step)
+        self.awaiting: int | None = None
 
     # ---- the metric each checkpoint was saved with -----------------------------------------------------------
     def _read_index(self) -> dict[str, float]:
@@ -158,8 +162,25 @@ class RunCheckpoints:
         scores.pop(path.name, None)
         if score is not None and math.isfinite(score):
             scores[path.name] = score
+        self.awaiting = step if score is None and self.policy.monitor is not None else None
         self.prune(scores)
         return path
+
+    def attach(self, step: int, score: float) -> bool:
+        """Score the checkpoint of ``step``, saved before its value was logged; prune again. True if attached.
+
+        Only the checkpoint still awaiting its score takes one (a value logged at its step, after the save).
+        """
+        if self.awaiting != step:
+            return False
+        self.awaiting = None
+        path = self.folder / checkpoint_name(step)
+        if not math.isfinite(score) or not path.exists():
+            return False
+        scores = self._read_index()
+        scores[path.name] = score
+        self.prune(scores)
+        return True
 
     def _disk_full(self, path: Path, exc: OSError) -> str:
         previous = next((found for _step, found in steps_newest_first(self.folder) if found != path), None)
@@ -168,13 +189,17 @@ class RunCheckpoints:
                 "save the checkpoints on another disk")
 
     def keep(self, scores: dict[str, float]) -> set[Path]:
-        """The files the policy keeps: the newest (always), the last ``keep_last``, the best ``keep_best``."""
+        """The files the policy keeps: the newest (always), the last ``keep_last``, the best ``keep_best``.
+
+        A checkpoint whose score may still arrive is never pruned in favour of a scored one.
+        """
         found = steps_newest_first(self.folder)
         if not found:
             return set()
         policy = self.policy
         kept = {path for _step, path in (found if policy.keep_last is None else found[:policy.keep_last])}
         kept.add(found[0][1])
+        kept.update(path for step, path in found if step == self.awaiting)
         if policy.keep_best:
             scored = [(scores[path.name], -step, path) for step, path in found if path.name in scores]
             scored.sort(key=lambda item: (item[0] if policy.mode == "min" else -item[0], item[1]))

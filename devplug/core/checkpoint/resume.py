@@ -92,6 +92,45 @@ def newest(source: Path) -> Path | None:
     return source if source.exists() else None
 
 
+def _check(path: Path) -> None:
+    """Raise `CheckpointError` unless the checkpoint ``path`` (a file or a sharded folder) reads intact."""
+    from devplug.core.checkpoint.file import read_checkpoint
+    from devplug.core.checkpoint.sharded import read_state
+
+    if path.is_dir():
+        read_state(path)
+    else:
+        read_checkpoint(path)
+
+
+def newest_intact(source: Path, *, explicit: bool) -> tuple[Path | None, tuple[tuple[Path, str], ...], str]:
+    """For a sharded run, where every rank loads together: the checkpoint to resume from without loading it.
+
+    ``source`` itself when it is one checkpoint (its load reports what is wrong with it), else the newest
+    of its folder whose files are intact, the damaged ones passed over with a warning. Returns the
+    checkpoint (``None`` when there is none), the ``(path, reason)`` passed over, and a one-line problem
+    (``""`` when none) that every rank raises, so no rank raises alone.
+    """
+    if source.is_file() or is_sharded_checkpoint(source):
+        return source, (), ""
+    if explicit and not source.exists():
+        return None, (), f"no checkpoint to resume from at {str(source)!r}"
+    found = [path for _step, path in steps_newest_first(source)]
+    if not found:
+        return None, (), f"no checkpoint to resume from at {str(source)!r}" if explicit else ""
+    skipped: list[tuple[Path, str]] = []
+    for path in found:
+        try:
+            _check(path)
+            return path, tuple(skipped), ""
+        except CheckpointError as exc:
+            log.warning("skipping damaged checkpoint %s: %s; trying the one before it", path.name, exc)
+            skipped.append((path, str(exc)))
+    return None, tuple(skipped), (f"no usable checkpoint to resume from in {source}: "
+                                  f"{', '.join(path.name for path, _reason in skipped)} are damaged; move them "
+                                  "away to start afresh, or restore one from a backup")
+
+
 def set_aside_newer(resumed: Path, *, now: datetime.datetime | None = None) -> tuple[Path | None, int]:
     """Move the checkpoints newer than ``resumed`` in its folder into ``abandoned-<time>/`` beside them.
 

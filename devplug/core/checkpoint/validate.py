@@ -115,7 +115,11 @@ def check_matches(state: Mapping[str, Any], modules: Mapping[str, torch.nn.Modul
         problems.append("its optimizers are not a dict")
     else:
         if sorted(saved_optimizers) != sorted(optimizers):
-            problems.append(f"optimizers {sorted(saved_optimizers)} vs built {sorted(optimizers)}")
+            missing = sorted(set(saved_optimizers) - set(optimizers))
+            advice = (f" (build {', '.join(map(repr, missing))} with trainer.optimizer(...) before load(); for "
+                      "inference alone, read the weights: torch.load(path, weights_only=True)['modules'][name])"
+                      ) if missing else ""
+            problems.append(f"optimizers {sorted(saved_optimizers)} vs built {sorted(optimizers)}{advice}")
         for key, choice in optimizers.items():
             if key in saved_optimizers:
                 problems += state_problems(choice, saved_optimizers[key], key)

@@ -293,6 +293,10 @@ def devplug_log(device: Device, point: LogPoint) -> None:
     and once with ``point.final=True`` when the Trainer closes (``point.summary``: the run's summary as
     plain data). Samples/s, data wait, MFU and learning rates come only with a point that follows at least
     one training step, so a point of evaluation values logged at the same step carries those values alone.
+    Evaluation values (logged after an epoch's training batches, or named ``val_*``/``eval_*``) come as
+    logged, on a point of their own at their step, not averaged. After a resume a point with
+    ``point.resumed=True`` (no values) names the resumed step: drop or mark the points past it that an
+    interrupted run wrote (they are computed again).
 
     Since contract 1.4 the run's facts come on points of their own, with empty ``values``:
     ``point.hparams`` (from ``Trainer(hparams=...)`` when the Trainer is built, and from each

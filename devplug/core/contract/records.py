@@ -426,7 +426,10 @@ class LogPoint:
       ``devplug_version``, ``optimizer/<name>``);
     - ``files``: a tag to a file the Trainer wrote (the PNG of ``log_images(..., path=...)``, on the
       same point as its image);
-    - ``summary``: on the final point, the run's summary (``Trainer.summary().to_dict()``, JSON-serialisable).
+    - ``summary``: on the final point, the run's summary (``Trainer.summary().to_dict()``, JSON-serialisable);
+    - ``resumed``: True on a point of its own when the run resumed from the checkpoint of ``step``: points
+      past ``step`` written before (by the run that was interrupted) are computed again, so a logger drops
+      or marks them (TensorBoard purges them, CSV and JSON Lines are rewritten without them).
 
     A logger written before 1.4 ignores these fields and keeps working: it already skips points with
     empty ``values``.
@@ -441,6 +444,7 @@ class LogPoint:
     tags: Mapping[str, str] = attrs.field(factory=dict, kw_only=True)
     files: Mapping[str, str] = attrs.field(factory=dict, kw_only=True)
     summary: Mapping[str, Any] = attrs.field(factory=dict, kw_only=True)
+    resumed: bool = attrs.field(default=False, kw_only=True)
 
 
 def _string_tuple(value: Iterable[str]) -> tuple[str, ...]:

@@ -110,7 +110,8 @@ class DeviceLoader:
                  on_batch: Callable[[int, float], None], *, train: bool = True, index: int = 0,
                  world_size: int = 1, before_batch: Callable[[], None] | None = None,
                  after_batches: Callable[[], None] | None = None,
-                 region: Callable[[str], contextlib.AbstractContextManager[Any] | None] | None = None) -> None:
+                 region: Callable[[str], contextlib.AbstractContextManager[Any] | None] | None = None,
+                 on_data_lost: Callable[[BaseException], BaseException] | None = None) -> None:
         self.choice = choice
         self.world_size = world_size
         self.seed = position.resume_seeds.pop(index, seed) if train else seed
@@ -124,7 +125,9 @@ class DeviceLoader:
         self._on_batch = on_batch
         self._before_batch = before_batch
         self._after_batches = after_batches
+        self._used_up = False  # an iterator source that reached its end
         self._region = region
+        self._on_data_lost = on_data_lost
 
     @property
     def implementation(self) -> str:
@@ -224,6 +227,8 @@ class DeviceLoader:
             skip = self._skip()
             indexed = self._skip_by_index(skip)
             batches = iter(self.choice.loader)
+            if batches is self.choice.loader:  # an iterator (a generator): it has one pass in it
+                batches = self._one_pass(batches)
             for _ in range(0 if indexed else skip):
                 if next(batches, _END) is _END:
                     return
@@ -236,6 +241,7 @@ class DeviceLoader:
                     yield move(batch) if move is not None else batch
                 return
             # the primary loader: everything the loop reads per batch is looked up once here
+            position.drawing = True
             lookahead = position.accumulation > 1 and position.epoch_batches is None
             pending = next(batches, _END) if lookahead else _END
             before_batch, region, on_batch, clock = self._before_batch, self._region, self._on_batch, time.perf_counter
@@ -254,8 +260,19 @@ class DeviceLoader:
                 on_batch(batch_size(batch), clock() - asked)
                 yield batch
         finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
-            if self.primary and self._after_batches is not None:
-                self._after_batches()
+            if self.primary:
+                self.position.drawing = False
+                if self._after_batches is not None:
+                    self._after_batches()
+
+    def _one_pass(self, batches: Iterator[Any]) -> Iterator[Any]:
+        if self._used_up:
+            kind = "training" if self.train else "evaluation"
+            raise DataError(f"the {kind} loader's source, a {type(self.choice.loader).__name__}, was used up by "
+                            "its first pass, so this pass would have no batches; give a list of batches, a "
+                            "DataLoader, or an object whose __iter__ starts a fresh pass")
+        yield from batches
+        self._used_up = True
 
     def _draw(self, batches: Iterator[Any], pending: Any, lookahead: bool) -> tuple[Any, Any]:
         """The primary loader's next batch, moved, and the one looked ahead at; ``_END`` at the end or on a stop.
@@ -267,11 +284,30 @@ class DeviceLoader:
                 and position.stop_check():
             position.stopped = True
             return _END, pending
-        batch = pending if lookahead else next(batches, _END)
+        try:
+            batch = pending if lookahead else next(batches, _END)
+            if batch is not _END and lookahead:
+                pending = next(batches, _END)
+        except (DataError, OSError) as exc:  # the data went away mid-run (also in a loader worker)
+            if self._on_data_lost is None:
+                raise
+            raise self._on_data_lost(exc) from exc
         if batch is _END:
             return _END, pending
-        if lookahead:
-            pending = next(batches, _END)
         self.drawn += 1
         position.advance(closes_epoch=lookahead and pending is _END)
         return (self._move(batch) if self._move is not None else batch), pending
+
+
+def data_lost_reason(exc: BaseException) -> str:
+    """Why reading the data failed, in one line: the original error of a loader worker, not torch's wrapping.
+
+    torch re-raises a worker's exception as the same type with "Caught ... in DataLoader worker process N"
+    and the worker's whole traceback as its message; the reason is the traceback's last line.
+    """
+    text = str(exc)
+    if "in DataLoader worker process" in text and "Traceback" in text:
+        last = text.rstrip().splitlines()[-1]
+        _name, sep, rest = last.partition(": ")
+        text = rest if sep else last
+    return " ".join(text.split()) or type(exc).__name__

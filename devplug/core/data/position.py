@@ -74,6 +74,10 @@ class LoopPosition:
     resume_seeds: dict[int, int] = attrs.field(factory=dict)
     stop_check: Callable[[], bool] | None = None
     stopped: bool = False
+    #: inside ``epochs()``, and inside the primary loader's pass over an epoch: a value logged inside
+    #: ``epochs()`` but outside that pass (an evaluation after the epoch's batches) is written at once
+    in_epochs: bool = False
+    drawing: bool = False
 
     @property
     def sync_now(self) -> bool:

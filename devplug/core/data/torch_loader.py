@@ -182,6 +182,10 @@ class ImageFolderDataset(Dataset):
                 continue
             try:
                 return self._load(candidate)
+            except FileNotFoundError as exc:  # not a broken file: the data went away under the run
+                raise DataError(f"image {path!r} is gone ({printable(exc.strerror or str(exc))}): the data folder "
+                                "changed while the run was reading it; restore it, or start again on what is left"
+                                ) from exc
             except Exception as exc:  # (Pillow's decoders raise many kinds for broken files)
                 reason = printable(f"{type(exc).__name__}: {exc}")
                 if not self.source.skip_unreadable:

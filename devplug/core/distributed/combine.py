@@ -6,13 +6,17 @@ thread has let go of its tensor (`wait_for_release`).
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from devplug.core.errors import ConfigError
 
 
 def mean_across_ranks(values: torch.Tensor) -> torch.Tensor:
@@ -46,13 +50,22 @@ COLLECTIVE_WAIT_VARIABLE = "DEVPLUG_COLLECTIVE_WAIT"
 DEFAULT_COLLECTIVE_WAIT = 120.0
 
 
-def collective_wait_seconds() -> float:
-    """``$DEVPLUG_COLLECTIVE_WAIT`` seconds, else 120: how long a rank waits for the others at ``flush_logs``."""
-    try:
-        value = float(os.environ.get(COLLECTIVE_WAIT_VARIABLE, DEFAULT_COLLECTIVE_WAIT))
-    except ValueError:
+def collective_wait_seconds(environ: Mapping[str, str] | None = None) -> float:
+    """``$DEVPLUG_COLLECTIVE_WAIT`` seconds, else 120: how long a rank waits for the others at ``flush_logs``.
+
+    A value that is not a positive number of seconds is a `ConfigError` naming it, as for devplug's other
+    variables (never silently the default).
+    """
+    raw = (os.environ if environ is None else environ).get(COLLECTIVE_WAIT_VARIABLE, "").strip()
+    if not raw:
         return DEFAULT_COLLECTIVE_WAIT
-    return value if value > 0 else DEFAULT_COLLECTIVE_WAIT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{COLLECTIVE_WAIT_VARIABLE}={raw!r} is not a positive number of seconds (e.g. 120 or 2.5)")
+    return value
 
 
 class RankCombiner:

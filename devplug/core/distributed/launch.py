@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import sys
 from collections.abc import Mapping
 
 import attrs
@@ -275,3 +277,32 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         )
 
     return LaunchInfo()
+
+
+#: Linux's prctl option that sends a signal to this process when its parent ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_launcher(env: Mapping[str, str] | None = None) -> bool:
+    """Under torchrun, have the kernel kill this worker when its launcher (torchrun's agent, its parent) dies.
+
+    torchrun starts each worker in a session of its own, so a launcher killed with SIGKILL (an out-of-memory
+    kill, a node agent going away) takes no worker with it: they would go on training and saving into the
+    folder a retry resumes from. With Linux's parent-death signal they end with it. Returns whether it is
+    armed (``False`` outside torchrun or off Linux); a worker whose launcher is already gone ends at once.
+    """
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" not in env or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() == 1:  # the launcher died before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True

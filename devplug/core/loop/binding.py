@@ -314,6 +314,10 @@ class ConfigParser(argparse.ArgumentParser):
                 raise CheckpointError(f"checkpoint {str(resume)!r} does not exist")
             if resume.is_dir() and (resume / "checkpoints").is_dir():
                 resume = resume / "checkpoints"  # a run folder: its newest intact checkpoint
+            one = resume.is_file() or (resume / "trainer.pt").exists() or (resume / ".metadata").exists()
+            if not one and not any(resume.glob("step_*.pt")):
+                raise CheckpointError(f"no checkpoint (step_*.pt) in {str(resume)!r} to resume from; name a "
+                                      "checkpoint, or a run folder that has some")
         out = args.out
         if out is None:
             if resume is not None:

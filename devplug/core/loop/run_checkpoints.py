@@ -39,19 +39,20 @@ class CheckpointKeeper:
     """Saves, loads and resumes a Trainer's state, and saves by its checkpoint policy.
 
     ``sharded``: the run trains under FSDP (every rank writes and reads its shards); ``combiner``: the
-    ranks' object collectives (``None`` in one process); ``monitor_value`` reads a logged metric for a
-    policy that keeps the best checkpoints; ``nonfinite`` is the Trainer's setting for a diverged run;
-    ``stepped`` the optimizers the Trainer's ``step`` was given (one a checkpoint would miss is named);
+    ranks' object collectives (``None`` in one process); ``nonfinite`` is the Trainer's setting for a
+    diverged run; ``stepped`` the optimizers the Trainer's ``step`` was given (one a checkpoint would miss is named);
     ``policy_save`` writes the policy's checkpoints (the Trainer's own ``save``, so a subclass's is used).
     """
 
     def __init__(self, state: TrainerState, runs: RunCheckpoints | None, *, sharded: bool,
                  combiner: RankCombiner | None, is_main: bool, nonfinite: str,
-                 monitor_value: Callable[[str], float | None],
                  stepped: weakref.WeakSet[torch.optim.Optimizer], policy_save: Callable[[Path], Any]) -> None:
         self.state, self.runs, self._stepped, self._policy_save = state, runs, stepped, policy_save
         self._sharded, self._combiner, self._is_main = sharded, combiner, is_main
-        self._nonfinite, self._monitor_value = nonfinite, monitor_value
+        self._nonfinite = nonfinite
+        self.monitor = runs.policy.monitor if runs is not None else None  # trainer.log() hands its values here
+        self._monitor_step, self._monitor_value = -1, None  # the first value of monitor logged at that step
+        self._monitor_seen = self._monitor_warned = self._saved_in_run = False
         self.writer = ShardedWriter()
         self.registered: dict[str, Any] = {}
         self.resumed = False
@@ -144,17 +145,17 @@ class CheckpointKeeper:
         # Loading a sharded checkpoint is a collective: rank 0 names the newest complete one (a save is
         # renamed into place only once every rank has written), and every rank loads that one.
         named: tuple[str | None, str] = (None, "")
-        if self._is_main:
-            newest = resume_files.newest(source)
-            named = (str(newest) if newest else None,
-                     f"no checkpoint to resume from at {str(source)!r}" if explicit and newest is None else "")
+        skipped: tuple[tuple[Path, str], ...] = ()
+        if self._is_main:  # the newest whose files are intact (its manifest checked), damaged ones passed over
+            newest, skipped, problem = resume_files.newest_intact(source, explicit=explicit)
+            named = (str(newest) if newest else None, problem)
         chosen, problem = self._from_rank0(named)
         if problem:
             raise CheckpointError(problem)
         if chosen is None:
             return None, {}
         extra = self.load(chosen)
-        return self._from_rank0(_resume_report(Path(chosen), ()) if self._is_main else None), extra
+        return self._from_rank0(_resume_report(Path(chosen), skipped) if self._is_main else None), extra
 
     def _from_rank0(self, value: Any) -> Any:
         return self._combiner.broadcast(value, source=0) if self._combiner is not None else value
@@ -183,8 +184,10 @@ class CheckpointKeeper:
         if not self._is_main and not self._sharded:  # a sharded save: every rank writes its shards
             runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
             return None
-        monitor = runs.policy.monitor
-        score = self._monitor_value(monitor) if monitor is not None else None
+        score = self._score(step)
+        if score is None and self._saved_in_run:
+            self.warn_unseen_monitor()  # a second save of this run and still no value: a misspelt monitor, say
+        self._saved_in_run = True
         try:
             return str(runs.save(step, self._policy_save, score, main=self._is_main))
         except NonFiniteLossError as exc:
@@ -194,6 +197,40 @@ class CheckpointKeeper:
             runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
             log.warning("%s (training goes on: nonfinite=%r)", exc, self._nonfinite)
             return None
+
+    # ---- the monitored value: each checkpoint scored with its own weights' value -------------------------
+    def monitor_logged(self, step: int, value: Any) -> None:
+        """``trainer.log`` got the policy's monitor at ``step``: the first such value scores that step's checkpoint.
+
+        A checkpoint saved at this step before the value arrived (the policy saves when the training loader
+        is exhausted, before the evaluation that follows) takes it now: ``checkpoints.json`` is rewritten and
+        the folder pruned again.
+        """
+        if step == self._monitor_step:
+            return
+        self._monitor_step, self._monitor_value, self._monitor_seen = step, value, True
+        runs = self.runs
+        if runs is not None and runs.awaiting == step and self._is_main:
+            score = self._score(step)
+            if score is not None:
+                runs.attach(step, score)
+
+    def _score(self, step: int) -> float | None:
+        if self._monitor_step != step or self._monitor_value is None:
+            return None
+        value = self._monitor_value
+        return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+    def warn_unseen_monitor(self) -> None:
+        """One warning when the policy's monitor was never logged (no checkpoint can be scored), else nothing."""
+        if self.monitor is None or self._monitor_seen or self._monitor_warned or not self._is_main:
+            return
+        self._monitor_warned = True
+        runs = self.runs
+        keeps = " only the newest checkpoints are kept" if runs is not None and runs.policy.keep_best else ""
+        warnings.warn(f"the checkpoint policy's monitor {self.monitor!r} was never logged, so no checkpoint has a "
+                      f"score;{keeps}. Log it after each evaluation (trainer.log({self.monitor}=...)) or fix "
+                      "monitor= to a name you log", RuntimeWarning, stacklevel=2)
 
 
 def _resume_report(path: Path, skipped: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import datetime
 import logging
 import math
 import os
+import sys
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from devplug.core.checkpoint import rng
+from devplug.core.checkpoint import rng, runlock
 from devplug.core.checkpoint.compiled import plain_module
 from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.checkpoint.resume import Resumed
@@ -35,12 +36,18 @@ from devplug.core.contract.records import (
     PrecisionPlan,
     ShardingPlan,
 )
-from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
+from devplug.core.data.device_loader import (
+    DeviceLoader,
+    data_lost_reason,
+    is_dataset,
+    loader_options,
+    own_loader_choice,
+)
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed import fsdp
-from devplug.core.distributed.launch import detect_launch
+from devplug.core.distributed.launch import detect_launch, die_with_launcher
 from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
-from devplug.core.errors import ConfigError, PluginError
+from devplug.core.errors import ConfigError, DataError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.log_once import log_once
 from devplug.core.loop.config import TrainerConfig
@@ -55,6 +62,7 @@ from devplug.core.observe.peaks import checked_peak
 from devplug.core.observe.profiling import StepProfiler
 from devplug.core.observe.reporter import Reporter
 from devplug.core.observe.summary import RunSummary
+from devplug.core.observe.tensorboard import evaluation_name
 from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
 from devplug.core.optim.torch_optimizers import sharded_torch_optimizer
 from devplug.core.registry.bounded import call_with_limit
@@ -86,6 +94,7 @@ class Trainer:
         self._config = config if config is not None else TrainerConfig.build(**options)
         self._registry = DeviceRegistry(plugin_manager or get_plugin_manager())
         self._launch = detect_launch()
+        die_with_launcher()  # under torchrun: no worker outlives its launcher
         self._hooks = self._registry.open(self._config.device, options=self._config.device_options,
                                         channels_last=self._config.channels_last)
         self.device = self._hooks.device
@@ -118,12 +127,16 @@ class Trainer:
         self._optimizers: dict[str, OptimizerChoice] = {}
         self._stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # what step() was given
         self._stepped_ids: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # id → the optimizer, to add it once
+        self._backwards = self._backwards_at_step = 0  # trainer.backward() calls, all and as of the last step()
         self._loaders: list[DeviceLoader] = []
         self._position = LoopPosition(accumulation=self._config.accumulate_grad_batches,
                                      stop_check=self._stop.checker(self._launch.rank))
         self._state = TrainerState(device=self.device, precision=self.precision, modules=self._modules,
                                   optimizers=self._optimizers, loaders=self._loaders, position=self._position,
                                   world_size=self.world_size)
+        policy = self._config.checkpoints  # one job at a time writes its folder: taken before anything is written
+        self._run_lock = runlock.hold_for_run(policy.directory if policy is not None else None,
+                                              main=self.is_main_process, combiner=self._combiner)
         loggers = build_loggers(self._config.logger_items, self._config.log_dir,
                                 default=self._config.loggers is None) if self.is_main_process else []
         self._reporter = Reporter(log_dir=self._config.log_dir, progress=self._config.progress,
@@ -132,6 +145,7 @@ class Trainer:
                                  publish=lambda point: self._hooks(spec.devplug_log, point=point))
         self.throughput = self._reporter.throughput
         self._log_values, self._log_every = self._reporter.metrics.add_all, self._config.log_every  # log()'s path
+        self._training_names: set[str] = set()  # names log() has seen that are not evaluation names
         self._flops = self._reporter.flops = FlopMeter(
             steps_done=lambda: self._position.global_step, samples_done=lambda: self.throughput.samples_total,
             peak=self._peak,
@@ -146,12 +160,8 @@ class Trainer:
         self._keeper = CheckpointKeeper(
             self._state, RunCheckpoints(policy) if policy is not None else None, sharded=self.sharding is not None,
             combiner=self._combiner, is_main=self.is_main_process, nonfinite=self._config.nonfinite,
-            monitor_value=self._monitored, stepped=self._stepped, policy_save=lambda path: self.save(path))
-
-    def _monitored(self, name: str) -> float | None:
-        # the checkpoint policy's monitor: the latest value logged, else the last log point's
-        latest = self._reporter.metrics.latest(name)
-        return latest if latest is not None else self._reporter.last_metrics.get(name)
+            stepped=self._stepped, policy_save=lambda path: self.save(path))
+        self._monitor = self._keeper.monitor  # log() hands the policy's monitored value to the keeper
 
     def _peak(self) -> PeakFlops | None:
         # the author's figure, else the device plugin's (checked: an unusable figure never reaches MFU)
@@ -322,8 +332,10 @@ class Trainer:
 
         ``source`` is a Dataset or ImageFolderSource (the device plugin picks the loader: DALI,
         HabanaDataLoader, a tuned torch DataLoader; under DDP each rank reads its own shard), or a
-        DataLoader or iterable of batches the author built (used as it is). Training loaders count steps;
-        an evaluation loader never does and is never skipped on resume. Under several processes an
+        DataLoader or iterable of batches the author built (used as it is). A list or tuple given with
+        ``batch_size`` holds samples (a Dataset); without it, batches. A generator is one pass: iterating it
+        again is an error (give a list, or an object whose ``__iter__`` starts a fresh pass). Training loaders
+        count steps; an evaluation loader never does and is never skipped on resume. Under several processes an
         evaluation loader's shards are disjoint, unpadded blocks that together hold the dataset exactly once
         (`devplug.core.data.evaluation`): combine what the ranks computed with `all_reduce` or
         `gather` after the pass.
@@ -332,7 +344,7 @@ class Trainer:
         why); given, they are used exactly as given.
         """
         base_seed = self._config.seed if seed is None and self._config.seed is not None else (seed or 0)
-        if is_dataset(source):
+        if is_dataset(source) and not (batch_size is None and isinstance(source, (list, tuple))):
             if batch_size is None:
                 raise ConfigError("batch_size is required to load a Dataset: trainer.dataloader(dataset, 64)")
             options = loader_options(
@@ -351,9 +363,21 @@ class Trainer:
                               index=index, world_size=self.world_size,
                               region=self._route.region_or_none if self._route.may_mark() else None,
                               before_batch=self._before_batch,
-                              after_batches=self._flops.stop)
+                              after_batches=self._flops.stop, on_data_lost=self._data_lost if train else None)
         self._loaders.append(loader)
         return loader
+
+    def _data_lost(self, exc: BaseException) -> DataError:
+        # The training data failed between steps: save the last finished step first (the policy's checkpoint;
+        # not under FSDP, where a save is a collective the other ranks may not reach), then stop in one line.
+        step, saved = self._position.global_step, None
+        if self._keeper.runs is not None and self.sharding is None and self._position.window_closed():
+            try:
+                saved = self._keeper.save_by_policy()
+            except Exception as save_exc:  # a full disk too: the data's failure is the one to report
+                log.warning("the checkpoint of step %d could not be saved: %s", step, save_exc)
+        kept = f"; step {step} was saved first ({saved})" if saved else ""
+        return DataError(f"the training data failed after step {step}: {data_lost_reason(exc)}{kept}")
 
     # ---- the step ---------------------------------------------------------------------------------------
     def region(self, name: str) -> contextlib.AbstractContextManager[Any]:
@@ -384,6 +408,7 @@ class Trainer:
         if accumulation > 1:
             loss = loss / accumulation
         scaler = self._state.scaler
+        self._backwards += 1
         if not route.marks_regions and not route.profiler.active:  # nothing marked: no context entered
             (loss if scaler is None else scaler.scale(loss)).backward()
         else:
@@ -401,6 +426,9 @@ class Trainer:
         position = self._position
         if position.accumulation != 1 and not position.sync_now:
             return False
+        if self._backwards == self._backwards_at_step:  # no trainer.backward() since the last step()
+            self._check_gradients(optimizer)
+        self._backwards_at_step = self._backwards
         known = self._stepped_ids.get(id(optimizer))
         if known is None or known() is not optimizer:  # once per optimizer, not a WeakSet add per step
             self._stepped.add(optimizer)
@@ -419,6 +447,16 @@ class Trainer:
             route.mark_step(Phase.OPTIMIZER_STEP)
         optimizer.zero_grad(set_to_none=True)
         return True
+
+    def _check_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        # step() without trainer.backward() since the last step: fine for a second optimizer of the same
+        # backward, or a loss.backward() of the author's own without a grad scaler; else one line what to do
+        if not parameters_with_grad(optimizer):
+            raise ConfigError("trainer.step(optimizer) found no gradients: nothing would change; call "
+                              "trainer.backward(loss) before trainer.step(optimizer)")
+        if self._state.scaler is not None and self._backwards == 0:
+            raise ConfigError(f"precision {self.precision.name!r} scales the loss with a grad scaler: call "
+                              "trainer.backward(loss) instead of loss.backward(), so that the scaler sees the loss")
 
     def _unscale(self, optimizer: torch.optim.Optimizer) -> None:
         # torch's GradScaler remembers that this optimizer's gradients are unscaled; its step() then skips
@@ -516,6 +554,51 @@ class Trainer:
             return tensor
         return gather(tensor)
 
+    # ---- coordination across ranks --------------------------------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every rank reaches this call (a collective: call it on every rank; nothing in one process)."""
+        if self._combiner is not None:
+            self._combiner.max(0)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on rank 0 first, then on the other ranks (a collective: enter it on every rank).
+
+        For work whose result the other ranks then reuse: a download, a preprocessed cache. In one process
+        the block simply runs.
+        """
+        if not self.is_main_process:
+            self.barrier()
+        try:
+            yield
+        finally:
+            if self.is_main_process:
+                self.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` (any picklable object), returned on every rank (a collective; one process: ``obj``).
+
+        For small values decided on one rank (a run name, a chosen file, a seed); tensors of a model's size
+        belong in ``all_reduce`` or ``gather``.
+        """
+        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.world_size:
+            raise ConfigError(f"broadcast src must be a rank from 0 to {self.world_size - 1}, got {src!r}")
+        if self._combiner is None:
+            return obj
+        return self._combiner.broadcast(obj, source=src)
+
+    def unwrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The plain model inside what `setup` returned, for inference or export: without the DDP and
+        ``torch.compile`` wrappers, sharing the training model's parameters (nothing is copied).
+
+        ``torch.save(trainer.unwrap(model).state_dict(), "model.pt")`` writes weights any PyTorch script
+        loads. With ``strategy="fsdp"`` the parameters stay sharded: save a checkpoint and make it one file
+        with ``devplug.toolkit.consolidate_checkpoint``.
+        """
+        if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+            module = module.module
+        return plain_module(module)
+
     # ---- epochs, logging, progress ---------------------------------------------------------------------
     def epochs(self, n: int, *, max_steps: int | None = None) -> Iterator[int]:
         """Yield epoch numbers from where a resumed run left off up to ``n``; stop after ``max_steps`` steps.
@@ -528,11 +611,15 @@ class Trainer:
             raise ConfigError(f"max_steps must be a positive integer, got {max_steps!r}")
         runs = self._keeper.runs
         if runs is not None and runs.policy.auto_resume and not self._keeper.resumed:
-            self.resume()
+            resumed = self.resume()
+            if resumed is not None and self.is_main_process:
+                print(f"devplug: resumed from {resumed.path} (step {resumed.step}, epoch {resumed.epoch})",
+                      file=sys.stderr, flush=True)
         position = self._position
         if position.batches_in_epoch and position.batches_in_epoch >= self._epoch_batches():
             position.finish_epoch()  # resumed from the end of an epoch: its evaluation and save already ran
         position.max_steps = max_steps
+        position.in_epochs = True
         per_epoch = position.steps_per_epoch(self._epoch_batches())
         total = max_steps if max_steps is not None or per_epoch is math.inf else int(per_epoch * n)
         self._reporter.open_progress(None if total is math.inf else total, position.global_step)
@@ -547,7 +634,9 @@ class Trainer:
                 self._flush_logs()
                 if runs is not None and runs.policy.at_end:
                     self._keeper.save_by_policy()
+                self._keeper.warn_unseen_monitor()
             finally:  # left early (break, exception): what is still pending, this rank's values only
+                position.in_epochs = False
                 self._reporter.flush_quietly(lambda: self._flush_logs(across_ranks=False))
                 self._reporter.close_progress()
                 self.profiler.stop()
@@ -570,15 +659,42 @@ class Trainer:
         """Record scalars (tensors stay on the device); at every ``log_every``-th step, report them.
 
         A log point averages the values since the previous one, reduces them across ranks, checks for
-        NaN/inf and writes them (rank 0): the only place values are read from the device. Returns them.
+        NaN/inf and writes them (rank 0): the only place training values are read from the device. Returns
+        them. Evaluation values (logged inside ``epochs()`` after the epoch's training batches, or named
+        ``val_*``, ``eval_*``, ``val/*``, ``eval/*``) are written at once, as logged, at the current step:
+        read back then, not averaged with other values nor across ranks (reduce them first).
         """
-        if scalars:
-            self._log_values(scalars)
         position = self._position
         step = position.global_step
+        if scalars:
+            if position.drawing and self._training_names.issuperset(scalars):
+                self._log_values(scalars)  # training values of a step: kept on the device until a log point
+            else:
+                self._log_split(scalars, step)
+            if self._monitor is not None and self._monitor in scalars:
+                self._keeper.monitor_logged(step, scalars[self._monitor])
         if step and not step % self._log_every and (position.accumulation == 1 or position.sync_now):
             return self._flush_logs()
         return None
+
+    def _log_split(self, scalars: dict[str, Any], step: int) -> None:
+        # evaluation values (logged inside epochs() after the epoch's training batches, or named val_* /
+        # eval_*) are written at once, as logged; the rest wait for the next log point
+        position, evaluation, training = self._position, {}, {}
+        after_batches = position.in_epochs and not position.drawing
+        for name, value in scalars.items():
+            if evaluation_name(name):
+                evaluation[name] = value
+                continue
+            self._training_names.add(name)
+            if after_batches:
+                evaluation[name] = value
+            else:
+                training[name] = value
+        if training:
+            self._log_values(training)
+        if evaluation:
+            self._reporter.write_now(step, evaluation)
 
     def flush_logs(self, *, across_ranks: bool = True) -> dict[str, float] | None:
         """Report pending values now; the last ones if none are pending.
@@ -625,8 +741,13 @@ class Trainer:
         """The device plugin's memory statistics record, or ``None``."""
         return self._hooks(spec.devplug_memory_stats)
 
-    def summary(self) -> RunSummary:
+    def summary(self, *, all_ranks: bool = False) -> RunSummary:
         """Device, precision, optimizers, loaders, steps, throughput, efficiency and memory of this run.
+
+        ``reasons`` says why each automatic choice was made (device and precision ``"auto"``, the layout,
+        the optimizer and loader implementations, sharding); ``evaluation`` holds the last value of each
+        evaluation figure, as logged. On ranks other than 0 the summary prints as an empty string unless
+        ``all_ranks=True`` (its values are there on every rank).
 
         Throughput and efficiency come from the reporter: ``samples_per_sec``, ``samples_per_hour``,
         ``data_wait``, ``input_bound``, and where known ``flops_per_sample``, ``peak_flops`` and ``peak_source``
@@ -645,9 +766,30 @@ class Trainer:
             "epoch": self.epoch,
             **self._reporter.rates(),
             "memory": self.memory_stats(),
+            "evaluation": dict(self._reporter.evaluation),
+            "reasons": self._reasons(),
             "stop_reason": self._stop.reason,
             "last_checkpoint": str(runs.last_path) if (runs := self._keeper.runs) and runs.last_path else None,
-        })
+        }, shown=all_ranks or self.is_main_process)
+
+    def _reasons(self) -> dict[str, str]:
+        # why each choice the author left to devplug came out as it did
+        reasons: dict[str, str] = {}
+        if (self._config.device or os.environ.get("DEVPLUG_DEVICE", "").strip() or "auto") == "auto":
+            reasons["device"] = (f"'auto' chose {self.device.spec.name}: the available device of highest priority "
+                                 f"(plugin {self.device.plugin_name})")
+        if self._config.precision == "auto":
+            detail = self.precision.description
+            why = detail.rsplit("(auto: ", 1)[1].removesuffix(")") if "(auto: " in detail else detail
+            reasons["precision"] = f"'auto' chose {self.precision.name}: {why}"
+        if self.device.layout_reason:
+            reasons["layout"] = self.device.layout_reason
+        reasons.update({f"optimizer/{key}": c.reason for key, c in self._optimizers.items() if c.reason})
+        reasons.update({f"loader/{i}": loader.choice.reason for i, loader in enumerate(self._loaders)
+                        if loader.choice.reason})
+        if self.sharding is not None and self.sharding.reason:
+            reasons["sharding"] = self.sharding.reason
+        return reasons
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -697,7 +839,10 @@ class Trainer:
         ``auto_resume=True``. Every rank resumes from the checkpoint rank 0 chose (a collective under
         several processes).
         """
-        return self._keeper.resume(path)
+        resumed = self._keeper.resume(path)
+        if resumed is not None:
+            self._reporter.resumed(resumed.step)  # the loggers drop what the interrupted run wrote past it
+        return resumed
 
     def checkpoint_now(self) -> str | None:
         """Save this step's checkpoint by the checkpoint policy now (named, pruned and checked as its own saves).
@@ -732,6 +877,8 @@ class Trainer:
             except Exception as exc:  # close() may run while an exception unwinds: do not mask it
                 log.warning("the run's summary was not handed to the loggers: %s", exc)
         self._reporter.close(self.global_step, summary)
+        if self._run_lock is not None:
+            self._run_lock.release()
 
     def __enter__(self) -> Trainer:
         return self

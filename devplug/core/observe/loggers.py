@@ -18,6 +18,7 @@ import csv
 import importlib.util
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
@@ -55,10 +56,12 @@ class CSVLogger:
     def devplug_log(self, point: LogPoint) -> None:
         """Append the point's values (flushed at every point, closed on the final one); rewrite the
         hyperparameters' file with all of them so far."""
-        if point.final:
+        if point.final or point.resumed:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+            if point.resumed:
+                _rewrite_lines(self.path, lambda line, first: first or _csv_step(line) <= point.step)
             return
         if point.hparams:
             self._hparams.update(point.hparams)
@@ -93,7 +96,13 @@ class JSONLinesLogger:
 
     @hookimpl
     def devplug_log(self, point: LogPoint) -> None:
-        """Append one line with the point's step and values (non-finite values as strings), or its hyperparameters."""
+        """Append one line with the point's step and values (non-finite values as strings), or its hyperparameters.
+
+        On a resume, the lines of steps past the resumed one are dropped (the file is rewritten atomically).
+        """
+        if point.resumed:
+            _rewrite_lines(self.path, lambda line, _first: _json_step(line) <= point.step)
+            return
         if point.final:
             return
         records: list[dict[str, Any]] = []
@@ -106,6 +115,38 @@ class JSONLinesLogger:
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as file:
             file.write("".join(json.dumps(record) + "\n" for record in records))
+
+
+def _csv_step(line: str) -> float:
+    try:
+        return float(line.split(",", 1)[0])
+    except ValueError:
+        return -math.inf  # not a value row: kept
+
+
+def _json_step(line: str) -> float:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return -math.inf
+    step = record.get("step") if isinstance(record, dict) else None
+    return float(step) if isinstance(step, (int, float)) else -math.inf  # hyperparameters: kept
+
+
+def _rewrite_lines(path: str, keep: Callable[[str, bool], bool]) -> None:
+    """Rewrite ``path`` with the lines ``keep(line, is_first)`` accepts (atomic; nothing when it does not exist)."""
+    try:
+        with open(path, encoding="utf-8", newline="") as file:
+            lines = file.read().splitlines(keepends=True)
+    except FileNotFoundError:
+        return
+    kept = [line for index, line in enumerate(lines) if keep(line, index == 0)]
+    if len(kept) == len(lines):
+        return
+    temp = f"{path}.{os.getpid()}.tmp"
+    with open(temp, "w", encoding="utf-8", newline="") as file:
+        file.writelines(kept)
+    os.replace(temp, path)
 
 
 def _json_number(value: float) -> float | str:

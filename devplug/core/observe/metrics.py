@@ -58,14 +58,6 @@ class MetricBuffer:
     def __bool__(self) -> bool:
         return bool(self._values)
 
-    def latest(self, name: str) -> float | None:
-        """The last value logged under ``name`` since the last flush (read from the device now), or None."""
-        values = self._values.get(name)
-        if not values:
-            return None
-        last = values[-1]
-        return float(last.item()) if isinstance(last, torch.Tensor) else float(last)
-
     def flush(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
         """Mean of each name since the last flush, read back in one transfer; clears the buffer."""
         if not self._values:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from devplug.core.checkpoint.diskfull import disk_full_cause, disk_full_line, write_atomically
 from devplug.core.contract.records import LogPoint
 from devplug.core.errors import NonFiniteLossError
 from devplug.core.observe.flops import FlopMeter
@@ -65,8 +66,10 @@ class Reporter:
         self.throughput = Throughput()
         self.flops = FlopMeter(steps_done=lambda: 0, samples_done=lambda: 0, peak=lambda: None, enabled=False)
         self.last_metrics: dict[str, float] = {}
+        self.evaluation: dict[str, float] = {}  # the last value of each evaluation figure, as logged
         self.progress_bar: Any = None
         self._closed = False
+        self._failed_writes: set[str] = set()
 
     # ---- loggers ------------------------------------------------------------------------------------
     @property
@@ -79,7 +82,10 @@ class Reporter:
         """Hand ``point`` to every logger, then to the plugins' ``devplug_log`` (main process only)."""
         self._closed = point.final
         for logger in self.loggers:
-            logger.devplug_log(point)
+            try:
+                logger.devplug_log(point)
+            except OSError as exc:  # a full disk (or one gone): reported once, and training goes on
+                self._write_failed(type(logger).__name__, f"the {type(logger).__name__} log", exc)
         if self.publish is not None:
             self.publish(point)
 
@@ -92,16 +98,33 @@ class Reporter:
 
         grid = make_grid(images.detach().float().cpu(), nrow=nrow, normalize=True, value_range=(-1, 1))
         if path is not None:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            save_image(grid, path)
+            try:  # atomically: a PNG is there whole or not at all
+                write_atomically(path, lambda handle: save_image(grid, handle, format="png"))
+            except OSError as exc:
+                self._write_failed("images", f"the image {path}", exc)
+                path = None
         self.emit(LogPoint(step=step, images={tag: grid}, log_dir=self.log_dir,
                            files={tag: os.path.abspath(path)} if path is not None else {}))
+
+    def _write_failed(self, kind: str, what: str, exc: OSError) -> None:
+        """One warning per kind of output that could not be written (a full disk, a folder gone); the run goes on."""
+        if kind in self._failed_writes:
+            return
+        self._failed_writes.add(kind)
+        full = disk_full_cause(exc)
+        reason = disk_full_line(what, full) if full is not None else f"could not write {what} ({exc})"
+        log.warning("%s; training goes on without it", reason)
 
     def log_run(self, step: int, *, hparams: Mapping[str, Any] | None = None,
                 tags: Mapping[str, str] | None = None) -> None:
         """Hand hyperparameters and facts about the run (a point with no values) to the loggers (rank 0)."""
         if self.is_main and (hparams or tags) and not self._closed:
             self.emit(LogPoint(step=step, log_dir=self.log_dir, hparams=dict(hparams or {}), tags=dict(tags or {})))
+
+    def resumed(self, step: int) -> None:
+        """The run continues from the checkpoint of ``step``: the loggers drop what was written past it (rank 0)."""
+        if self.is_main:
+            self.emit(LogPoint(step=step, log_dir=self.log_dir, resumed=True))
 
     # ---- progress -----------------------------------------------------------------------------------
     def open_progress(self, total: int | None, initial: int) -> None:
@@ -146,13 +169,39 @@ class Reporter:
                 if isinstance(lr, (int, float)):
                     values[f"lr/{key}"] = float(lr)
         shown = values if stepped else {**self.last_metrics, **values}  # the bar keeps the last rates
-        self.last_metrics = values
+        self.last_metrics = {**self.evaluation, **values}
         if self.is_main:
             self.emit(LogPoint(step=step, values=dict(values), log_dir=self.log_dir))
             if self.progress_bar is not None:
-                self.progress_bar.n = step
-                self.progress_bar.set_postfix_str(progress_postfix(shown), refresh=False)
-                self.progress_bar.refresh()
+                bar = self.progress_bar
+                bar.n = step
+                bar.set_postfix_str(progress_postfix(shown), refresh=False)
+                if bar.total is None or step < bar.total:  # the last line is shown once, when the bar closes
+                    bar.refresh()
+        return values
+
+    def write_now(self, step: int, scalars: Mapping[str, Any]) -> dict[str, float]:
+        """Write evaluation values as logged, at ``step``, now: read back, checked, to the loggers (rank 0).
+
+        Not averaged with other values nor across ranks (not a collective): reduce them first, as
+        ``trainer.all_reduce`` does, so that every rank logs the same figure.
+        """
+        values: dict[str, float] = {}
+        for name, value in scalars.items():
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise ValueError(f"logged value {name!r} must be a scalar, got shape {tuple(value.shape)}")
+                value = value.item()
+            values[name] = float(value)
+        bad = nonfinite(values)
+        if bad:
+            self._on_nonfinite(bad, values, step)
+        self.evaluation.update(values)
+        self.last_metrics = {**self.last_metrics, **values}
+        if self.is_main:
+            self.emit(LogPoint(step=step, values=dict(values), log_dir=self.log_dir))
+            if self.progress_bar is not None:
+                self.progress_bar.set_postfix_str(progress_postfix(self.last_metrics), refresh=False)
         return values
 
     def _on_nonfinite(self, bad: list[str], values: dict[str, float], step: int) -> None:

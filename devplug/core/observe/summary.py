@@ -15,11 +15,14 @@ class RunSummary(Mapping[str, Any]):
 
     A read-only mapping of the run's figures (device, precision, optimizers, loaders, steps, throughput,
     efficiency, memory, stop reason, last checkpoint). ``to_dict()`` gives plain JSON-serialisable values
-    (records such as the memory statistics become dicts); ``to_json()`` the JSON text.
+    (records such as the memory statistics become dicts); ``to_json()`` the JSON text. ``shown=False`` (on
+    ranks other than 0, unless asked for every rank) prints as an empty string, so that
+    ``print(trainer.summary())`` in a script every rank runs shows one table, not one per rank.
     """
 
-    def __init__(self, values: Mapping[str, Any]) -> None:
+    def __init__(self, values: Mapping[str, Any], *, shown: bool = True) -> None:
         self._values = dict(values)
+        self.shown = shown
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -34,7 +37,7 @@ class RunSummary(Mapping[str, Any]):
         return f"RunSummary({self._values!r})"
 
     def __str__(self) -> str:
-        return format_table(self._values)
+        return format_table(self._values) if self.shown else ""
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as plain values: dicts, lists, strings, numbers, ``None`` (``json.dumps`` takes it)."""

@@ -35,6 +35,11 @@ PERF_NAMES = MEASURED_NAMES
 EVAL_PREFIXES = ("eval_", "val_", "eval/", "val/")
 
 
+def evaluation_name(name: str) -> bool:
+    """True for a name that marks an evaluation figure: ``val_loss``, ``eval_acc``, ``val/loss``, ``eval/acc``."""
+    return any(name.startswith(prefix) and len(name) > len(prefix) for prefix in EVAL_PREFIXES)
+
+
 def board_tag(name: str) -> str:
     """The TensorBoard tag of a logged value: ``loss`` → ``train/loss``, ``val_acc`` → ``eval/acc``, ..."""
     if name in PERF_NAMES:
@@ -53,6 +58,7 @@ class TensorBoardLogger:
         self._writer: Any = None
         self._hparams: dict[str, Any] = {}
         self._session: Any = None  # the hparams summaries once the session start is written
+        self._purge_step: int | None = None  # after a resume: points from this step on, written before, are hidden
 
     @property
     def writer(self) -> Any:
@@ -60,13 +66,21 @@ class TensorBoardLogger:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy
 
-            self._writer = SummaryWriter(self.log_dir)
+            _quiet_background_write_failures()
+            self._writer = SummaryWriter(self.log_dir, purge_step=self._purge_step)
         return self._writer
 
     @hookimpl
     def devplug_log(self, point: LogPoint) -> None:
         """``add_scalar`` per value (grouped tags), ``add_image`` per image, hyperparameters to the hparams
-        dashboard; closes the writer on the final point."""
+        dashboard; closes the writer on the final point. On a resume, the points past the resumed step that
+        the interrupted run wrote are purged (``SummaryWriter(purge_step=...)``)."""
+        if point.resumed:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            self._purge_step = point.step + 1
+            return
         if point.final:
             if self._hparams:
                 self._start_session()
@@ -101,3 +115,24 @@ class TensorBoardLogger:
     def _write(self, summary: Any) -> None:
         self.writer.file_writer.add_summary(summary)
         self.writer.flush()
+
+
+def _quiet_background_write_failures() -> None:
+    """Keep tensorboard's background writer from printing a traceback when a write fails (a full disk).
+
+    It keeps the error and raises it again at the next write on the training thread, where the Trainer
+    reports it once as one line and training goes on; other threads' errors print as before.
+    """
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "devplug_quiet", False):
+        return
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    hook.devplug_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook

@@ -149,11 +149,13 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
     A setting that computes in bf16 or fp16 on a CPU without that format in hardware warns once: it runs
     emulated, slower than fp32.
     """
-    if precision == "auto":
-        precision = "bf16-mixed" if has_native_bf16() else "32-true"
-    else:
+    if precision != "auto":
         warn_if_emulated(precision)
-    return precision_plan(device, precision)
+        return precision_plan(device, precision)
+    native = has_native_bf16()
+    why = ("this CPU computes bf16 natively (AMX, AVX512-BF16 or Arm BF16)" if native else
+           "this CPU has no native bf16 arithmetic, so bf16 would be emulated, slower than fp32")
+    return precision_plan(device, "bf16-mixed" if native else "32-true", notes=[f"auto: {why}"])
 
 
 @hookimpl
