@@ -114,6 +114,9 @@ def test_the_run_folder_resolves_out_resume_and_auto_resume(tmp_path):
     fresh = parser.run_folder(parser.parse([]))
     assert fresh.out.parent == tmp_path / "runs" and fresh.resume is None and not fresh.auto_resume
     (tmp_path / "old" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(devplug.CheckpointError, match="no checkpoint"):
+        parser.run_folder(parser.parse(["--resume", str(tmp_path / "old")]))
+    (tmp_path / "old" / "checkpoints" / "step_0000004.pt").write_bytes(b"")
     resumed = parser.run_folder(parser.parse(["--resume", str(tmp_path / "old")]))
     assert (resumed.out, resumed.resume) == (tmp_path / "old", tmp_path / "old" / "checkpoints")
     with pytest.raises(devplug.ConfigError, match="--auto-resume needs --out"):
