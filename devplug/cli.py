@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from devplug.core.registry.manager import (
     DevplugPluginManager,
     get_plugin_manager,
 )
-from devplug.testing import CheckResult, ConformanceError, open_device, run_checks
+from devplug.testing import CheckResult, ConformanceError, iter_checks, open_device
 
 #: Exit codes of the ``devplug`` command.
 EXIT_OK = 0
@@ -347,7 +347,11 @@ class CheckRun:
 
     def report(self) -> str:
         """The text ``devplug check`` prints: one line per check, the counts, and why the device did not run."""
-        lines = [str(r) for r in self.results]
+        return "\n".join([*(str(r) for r in self.results), self.summary()])
+
+    def summary(self) -> str:
+        """The lines after the results: the counts, and why the device did not run."""
+        lines: list[str] = []
         advisory = self.count("advisory")
         advisory_text = (f"{advisory} advisory (checks of a contract newer than the plugin's {self.contract}), "
                          if advisory else "")
@@ -361,12 +365,20 @@ class CheckRun:
 
 
 def run_check(device: str, *, run_compiled: bool = False, allow_unavailable: bool = False,
-              pm: DevplugPluginManager | None = None) -> CheckRun:
-    """Run the conformance kit against ``device`` (raises `ConformanceError` when nobody registers it)."""
+              pm: DevplugPluginManager | None = None,
+              on_result: Callable[[CheckResult], None] | None = None) -> CheckRun:
+    """Run the conformance kit against ``device`` (raises `ConformanceError` when nobody registers it).
+
+    ``on_result`` is called with each result as its check finishes (``devplug check`` prints it then).
+    """
     pm = pm or get_plugin_manager()
     dut = open_device(device, pm)
     availability = dut.availability
-    results = run_checks(device, pm, run_compiled=run_compiled)
+    results = []
+    for result in iter_checks(device, pm, run_compiled=run_compiled):
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
     return CheckRun(device=device, plugin=dut.entry.plugin_name, distribution=dut.entry.distribution,
                     contract=dut.contract, available=availability.available, reason=availability.reason,
                     results=tuple(results), allow_unavailable=allow_unavailable)
@@ -447,6 +459,32 @@ def _print_json(data: dict[str, Any]) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
+def _check(args: argparse.Namespace) -> int:
+    """``devplug check``: each result printed as its check finishes; ``--json``: one object, even when interrupted."""
+    seen: list[CheckResult] = []
+
+    def show(result: CheckResult) -> None:
+        seen.append(result)
+        if not args.json:
+            print(result, flush=True)
+
+    try:
+        run = run_check(args.device, run_compiled=args.run_compiled, allow_unavailable=args.allow_unavailable,
+                        on_result=show)
+    except KeyboardInterrupt:
+        if args.json:
+            _print_json({"device": args.device, "error": "interrupted before every check ran",
+                         "results": [{"name": r.name, "outcome": r.outcome, "detail": r.detail, "since": r.since}
+                                     for r in seen], "exit_code": EXIT_ERROR})
+        print(f"devplug: error: interrupted after {len(seen)} checks", file=sys.stderr)
+        return EXIT_ERROR
+    if args.json:
+        _print_json(run.data())
+    else:
+        print(run.summary())
+    return run.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``devplug`` console script."""
     logging.basicConfig(level=logging.WARNING, format="devplug: %(message)s")
@@ -467,12 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 print(doctor_report())
         elif args.command == "check":
-            run = run_check(args.device, run_compiled=args.run_compiled, allow_unavailable=args.allow_unavailable)
-            if args.json:
-                _print_json(run.data())
-            else:
-                print(run.report())
-            return run.exit_code
+            return _check(args)
         elif args.command == "consolidate":
             print(consolidate(args.source, args.target, args.module))
     except (DevplugError, ConformanceError) as exc:  # ConformanceError: the device is not registered at all

@@ -28,6 +28,7 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
 - `measured_matmul_flops` — a device's measured matmul FLOP/s, a peak for MFU where none is published;
   `cached_matmul_flops` — the same, measured once per machine and cached (never on every run's
   critical path); `cache_dir` — devplug's cache folder (``$DEVPLUG_CACHE_DIR`` relocates it);
+  `probe_time_limit` — the seconds a probe may take (``DEVPLUG_PROBE_TIMEOUT``);
 - PyTorch's device-generic API, as the core fallback uses it for any device type:
   `device_module`, `current_accelerator_type`, `device_available`, `device_count`,
   `select_device`, `synchronize`, `memory_stats`, `collective_backend`,
@@ -112,6 +113,7 @@ from devplug.core.precision.registry import get as precision_named
 from devplug.core.precision.registry import names as precision_names
 from devplug.core.precision.registry import register as register_precision
 from devplug.core.precision.registry import unregister as unregister_precision
+from devplug.core.registry.bounded import time_limit as probe_time_limit
 from devplug.core.registry.environment import environment_changes
 from devplug.core.registry.manager import BUILTIN_PLUGINS
 from devplug.core.tree import map_tensors, move_to
@@ -172,6 +174,7 @@ __all__ = [
     "precision_names",
     "precision_plan",
     "printable",
+    "probe_time_limit",
     "process_memory_stats",
     "register_precision",
     "remove_stale_temp_files",

@@ -10,6 +10,7 @@ import pytest
 from distributions import pip_install, write_project
 
 from devplug.core.registry import environment, manager
+from devplug.plugins.generic.trial import forget_trials
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,9 +29,22 @@ def _clean_devplug_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         monkeypatch.delenv(name, raising=False)
     manager.reset_plugin_manager()
     environment.forget_environment_changes()
+    forget_trials()
     yield
     manager.reset_plugin_manager()
     environment.forget_environment_changes()
+    forget_trials()
+
+
+@pytest.fixture(scope="session")
+def openreg():
+    """The openreg test backend (a real PrivateUse1 device built from C++), built once per session, cached."""
+    from standins.openreg.harness import build
+
+    built = build()
+    if isinstance(built, str):
+        pytest.skip(f"the openreg test backend cannot be built here: {built}")
+    return built
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ Plugin authors run it in their own test suite:
 or without pytest:
 
     from devplug.testing import run_checks
-    for result in run_checks("mydev"):
+    for result in iter_checks("mydev"):   # each result as its check finishes (run_checks: all at once)
         print(result)
 
 or from the shell: ``devplug check mydev``.
@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from devplug.testing.kit import STANDARD_OPTIMIZERS, ConformanceError, DeviceUnderTest, NotApplicable, open_device
-from devplug.testing.runner import CheckResult, all_checks, run_checks
+from devplug.testing.runner import CheckResult, all_checks, iter_checks, run_checks
 
 if TYPE_CHECKING:
     from devplug.testing.conformance import DeviceConformance
@@ -41,6 +41,7 @@ __all__ = [
     "DeviceUnderTest",
     "NotApplicable",
     "all_checks",
+    "iter_checks",
     "open_device",
     "run_checks",
 ]

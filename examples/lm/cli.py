@@ -72,6 +72,8 @@ def build_parser() -> ConfigParser:
     data.add_argument("--workers", type=integer(0), default=None,
                       help="data loader worker processes (default: the device plugin decides by timing a batch: "
                            "none on a CPU for this in-memory text, where they would compete with training)")
+    data.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
+                      help="pin host batches for faster copies (default: what the device plugin prefers)")
     data.add_argument("--corpus-mb", type=number(0, strict=True), default=4.0,
                       help="megabytes (MiB) of standard library source to read, about a tenth of it held out for "
                            "evaluation (default: 4)")

@@ -153,7 +153,8 @@ def build_run(trainer: devplug.Trainer, settings: cli.Settings, corpus: Corpus) 
         raise devplug.DataError(f"the training text has {len(windows)} windows of --context {spec.context}, fewer "
                                 f"than one step's {args.batch_size} x {world} processes; raise --corpus-mb or lower "
                                 "--batch-size/--context")
-    loader = trainer.dataloader(windows, args.batch_size, shuffle=True, drop_last=True, num_workers=args.workers)
+    loader = trainer.dataloader(windows, args.batch_size, shuffle=True, drop_last=True, num_workers=args.workers,
+                                pin_memory=args.pin_memory)
     # Every rank evaluates the same number of windows (a sharded forward is a collective, so the ranks
     # must run as many batches each): a multiple of the world size, split into equal blocks.
     held_out = Windows.spread(corpus.eval, spec.context, args.eval_batches * args.batch_size)
@@ -162,7 +163,8 @@ def build_run(trainer: devplug.Trainer, settings: cli.Settings, corpus: Corpus) 
         raise devplug.DataError(f"the held-out text ({len(corpus.eval):,} bytes) has no window of --context "
                                 f"{spec.context} for each of {world} processes; raise --corpus-mb or lower --context")
     held_out = Windows(held_out.text, spec.context, held_out.starts[:count])
-    eval_loader = trainer.dataloader(held_out, args.batch_size, train=False, num_workers=args.workers)
+    eval_loader = trainer.dataloader(held_out, args.batch_size, train=False, num_workers=args.workers,
+                                     pin_memory=args.pin_memory)
     run = Run(settings, trainer, corpus, model, optimizer, schedule, loader, eval_loader, count, parameters)
     trainer.register_for_checkpointing(history=run.history, spec=Saved(spec.as_dict()))
     return run

@@ -224,3 +224,8 @@ def test_the_example_has_no_device_branch_and_no_vendor_import():
                 assert node.attr not in ("cuda", "hpu", "mps", "xpu"), f"{path}: .{node.attr}"
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 assert node.value not in ("cuda", "hpu", "cpu", "mps", "xpu"), f"{path}: device branch"
+
+
+@pytest.mark.parametrize(("flag", "expected"), [([], None), (["--pin-memory"], True), (["--no-pin-memory"], False)])
+def test_pinning_is_the_plugins_choice_unless_the_command_line_says(flag, expected):
+    assert cli.parse(flag).pin_memory is expected

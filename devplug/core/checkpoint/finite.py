@@ -29,6 +29,10 @@ def nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
             groups[(tensor.device, tensor.dtype)].append((name, tensor.detach()))
     bad: list[str] = []
     for members in groups.values():
-        finite = torch.isfinite(_max_abs([t for _, t in members])).cpu().tolist()
+        tensors = [t for _, t in members]
+        try:
+            finite = torch.isfinite(_max_abs(tensors)).cpu().tolist()
+        except (RuntimeError, NotImplementedError):  # a device without these reductions: check host copies
+            finite = [bool(torch.isfinite(t.cpu()).all()) for t in tensors]
         bad.extend(name for (name, _), ok in zip(members, finite, strict=True) if not ok)
     return bad

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -68,6 +69,7 @@ from devplug.core.optim.torch_optimizers import sharded_torch_optimizer
 from devplug.core.registry.bounded import call_with_limit
 from devplug.core.registry.devices import DeviceRegistry
 from devplug.core.registry.manager import FALLBACK_NAME, DevplugPluginManager, get_plugin_manager
+from devplug.core.registry.watchdog import watchdog
 
 if TYPE_CHECKING:
     from devplug.core.distributed.combine import RankCombiner
@@ -111,6 +113,8 @@ class Trainer:
             combiner = self._combiner = RankCombiner()
             self._handshake = RankCombiner(timeout=datetime.timedelta(seconds=collective_wait_seconds()))
         self._stop = StopRequest(self._config.stop_signals, combiner)
+        self._watched_thread: int | None = threading.get_ident()  # sampled by the hook watchdog: no cost per step
+        watchdog().watch(self._watched_thread)
         if self._config.seed is not None:
             rng.seed_everything(self._config.seed)
         plan = call_with_limit(lambda: self._hooks(spec.devplug_precision, precision=self._config.precision),
@@ -868,6 +872,9 @@ class Trainer:
         The process group stays joined (other trainers in the process may use it); call
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
         """
+        if self._watched_thread is not None:
+            watchdog().unwatch(self._watched_thread)
+            self._watched_thread = None
         self.profiler.stop()
         self._keeper.writer.wait()
         summary: dict[str, Any] = {}

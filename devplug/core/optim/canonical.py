@@ -118,12 +118,20 @@ def import_state(choice: OptimizerChoice, entry: Mapping[str, Any], key: str) ->
     canonical = normalize(entry["state"], cls)
     if choice.from_canonical is not None:
         try:
-            return choice.from_canonical(choice.optimizer, canonical)
+            converted = choice.from_canonical(choice.optimizer, canonical)
         except ValueError as exc:
             raise CheckpointError(
                 f"optimizer {key!r}: the {choice.algorithm} state written by {saved_impl} cannot go into {impl}: "
                 f"{_one_line(exc)}; resume with {saved_impl} or an implementation that can hold it "
                 "(e.g. a torch.optim one)") from exc
+        problems = shape_problems(choice, converted)
+        if problems:
+            who = f" of {choice.built_by}" if choice.built_by else ""
+            raise CheckpointError(
+                f"optimizer {key!r}: the {choice.algorithm} state that {impl}'s from_canonical{who} made of a valid "
+                f"one does not fit the parameters: {'; '.join(problems[:3])}; report this to the maintainers of the "
+                "plugin named")
+        return dict(converted)
     if isinstance(choice.optimizer, cls):  # torch's class, or a subclass that keeps its layout (see .layout)
         current = choice.optimizer.param_groups
         own = type(choice.optimizer) is not cls  # a subclass's own group options keep their values
@@ -135,6 +143,33 @@ def import_state(choice: OptimizerChoice, entry: Mapping[str, Any], key: str) ->
         f"optimizer {key!r}: {impl} gives no converter from torch.optim's layout, so the {choice.algorithm} "
         f"state written by {saved_impl} cannot go into it; resume with {saved_impl}, or give the plugin's "
         "OptimizerChoice from_canonical/to_canonical")
+
+
+def shape_problems(choice: OptimizerChoice, converted: Any) -> list[str]:
+    """What in a plugin's ``from_canonical`` answer does not fit the optimizer's parameters (its shapes).
+
+    Checked on every load, before anything is restored (the algorithm's invariants are checked next, by the
+    checkpoint's validation): a converter that mixes up parameters would otherwise fail in the optimizer's
+    kernel, or broadcast silently, steps after the resume.
+    """
+    if not isinstance(converted, Mapping) or not isinstance(converted.get("state"), Mapping) or not isinstance(
+            converted.get("param_groups"), list):
+        return [f"it returned {type(converted).__name__}, not a state_dict with 'state' and 'param_groups'"]
+    problems: list[str] = []
+    params = [p for group in choice.optimizer.param_groups for p in group["params"]]
+    indices = [i for group in converted["param_groups"] if isinstance(group, Mapping)
+               for i in group.get("params", [])]
+    shapes = {index: tuple(param.shape) for index, param in zip(indices, params, strict=False)}
+    for index, values in converted["state"].items():
+        if not isinstance(values, Mapping) or index not in shapes:
+            continue
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and name not in SCALAR_STATE and (
+                    tuple(value.shape) != shapes[index]):
+                problems.append(f"parameter {index}: {name} has shape {tuple(value.shape)}, the parameter "
+                                f"{shapes[index]}")
+                break
+    return problems
 
 
 def _one_line(exc: BaseException) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from devplug.core.contract.records import OptimizerChoice
+from devplug.core.contract.records import PRECISIONS, OptimizerChoice, PrecisionPlan
 from devplug.core.contract.value_rules import peak_flops_problem
 from devplug.core.errors import PluginError
 
@@ -66,11 +66,56 @@ def optimizer_builder(label: HookLabel, arguments: Mapping[str, Any], answer: An
     return answer
 
 
+#: The autocast dtype each mixed precision runs; ``32-true`` runs none.
+_AUTOCAST_DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+
+
+def _autocast_dtype(plan: PrecisionPlan, device_type: str | None) -> torch.dtype | None:
+    """The dtype the plan's autocast casts to on ``device_type`` (``None``: it casts nothing, or cannot be told)."""
+    if device_type is None:
+        return None
+    try:
+        with plan.autocast():
+            if not torch.is_autocast_enabled(device_type):
+                return None
+            return torch.get_autocast_dtype(device_type)
+    except Exception:  # an autocast that cannot be entered fails where it is used, with its own error
+        return None
+
+
+def precision_plan(label: HookLabel, arguments: Mapping[str, Any], answer: Any) -> Any:
+    """A plan is the precision asked for (any of the settings for ``"auto"``), and its autocast casts to that
+    precision's dtype: a plan named ``bf16-mixed`` that runs float16 (without the scaler float16 needs), or one
+    named ``32-true`` that casts at all, is refused, naming the plugin."""
+    if not isinstance(answer, PrecisionPlan):
+        return answer
+    requested = arguments.get("precision")
+    settings = [p for p in PRECISIONS if p != "auto"]
+    if requested in settings and answer.name != requested:
+        raise PluginError(f"{label} answered precision {requested!r} with a plan named {answer.name!r}; a plan must "
+                          f"run the precision asked for, or raise devplug.PrecisionError when the device cannot; "
+                          f"report this to the maintainers of {label.distribution}")
+    if answer.name not in settings:
+        raise PluginError(f"{label} returned a plan named {answer.name!r}, not one of {', '.join(settings)}; "
+                          f"report this to the maintainers of {label.distribution}")
+    device = arguments.get("device")
+    kind = getattr(getattr(device, "torch_device", None), "type", None)
+    runs = _autocast_dtype(answer, kind)
+    expected = _AUTOCAST_DTYPES.get(answer.name)
+    if runs is not None and runs != expected:
+        what = "casts nothing" if expected is None else f"casts to {str(expected).replace('torch.', '')}"
+        raise PluginError(f"{label} returned a {answer.name!r} plan whose autocast casts to "
+                          f"{str(runs).replace('torch.', '')} on {kind!r}; a {answer.name!r} plan {what}; "
+                          f"report this to the maintainers of {label.distribution}")
+    return answer
+
+
 #: The hooks whose answers have rules on their value, and the check of each.
 ANSWER_CHECKS: dict[str, AnswerCheck] = {
     "devplug_to_device": moved_module,
     "devplug_peak_flops": peak_flops,
     "devplug_optimizer": optimizer_builder,
+    "devplug_precision": precision_plan,
 }
 
 #: Checks with a rule about one kind of argument only (a module given to ``devplug_to_device``): the

@@ -21,7 +21,8 @@ from devplug.core.contract import hookspecs
 from devplug.core.contract.records import Device
 from devplug.core.errors import DeviceUnavailableError, PluginError, UnknownDeviceError
 from devplug.core.registry.bounded import time_limit
-from devplug.core.registry.manager import DevplugPluginManager, get_plugin_manager
+from devplug.core.registry.contract_gaps import warn_gaps
+from devplug.core.registry.manager import ENV_BLOCK, DevplugPluginManager, get_plugin_manager
 from devplug.core.registry.registered import RegisteredDevice
 
 log = logging.getLogger("devplug")
@@ -89,12 +90,18 @@ class DeviceRegistry:
             hooks = DeviceHooks(self, device)
             try:
                 hooks(hookspecs.devplug_device_setup)
+                self._warn_contract_gaps(device)
                 return hooks
             except PluginError as exc:
                 if request != "auto":
                     raise
                 log.warning("device %s could not be set up, trying the next available one: %s", device, exc)
                 skipped.append(device.name)
+
+    def _warn_contract_gaps(self, device: Device) -> None:
+        entry = self.devices[device.name]
+        implements = {caller.name for caller in self.pm.get_hookcallers(entry.plugin) or []}
+        warn_gaps(device, entry.plugin, entry.plugin_name, entry.distribution, implements)
 
     @staticmethod
     def _request(request: str | None) -> str:
@@ -123,6 +130,11 @@ class DeviceRegistry:
             entry, index = self.devices[chosen], None
         else:
             match = _REQUEST_RE.match(request)
+            if match is not None and match["name"] not in self.devices and self.pm.is_blocked_name(match["name"]):
+                raise DeviceUnavailableError(
+                    f"device {match['name']!r} is blocked: its plugin {match['name']!r} is named in {ENV_BLOCK}, so "
+                    f"it was not loaded; remove it from {ENV_BLOCK} to use the device. Available devices: "
+                    f"{', '.join(self.available_names()) or 'none'}")
             if match is None or match["name"] not in self.devices:
                 raise UnknownDeviceError(
                     f"unknown device {request!r}; known devices: {self._describe_known()}. "

@@ -18,6 +18,7 @@ Every hook implementation a plugin registers is wrapped once, at registration, b
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import types
 import typing
@@ -100,6 +101,10 @@ class HookLabel:
         )
 
 
+#: Numbers each guarded hook call (a C-level counter: no Python call is added to the call).
+_CALLS = itertools.count()
+
+
 def guard_hookimpl(impl: pluggy.HookImpl, spec: HookSpec | None, distribution: str) -> None:
     """Replace ``impl.function`` by a checked call (idempotent); old-style ``hookwrapper`` impls are left alone."""
     if impl.hookwrapper or getattr(impl.function, "__devplug_guarded__", False):
@@ -146,6 +151,7 @@ def _guard_call(function: Callable[..., Any], label: HookLabel, classes: tuple[t
     position, kind = only
 
     def guarded(*args: Any) -> Any:
+        call = next(_CALLS)  # noqa: F841 - read from the stack by the watchdog: which call of the hook this is
         try:
             result = function(*args)
         except DevplugError:
@@ -168,6 +174,7 @@ def _guard_wrapper(
     position, kind = only
 
     def guarded(*args: Any) -> Generator[Any, Any, Any]:
+        call = next(_CALLS)  # noqa: F841 - read from the stack by the watchdog: which call of the hook this is
         generator = function(*args)
         try:
             request = next(generator)
@@ -215,6 +222,20 @@ _GUARD_CODES = frozenset(
     const for outer in (_guard_call, _guard_wrapper) for const in outer.__code__.co_consts
     if isinstance(const, types.CodeType) and const.co_name == "guarded"
 )
+
+
+def running_hook_frame(thread_id: int | None) -> tuple[HookLabel, int] | None:
+    """The hook implementation thread ``thread_id`` is running now (the innermost guarded one) and an id of
+    that call (the same while the same call runs), or ``None``."""
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    while frame is not None:
+        if frame.f_code in _GUARD_CODES:
+            local = frame.f_locals
+            label = local.get("label")
+            if isinstance(label, HookLabel):
+                return label, int(local.get("call", -1))
+        frame = frame.f_back
+    return None
 
 
 def running_hook(thread_id: int | None) -> HookLabel | None:

@@ -192,7 +192,7 @@ class DevplugPluginManager(pluggy.PluginManager):
                 raise PluginError(problem)
             self.distributions[source.name] = source.distribution
             self.register(plugin, name=source.name)
-            self.check_pending()
+            self._check_pending_names(plugin)
             self._declare(source.name, plugin)
         except (Exception, SystemExit) as exc:  # a third party's bug (or sys.exit) must not take devplug down
             if self.get_plugin(source.name) is not None:
@@ -202,6 +202,23 @@ class DevplugPluginManager(pluggy.PluginManager):
         finally:
             self._environment_changed(source, before)
         return True
+
+    def _check_pending_names(self, plugin: Any) -> None:
+        """pluggy's ``check_pending``; a hook name devplug does not know is refused with the closest it does."""
+        try:
+            self.check_pending()
+        except pluggy.PluginValidationError:
+            known = sorted(name for name in dir(self.hook)
+                           if name.startswith("devplug_") and getattr(self.hook, name).spec is not None)
+            unknown = sorted(caller.name for caller in self.get_hookcallers(plugin) or [] if caller.spec is None)
+            if not unknown:
+                raise
+            hints = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+                hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
+            raise PluginError(f"it implements {', '.join(hints)}, which devplug's hook contract does not have; "
+                              "docs/hooks.md lists the hooks") from None
 
     def _timed(self, source: PluginSource, took: float) -> None:
         """Keep how long the plugin took to import; warn (once per process) when a third party's was slow.

@@ -75,6 +75,11 @@ class RegisteredDevice:
             self._availability = result
         return self._availability
 
+    @property
+    def probe_timed_out(self) -> bool:
+        """True when the probe was waited on and did not answer within the time limit (it may still be running)."""
+        return self._availability is not None and self._probing is not None and not self._probing.done
+
     def _timed_out(self, limit: float) -> Availability:
         if self._probing is not None:
             _stuck_probes[_probe_key(self.spec)] = self._probing

@@ -8,7 +8,9 @@ of the cuda plugin's benchmarks). Everything else comes from the core fallback, 
 device-generic: ``torch.accelerator`` synchronize and memory statistics, device RNG states,
 ``Backend.default_device_backend_map``, autocast where torch has it, fused or foreach optimizers.
 This plugin adds what PyTorch documents per type: pinned host memory for the data loader except on
-MPS.
+MPS. An out-of-tree backend is tried before it is trusted (`.trial`): it is available only if a tiny
+training step ran on it, and its loaders pin memory and its precision plans use autocast only where those
+worked.
 """
 
 from __future__ import annotations
@@ -18,10 +20,22 @@ from typing import Any
 
 import attrs
 
-from devplug import CONTRACT_VERSION, Device, DeviceSpec, LoaderChoice, LoaderOptions, ShardingPlan, hookimpl
-from devplug.plugins.generic.catalog import declared_types, facts, priority
+from devplug import (
+    CONTRACT_VERSION,
+    ConfigError,
+    Device,
+    DeviceSpec,
+    LoaderChoice,
+    LoaderOptions,
+    PrecisionError,
+    PrecisionPlan,
+    ShardingPlan,
+    hookimpl,
+)
+from devplug.plugins.generic.catalog import declared_types, facts, priority, privateuse1_name
 from devplug.plugins.generic.probe import count, probe
-from devplug.toolkit import log_once, torch_dataloader, torch_sharding_plan
+from devplug.plugins.generic.trial import Trial, trial
+from devplug.toolkit import log_once, probe_time_limit, torch_dataloader, torch_precision_plan, torch_sharding_plan
 
 #: The contract these hooks implement: a built-in always speaks the contract of the devplug it ships in.
 DEVPLUG_CONTRACT = CONTRACT_VERSION
@@ -54,15 +68,49 @@ def devplug_device_setup(device: Device) -> None:
              "(no dedicated plugin for this device type is loaded)")
 
 
+def tried(device: Device) -> Trial | None:
+    """The trial of an out-of-tree backend (`.trial`); ``None`` for the device types torch itself supports."""
+    kind = device.torch_device.type
+    return trial(kind, probe_time_limit() * 0.9) if kind == privateuse1_name() else None
+
+
 @hookimpl
 def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice:
-    """The torch DataLoader, pinning host memory by default where PyTorch supports it for the type (not MPS).
+    """The torch DataLoader, pinning host memory by default where PyTorch supports it for the type (not MPS)
+    and, on an out-of-tree backend, where pinning worked when the backend was tried.
 
     Workers the author left out are tuned by measuring the source; compute runs on the accelerator.
     """
+    attempt = tried(device)
     if options.pin_memory is None:
-        options = attrs.evolve(options, pin_memory=facts(device.torch_device.type).pin_memory)
+        pin = facts(device.torch_device.type).pin_memory and (attempt is None or attempt.ok("pin_memory"))
+        options = attrs.evolve(options, pin_memory=pin)
+    elif options.pin_memory and attempt is not None and not attempt.ok("pin_memory"):
+        raise ConfigError(
+            f"{attempt.who()} cannot pin host memory ({attempt.problem('pin_memory')}); "
+            "load without pinned memory (pin_memory=False)")
     return torch_dataloader(source, options, compute_competes=False)
+
+
+@hookimpl
+def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
+    """On an out-of-tree backend, mixed precision only where its autocast ran when tried; ``"auto"`` picks
+    bf16 only then. Other device types: the core fallback's plan (this hook answers nothing)."""
+    attempt = tried(device)
+    if attempt is None:
+        return None
+    if precision == "auto":
+        plan = torch_precision_plan(device, "auto")
+        if plan.name != "32-true" and not attempt.ok("autocast[bfloat16]"):
+            plan = torch_precision_plan(device, "32-true")
+            return attrs.evolve(plan, description=f"{plan.description} (auto: torch.autocast failed on "
+                                                  f"{attempt.who()}: {attempt.problem('autocast[bfloat16]')})")
+        return plan
+    item = {"16-mixed": "autocast[float16]", "bf16-mixed": "autocast[bfloat16]"}.get(precision)
+    if item is not None and not attempt.ok(item):
+        raise PrecisionError(f"precision {precision!r} cannot run on {attempt.who()}: torch.autocast failed when "
+                             f"tried ({attempt.problem(item)}); use precision='32-true'")
+    return torch_precision_plan(device, precision)
 
 
 @hookimpl

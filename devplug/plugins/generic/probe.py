@@ -3,7 +3,8 @@
 In order: does torch have a module for the type (``torch.get_device_module``), was this torch built
 with the backend (``torch.backends.<type>.is_built()`` or the module's ``_is_compiled()`` where
 torch has them), does torch see a device (``torch.accelerator.is_available()`` for the current
-accelerator, else the module's ``is_available()``), and how many. Never raises.
+accelerator, else the module's ``is_available()``), how many, and for an out-of-tree backend (a renamed
+PrivateUse1 device) whether a tiny training step runs on it (`.trial`, once per machine). Never raises.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import torch
 
 from devplug import Availability
-from devplug.plugins.generic.catalog import facts
-from devplug.toolkit import device_available, device_count, device_module
+from devplug.plugins.generic.catalog import facts, privateuse1_name
+from devplug.plugins.generic.trial import TIMED_OUT, trial
+from devplug.toolkit import device_available, device_count, device_module, probe_time_limit
 
 
 def built_with(device_type: str, module: object) -> bool | None:
@@ -46,7 +48,25 @@ def probe(device_type: str) -> Availability:
     if not seen or count(device_type) < 1:
         return Availability.no(f"torch sees no {device_type} device ({about.label}) on this machine",
                                "run on a machine that has one, or check its driver and runtime")
+    if device_type == privateuse1_name():
+        return trained(device_type)
     return Availability.yes()
+
+
+def trained(device_type: str) -> Availability:
+    """An out-of-tree backend is available only if a tiny training step ran on it (see `.trial`)."""
+    tried = trial(device_type, probe_time_limit() * 0.9)
+    if tried.ok("train"):
+        return Availability.yes()
+    problem = tried.problem("train")
+    if TIMED_OUT in problem:
+        return Availability.no(
+            f"{tried.who()} was tried on a tiny training step, which {problem}",
+            "raise DEVPLUG_PROBE_TIMEOUT (seconds): the first trial imports the backend in a new process; it is "
+            "kept once it finishes")
+    return Availability.no(
+        f"{tried.who()} is present but could not train a Linear layer: {problem}",
+        f"check that {tried.backend} was built for torch {torch.__version__}, or report this to its maintainers")
 
 
 def count(device_type: str) -> int:

@@ -10,6 +10,7 @@ from devplug.core.contract import hookspecs
 from devplug.core.contract.records import CONTRACT_VERSION, Availability, DoctorReport
 from devplug.core.contract.versions import contract_problem
 from devplug.core.errors import PluginError
+from devplug.core.registry.bounded import ENV_TIME_LIMIT, call_with_limit, seconds, time_limit
 from devplug.core.registry.manager import BUILTIN_DISTRIBUTION
 from devplug.testing.kit import DeviceUnderTest, KitHooks, conformance_check
 
@@ -65,10 +66,18 @@ def check_plugin_loaded(dut: DeviceUnderTest) -> str:
 
 @conformance_check("devplug_register_devices", needs_device=False)
 def check_probe(dut: DeviceUnderTest) -> str:
-    """The probe returns an `Availability` (never raises); a reason when unavailable; a count."""
+    """The probe answers within the time limit with an `Availability` (never raises); a reason when unavailable;
+    a count (within the limit too)."""
     spec = dut.entry.spec
+    limit = time_limit()
+    dut.availability  # noqa: B018 - the probe as devplug runs it: once, bounded
+    if dut.entry.probe_timed_out:
+        raise dut.fail(f"its availability probe did not answer within {seconds(limit)} ({ENV_TIME_LIMIT} sets the "
+                       "limit); a probe must answer quickly, or return Availability.no(reason, fix)")
     try:
-        answer = spec.probe()
+        answer = call_with_limit(spec.probe, f"probe of device {spec.name!r}", limit=limit)
+    except PluginError as exc:
+        raise dut.fail(str(exc)) from exc
     except Exception as exc:
         raise dut.fail(
             f"its availability probe raised {type(exc).__name__}: {exc}. A probe must not raise: return "
@@ -81,7 +90,9 @@ def check_probe(dut: DeviceUnderTest) -> str:
             raise dut.fail("its probe says unavailable without a reason; pass one: Availability.no(reason, fix)")
         return f"unavailable here: {answer.reason}"
     try:
-        count = spec.count()
+        count = call_with_limit(spec.count, f"count of device {spec.name!r}", limit=limit)
+    except PluginError as exc:
+        raise dut.fail(str(exc)) from exc
     except Exception as exc:
         raise dut.fail(f"DeviceSpec.count raised {type(exc).__name__}: {exc} on an available device") from exc
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
