@@ -125,6 +125,15 @@ class Precision(abc.ABC):
         """
         return self.compute_dtype if self.compute_dtype in (torch.bfloat16, torch.float16) else None
 
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype this precision's autocast casts to, if it autocasts: the compute dtype, unless that is fp32.
+
+        ``None``: a plan for it casts nothing (the core refuses one that does). A precision that casts
+        by other means overrides it.
+        """
+        return None if self.compute_dtype == torch.float32 else self.compute_dtype
+
     def describe(self, text: str, params: PrecisionParams) -> str:
         """``text`` (or the device's own ``description``) with the device's notes appended in parentheses."""
         description = text if params.description is None else params.description

@@ -192,3 +192,25 @@ def test_a_plugin_plan_without_the_scaler_a_registered_precision_needs_is_refuse
     assert str(caught.value).startswith("devplug_precision of plugin 'no-scaler' (registered at run time) raised "
                                         "ValueError: a 'toy-scaled-32' PrecisionPlan has no grad scaler, which that "
                                         "precision needs (it stands for a format whose gradients underflow")
+
+
+def test_the_core_checks_a_plugins_plan_against_the_registered_precisions_autocast_dtype():
+    toy_bf16 = toolkit.AutocastPrecision(name="toy-autocast-bf16", compute_dtype=torch.bfloat16, needs_scaler=False,
+                                         scaler_reason="bfloat16 keeps fp32's range", summary="a toy")
+
+    class CastsFp16:
+        @devplug.hookimpl(tryfirst=True)
+        def devplug_precision(self, device, precision):
+            return devplug.PrecisionPlan(name=precision, autocast=lambda: torch.autocast("cpu", dtype=torch.float16))
+
+    toolkit.register_precision(toy_bf16)
+    try:
+        assert toy_bf16.autocast_dtype == torch.bfloat16 and toy_precision.PRECISION.autocast_dtype is None
+        pm = create_plugin_manager(autoload=False, extra_plugins=[("casts-fp16", CastsFp16())])
+        with pytest.raises(devplug.PluginError, match=r"'toy-autocast-bf16' plan whose autocast casts to float16 on "
+                                                      r"'cpu'; a 'toy-autocast-bf16' plan casts to bfloat16"):
+            devplug.Trainer(device="cpu", precision=toy_bf16.name, progress=False, plugin_manager=pm)
+        plan = devplug.Trainer(device="cpu", precision=toy_bf16.name, progress=False).precision
+        assert plan.description == "torch.autocast('cpu', bfloat16)"  # the CPU plugin planned it through the layer
+    finally:
+        toolkit.unregister_precision(toy_bf16.name)
