@@ -51,6 +51,12 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
 - `environment_changes` — the environment variables a plugin changed while loading (each an
   ``EnvironmentChange``: ``variable``, ``before``, ``after``, ``plugin``, ``distribution``), so a probe
   that finds a variable hiding its device can name the plugin that set it instead of blaming the user;
+- `CheckpointFormat`, `register_checkpoint_format` — a checkpoint format of your own (a safetensors file, a
+  remote store): a subclass with ``name``, ``save``, ``load`` and ``recognises``, registered once, then
+  ``Trainer(checkpoint_format=name)``;
+- `Strategy`, `StrategyContext`, `register_strategy` — a training strategy of your own (how modules are
+  wrapped, the optimizer over their parameters, clipping, no-sync, its checkpoint format), registered once,
+  then ``Trainer(strategy=name)``;
 - `builtin_plugin` — a built-in device plugin, to delegate to its hooks (build on ``cpu`` or
   ``generic`` rather than restate it).
 """
@@ -61,6 +67,8 @@ import importlib
 from types import ModuleType
 
 from devplug.core.checkpoint.diskfull import write_atomically
+from devplug.core.checkpoint.format import CheckpointFormat
+from devplug.core.checkpoint.format import register_format as register_checkpoint_format
 from devplug.core.checkpoint.sharded import consolidate_checkpoint
 from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.data.evaluation import EvaluationSampler, evaluation_shard
@@ -74,6 +82,7 @@ from devplug.core.data.torch_loader import (
     torch_dataloader,
 )
 from devplug.core.data.tuning import available_cpus, tune_loader
+from devplug.core.distributed.strategy import Strategy, StrategyContext, register_strategy
 from devplug.core.fallback.accelerator import (
     collective_backend,
     current_accelerator_type,
@@ -135,10 +144,13 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "TORCH_OPTIMIZERS",
     "AutocastPrecision",
+    "CheckpointFormat",
     "EvaluationSampler",
     "ImageFolderDataset",
     "Precision",
     "PrecisionParams",
+    "Strategy",
+    "StrategyContext",
     "autocast_plan",
     "available_cpus",
     "bias_corrected_to_canonical",
@@ -176,7 +188,9 @@ __all__ = [
     "printable",
     "probe_time_limit",
     "process_memory_stats",
+    "register_checkpoint_format",
     "register_precision",
+    "register_strategy",
     "remove_stale_temp_files",
     "select_device",
     "steps_to_groups",

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import attrs
 
+from devplug.core.checkpoint.format import format_of
 from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.errors import CheckpointError, CheckpointMismatchError, NonFiniteLossError
 
@@ -212,10 +212,7 @@ class RunCheckpoints:
         kept = self.keep(scores)
         removed = [path for _step, path in steps_newest_first(self.folder) if path not in kept]
         for path in removed:
-            if path.is_dir():  # a sharded checkpoint
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            format_of(path).remove(path)  # a file, a sharded folder, or another format's checkpoint
         self._write_index({name: value for name, value in scores.items() if self.folder / name in kept})
         remove_stale_temp_files(self.folder)
         return removed

@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
+from devplug.core.checkpoint.format import format_of, is_checkpoint
 from devplug.core.checkpoint.policy import CHECKPOINT_NAME, damaged, steps_newest_first
-from devplug.core.checkpoint.sharded import is_sharded_checkpoint
 from devplug.core.errors import CheckpointError, NonFiniteLossError
 
 log = logging.getLogger("devplug")
@@ -62,7 +62,7 @@ def choose(source: Path, load: Callable[[Path], dict[str, Any]], *, explicit: bo
     """
     if explicit and not source.exists():
         raise CheckpointError(f"checkpoint {str(source)!r} does not exist")
-    if source.is_file() or is_sharded_checkpoint(source):  # one checkpoint: a file, or a sharded folder
+    if is_checkpoint(source):  # one checkpoint (a file, a sharded folder, ...), not a folder of them
         return Choice(source, load(source))
     found = [path for _step, path in steps_newest_first(source)]
     if not found:
@@ -84,23 +84,17 @@ def choose(source: Path, load: Callable[[Path], dict[str, Any]], *, explicit: bo
 
 
 def newest(source: Path) -> Path | None:
-    """The checkpoint ``source`` names without loading it: itself (a file or a sharded folder), or a folder's
+    """The checkpoint ``source`` names without loading it: itself (one checkpoint of any format), or a folder's
     newest ``step_NNNNNNN.pt``; ``None`` when there is none."""
-    if source.is_dir() and not is_sharded_checkpoint(source):
+    if source.is_dir() and not is_checkpoint(source):
         found = steps_newest_first(source)
         return found[0][1] if found else None
     return source if source.exists() else None
 
 
 def _check(path: Path) -> None:
-    """Raise `CheckpointError` unless the checkpoint ``path`` (a file or a sharded folder) reads intact."""
-    from devplug.core.checkpoint.file import read_checkpoint
-    from devplug.core.checkpoint.sharded import read_state
-
-    if path.is_dir():
-        read_state(path)
-    else:
-        read_checkpoint(path)
+    """Raise `CheckpointError` unless the checkpoint ``path`` (of any registered format) reads intact."""
+    format_of(path).check(path)
 
 
 def newest_intact(source: Path, *, explicit: bool) -> tuple[Path | None, tuple[tuple[Path, str], ...], str]:
@@ -111,7 +105,7 @@ def newest_intact(source: Path, *, explicit: bool) -> tuple[Path | None, tuple[t
     checkpoint (``None`` when there is none), the ``(path, reason)`` passed over, and a one-line problem
     (``""`` when none) that every rank raises, so no rank raises alone.
     """
-    if source.is_file() or is_sharded_checkpoint(source):
+    if is_checkpoint(source):
         return source, (), ""
     if explicit and not source.exists():
         return None, (), f"no checkpoint to resume from at {str(source)!r}"

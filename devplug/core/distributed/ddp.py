@@ -1,6 +1,7 @@
 """Wrapping modules in DistributedDataParallel: the device plugin's defaults, then the author's options.
 
 DDP's own gradient all-reduce, overlapped with backward, is the only communication of a training step.
+`DDPStrategy` is a Trainer's strategy when launched with more than one process (``"auto"`` or ``"ddp"``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from devplug.core.contract.records import CollectiveSetup
+from devplug.core.distributed.strategy import Strategy
 from devplug.core.errors import ConfigError
 
 log = logging.getLogger("devplug")
@@ -67,3 +69,14 @@ def wrap_ddp(module: torch.nn.Module, collective: CollectiveSetup | None,
     kwargs = ddp_options(collective, overrides)
     log.debug("DistributedDataParallel(%s, %s)", type(module).__name__, kwargs)
     return DistributedDataParallel(module, **kwargs)
+
+
+class DDPStrategy(Strategy):
+    """Each rank a full replica wrapped in DistributedDataParallel (after compiling); plain checkpoints,
+    written by rank 0."""
+
+    name = "ddp"
+
+    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` in DDP with the plugin's defaults and the author's options."""
+        return wrap_ddp(module, self.context.collective, self.context.ddp_overrides)

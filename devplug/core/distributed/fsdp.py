@@ -1,5 +1,8 @@
 """Sharding a model with PyTorch's FSDP (``fully_shard``) as the device plugin's ShardingPlan says.
 
+`FSDPStrategy` is the ``strategy="fsdp"`` of a Trainer: it asks the device plugin for its plan, shards each
+set-up module, builds torch.optim optimizers over the sharded parameters, and saves sharded folders.
+
 Which modules become FSDP units (the classes the author names, else a size-based default), the mesh of
 all ranks, the mixed-precision and offload policies from the plan, a process group of one for a single
 process, and switching FSDP's reduce-scatter off between accumulation boundaries.
@@ -9,29 +12,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from devplug.core.contract.records import CollectiveSetup, Device, LaunchInfo, ShardingPlan
+from devplug.core.contract import hookspecs as spec
+from devplug.core.contract.records import CollectiveSetup, Device, ShardingPlan
+from devplug.core.distributed.strategy import Strategy, StrategyContext
 from devplug.core.errors import ConfigError
 
 log = logging.getLogger("devplug")
 
-STRATEGIES = ("auto", "ddp", "fsdp")
-
 #: Without ``shard=``, every submodule holding at least this many parameters not yet in a smaller unit
 #: becomes an FSDP unit (then the root): torch's size-based wrapping policy, sized for transformer blocks.
 DEFAULT_MIN_PARAMS = 1_000_000
-
-
-def resolve_strategy(strategy: str, launch: LaunchInfo) -> str:
-    """``"fsdp"``, ``"ddp"`` or ``"none"`` (one process, nothing to wrap) for the Trainer's ``strategy``."""
-    if strategy == "fsdp":
-        return "fsdp"
-    return "ddp" if launch.distributed else "none"
 
 
 def require_plan(plan: ShardingPlan | None, device: Device) -> ShardingPlan:
@@ -137,7 +133,42 @@ def gradient_sync_off(module: Any) -> Iterator[None]:
         module.set_requires_gradient_sync(True)
 
 
-def local_tensor(value: Any) -> Any:
-    """A DTensor's full value as a plain tensor (a replicated norm), anything else unchanged."""
-    full = getattr(value, "full_tensor", None)
-    return full() if callable(full) else value
+class FSDPStrategy(Strategy):
+    """Parameters, gradients and optimizer state sharded across ranks with ``fully_shard``, as the device
+    plugin's sharding plan says (one process too: a process group of one); checkpoints are sharded folders."""
+
+    name = "fsdp"
+    checkpoint_format = "sharded"
+
+    def __init__(self, context: StrategyContext) -> None:
+        super().__init__(context)
+        self.sharding = require_plan(context.hooks(spec.devplug_sharding, precision=context.precision),
+                                     context.device)
+        if not context.launch.distributed:
+            join_single_process(context.hooks(spec.devplug_collective_setup, launch=context.launch), context.device)
+
+    @property
+    def reason(self) -> str | None:
+        """The plan's reason (which mixed-precision policy and optimizer implementation), if it gives one."""
+        return self.sharding.reason if self.sharding is not None and self.sharding.reason else None
+
+    def prepare(self, module: torch.nn.Module, shard: Any = None) -> torch.nn.Module:
+        """Shard ``module`` in place before compiling, as torch's FSDP expects."""
+        assert self.sharding is not None
+        return shard_module(module, self.sharding, self.context.device, shard)
+
+    def optimizer_request(self, algorithm: str, params: list[Any], options: Mapping[str, Any],
+                          ask_plugin: Callable[[], Any]) -> Callable[[], Any]:
+        """A torch.optim optimizer over the sharded parameters, with the plan's kernel (foreach, fused)."""
+        from devplug.core.optim.torch_optimizers import sharded_torch_optimizer
+
+        plan = self.sharding
+        assert plan is not None
+        return lambda: sharded_torch_optimizer(algorithm, params, dict(options), plan.optimizer_kernel,
+                                               plan.optimizer_reason)
+
+    def no_sync(self, module: Any) -> contextlib.AbstractContextManager[Any]:
+        """FSDP's reduce-scatter switched off for a sharded module (its gradients accumulate unsharded)."""
+        if is_sharded(module) and not callable(getattr(module, "no_sync", None)):
+            return gradient_sync_off(module)
+        return super().no_sync(module)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -26,6 +26,33 @@ def _precision(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{attribute.name} must be one of {', '.join(precisions.choices())} (or a plugin's own), "
                          f"got {value!r}")
+
+
+@attrs.frozen
+class _Registered:
+    """Validates a name against what is registered when the value is checked (``options`` for the command line)."""
+
+    names: Callable[[], tuple[str, ...]]
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return self.names()
+
+    def __call__(self, _inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value not in self.options:
+            raise ValueError(f"'{attribute.name}' must be in {self.options!r} (got {value!r})")
+
+
+def _strategies() -> tuple[str, ...]:
+    from devplug.core.distributed.strategy import strategy_names
+
+    return strategy_names()
+
+
+def _formats() -> tuple[str, ...]:
+    from devplug.core.checkpoint.format import format_names
+
+    return format_names()
 
 
 def _bool(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -88,7 +115,9 @@ class TrainerConfig:
       SIGUSR1; ``()`` leaves every signal alone).
     - ``strategy``: ``"auto"`` (DDP when launched with more than one process), ``"ddp"``, or ``"fsdp"``: shard
       parameters, gradients and optimizer state across ranks with PyTorch's ``fully_shard`` as the device
-      plugin's sharding plan says (one process too: a process group of one).
+      plugin's sharding plan says (one process too: a process group of one); or a registered strategy's name.
+    - ``checkpoint_format``: how checkpoints are written: ``"plain"`` (one file), ``"sharded"`` (a folder every
+      rank writes) or a registered format's name; ``None`` (default): the strategy's (sharded under FSDP).
     - ``checkpoints``: a `CheckpointPolicy`: periodic, best-k and end-of-run checkpoints
       into one folder, and auto-resume from its newest intact one.
     """
@@ -121,7 +150,8 @@ class TrainerConfig:
     device_options: Mapping[str, Any] = attrs.field(factory=dict)
     stop_signals: tuple[str, ...] = attrs.field(default=DEFAULT_STOP_SIGNALS, converter=tuple,
                                                 validator=lambda _i, _a, v: signal_numbers(v))
-    strategy: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "ddp", "fsdp")))
+    strategy: str = attrs.field(default="auto", validator=_Registered(_strategies))
+    checkpoint_format: str | None = attrs.field(default=None, validator=_optional(_Registered(_formats)))
     checkpoints: CheckpointPolicy | None = attrs.field(
         default=None, validator=_optional(attrs.validators.instance_of(CheckpointPolicy)))
 

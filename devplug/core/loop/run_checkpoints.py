@@ -1,9 +1,11 @@
 """A Trainer's checkpoints over a run: what rides along, saving and loading, resuming, and the policy's saves.
 
 `CheckpointKeeper` holds what the Trainer's ``save``, ``load``, ``resume``, ``checkpoint_now`` and
-``register_for_checkpointing`` do, so the Trainer only delegates: plain checkpoints are rank 0's file
-(`TrainerState`), sharded ones every rank's folder (`sharded_state`); a resume is chosen on rank 0 and
-loaded on every rank; the checkpoint policy (`RunCheckpoints`) says when to save and what to keep.
+``register_for_checkpointing`` do, so the Trainer only delegates. It holds one checkpoint format
+(`devplug.core.checkpoint.format`: a plain file rank 0 writes, a sharded folder every rank writes, or a
+registered one) and loads whatever format a checkpoint is in; a resume is chosen on rank 0 and loaded on
+every rank (together, for a collective format); the checkpoint policy (`RunCheckpoints`) says when to
+save and what to keep.
 """
 
 from __future__ import annotations
@@ -20,12 +22,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from devplug.core.checkpoint import resume as resume_files
+from devplug.core.checkpoint.format import CheckpointFormat, format_of
 from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.checkpoint.resume import Resumed
-from devplug.core.checkpoint.sharded import ShardedWriter
 from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.errors import CheckpointError, ConfigError, NonFiniteLossError
-from devplug.core.loop import sharded_state
 from devplug.core.loop.trainer_state import TrainerState
 from devplug.core.optim.build import optimizers_not_saved
 
@@ -38,22 +39,21 @@ log = logging.getLogger("devplug")
 class CheckpointKeeper:
     """Saves, loads and resumes a Trainer's state, and saves by its checkpoint policy.
 
-    ``sharded``: the run trains under FSDP (every rank writes and reads its shards); ``combiner``: the
+    ``checkpoint_format``: how this run saves (chosen once, by its strategy or the author); ``combiner``: the
     ranks' object collectives (``None`` in one process); ``nonfinite`` is the Trainer's setting for a
     diverged run; ``stepped`` the optimizers the Trainer's ``step`` was given (one a checkpoint would miss is named);
     ``policy_save`` writes the policy's checkpoints (the Trainer's own ``save``, so a subclass's is used).
     """
 
-    def __init__(self, state: TrainerState, runs: RunCheckpoints | None, *, sharded: bool,
+    def __init__(self, state: TrainerState, runs: RunCheckpoints | None, *, checkpoint_format: CheckpointFormat,
                  combiner: RankCombiner | None, is_main: bool, nonfinite: str,
                  stepped: weakref.WeakSet[torch.optim.Optimizer], policy_save: Callable[[Path], Any]) -> None:
         self.state, self.runs, self._stepped, self._policy_save = state, runs, stepped, policy_save
-        self._sharded, self._combiner, self._is_main = sharded, combiner, is_main
+        self.format, self._combiner, self._is_main = checkpoint_format, combiner, is_main
         self._nonfinite = nonfinite
         self.monitor = runs.policy.monitor if runs is not None else None  # trainer.log() hands its values here
         self._monitor_step, self._monitor_value = -1, None  # the first value of monitor logged at that step
         self._monitor_seen = self._monitor_warned = self._saved_in_run = False
-        self.writer = ShardedWriter()
         self.registered: dict[str, Any] = {}
         self.resumed = False
 
@@ -77,6 +77,11 @@ class CheckpointKeeper:
             else:
                 obj.load_state_dict(extra[name])
 
+    @property
+    def writer(self) -> CheckpointFormat:
+        """The format that writes this run's checkpoints (``writer.wait()`` waits for a background save)."""
+        return self.format
+
     # ---- save and load -------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str], extra: dict[str, Any], *, async_save: bool = False) -> str | None:
         """Write a checkpoint with the registered objects and ``extra``; the path, or ``None`` on other ranks."""
@@ -90,14 +95,12 @@ class CheckpointKeeper:
             own = {name: obj if isinstance(obj, torch.Tensor) else obj.state_dict()
                    for name, obj in self.registered.items()}
             extra = {**own, **extra}
-        if self._sharded:
-            return sharded_state.save_sharded(self.state, self.writer, path, extra, async_save=async_save)
-        return self.state.save(path, extra) if self._is_main else None
+        return self.format.save(self.state, Path(path), extra, main=self._is_main, async_save=async_save)
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Restore a plain or sharded checkpoint and the registered objects; its ``extra``."""
-        self.writer.wait()
-        extra = sharded_state.load_any(self.state, path, sharded_run=self._sharded)
+        """Restore a checkpoint of any registered format and the registered objects; its ``extra``."""
+        self.format.wait()
+        extra = format_of(path, self.format).load(self.state, Path(path))
         self._restore_registered(extra)
         return extra
 
@@ -110,8 +113,8 @@ class CheckpointKeeper:
                               "directory=...))) or the checkpoint to resume from: resume(path)")
         self.resumed = True
         source = Path(path) if path is not None else runs.folder  # type: ignore[union-attr]
-        if self._sharded and self._combiner is not None:
-            report, extra = self._choose_sharded(source, explicit=path is not None)
+        if self.format.collective and self._combiner is not None:
+            report, extra = self._choose_together(source, explicit=path is not None)
         else:
             report, extra = self._choose_and_load(source, explicit=path is not None)
         if report is None:
@@ -141,9 +144,9 @@ class CheckpointKeeper:
                 extra = self.load(report["path"])
         return report, extra
 
-    def _choose_sharded(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        # Loading a sharded checkpoint is a collective: rank 0 names the newest complete one (a save is
-        # renamed into place only once every rank has written), and every rank loads that one.
+    def _choose_together(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        # Loading a collective format's checkpoint (a sharded folder) is a collective: rank 0 names the newest
+        # complete one (a save is renamed into place only once every rank has written), and every rank loads it.
         named: tuple[str | None, str] = (None, "")
         skipped: tuple[tuple[Path, str], ...] = ()
         if self._is_main:  # the newest whose files are intact (its manifest checked), damaged ones passed over
@@ -168,8 +171,8 @@ class CheckpointKeeper:
             return None
         due = runs.policy.due(self.state.position.global_step, runs.last_saved_step, runs.last_saved_time,
                               time.monotonic())
-        if self._sharded and self._combiner is not None and runs.policy.every_minutes is not None:
-            due = bool(self._combiner.max(int(due)))  # a sharded save is collective: the ranks' clocks agree
+        if self.format.collective and self._combiner is not None and runs.policy.every_minutes is not None:
+            due = bool(self._combiner.max(int(due)))  # a collective save is collective: the ranks' clocks agree
         return self.save_by_policy() if due else None
 
     def save_by_policy(self) -> str | None:
@@ -181,7 +184,7 @@ class CheckpointKeeper:
         step = self.state.position.global_step
         if step <= runs.last_saved_step or step == 0:
             return None
-        if not self._is_main and not self._sharded:  # a sharded save: every rank writes its shards
+        if not self._is_main and not self.format.collective:  # a collective save: every rank writes its part
             runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
             return None
         score = self._score(step)

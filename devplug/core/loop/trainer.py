@@ -25,6 +25,7 @@ import torch
 
 from devplug.core.checkpoint import rng, runlock
 from devplug.core.checkpoint.compiled import plain_module
+from devplug.core.checkpoint.format import CheckpointFormat, format_named
 from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.checkpoint.resume import Resumed
 from devplug.core.contract import hookspecs as spec
@@ -45,9 +46,9 @@ from devplug.core.data.device_loader import (
     own_loader_choice,
 )
 from devplug.core.data.position import LoopPosition
-from devplug.core.distributed import fsdp
 from devplug.core.distributed.launch import detect_launch, die_with_launcher
 from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
+from devplug.core.distributed.strategy import StrategyContext, build_strategy
 from devplug.core.errors import ConfigError, DataError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.log_once import log_once
@@ -65,7 +66,6 @@ from devplug.core.observe.reporter import Reporter
 from devplug.core.observe.summary import RunSummary
 from devplug.core.observe.tensorboard import evaluation_name
 from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
-from devplug.core.optim.torch_optimizers import sharded_torch_optimizer
 from devplug.core.registry.bounded import call_with_limit
 from devplug.core.registry.devices import DeviceRegistry
 from devplug.core.registry.manager import FALLBACK_NAME, DevplugPluginManager, get_plugin_manager
@@ -121,12 +121,11 @@ class Trainer:
                                "devplug_precision", before=current_index_carrier(self.device.torch_device.type))
         assert plan is not None  # the core fallback always answers
         self.precision: PrecisionPlan = plan
-        self.strategy = fsdp.resolve_strategy(self._config.strategy, self._launch)
-        self.sharding: ShardingPlan | None = None
-        if self.strategy == "fsdp":
-            self.sharding = fsdp.require_plan(self._hooks(spec.devplug_sharding, precision=plan.name), self.device)
-            if not self._launch.distributed:
-                fsdp.join_single_process(self._hooks(spec.devplug_collective_setup, launch=self._launch), self.device)
+        self._strategy = build_strategy(self._config.strategy, StrategyContext(
+            hooks=self._hooks, device=self.device, launch=self._launch, collective=self._collective,
+            ddp_overrides=self._config.ddp_overrides(), precision=plan.name))
+        self.strategy: str = self._strategy.name
+        self.sharding: ShardingPlan | None = self._strategy.sharding
         self._modules: dict[str, torch.nn.Module] = {}
         self._optimizers: dict[str, OptimizerChoice] = {}
         self._stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # what step() was given
@@ -162,10 +161,23 @@ class Trainer:
         self._route = StepRoute(self._hooks, self.profiler, FALLBACK_NAME)
         policy = self._config.checkpoints
         self._keeper = CheckpointKeeper(
-            self._state, RunCheckpoints(policy) if policy is not None else None, sharded=self.sharding is not None,
+            self._state, RunCheckpoints(policy) if policy is not None else None,
+            checkpoint_format=self._checkpoint_format(),
             combiner=self._combiner, is_main=self.is_main_process, nonfinite=self._config.nonfinite,
             stepped=self._stepped, policy_save=lambda path: self.save(path))
         self._monitor = self._keeper.monitor  # log() hands the policy's monitored value to the keeper
+
+    def _checkpoint_format(self) -> CheckpointFormat:
+        # the author's choice, else the strategy's; a strategy whose own format every rank writes (sharded
+        # parameters) cannot save in one that rank 0 writes alone
+        own = format_named(self._strategy.checkpoint_format)
+        if self._config.checkpoint_format is None or self._config.checkpoint_format == own.name:
+            return own
+        chosen = format_named(self._config.checkpoint_format)
+        if own.collective and not chosen.collective:
+            raise ConfigError(f"checkpoint_format={chosen.name!r} is written by rank 0 alone and cannot hold "
+                              f"strategy={self.strategy!r}'s sharded state; leave checkpoint_format unset")
+        return chosen
 
     def _peak(self) -> PeakFlops | None:
         # the author's figure, else the device plugin's (checked: an unusable figure never reaches MFU)
@@ -285,18 +297,11 @@ class Trainer:
             from devplug.core.loop.recompute import apply_activation_checkpointing
 
             apply_activation_checkpointing(module, activation_checkpointing)
-        if self.sharding is not None:  # sharded in place, before compiling, as torch's FSDP expects
-            fsdp.shard_module(module, self.sharding, self.device, shard)
-        elif shard is not None:
-            raise ConfigError(f"setup(shard=...) needs Trainer(strategy='fsdp'); this trainer's is {self.strategy!r}")
+        module = self._strategy.prepare(module, shard)  # FSDP shards in place here, before compiling
         if self._config.compile:
             compiled = self._hooks(spec.devplug_compile, module=module, options=dict(self._config.compile_options))
             module = compiled if compiled is not None else module
-        if self._launch.distributed and self.sharding is None:
-            from devplug.core.distributed.ddp import wrap_ddp
-
-            module = wrap_ddp(module, self._collective, self._config.ddp_overrides())
-        return module
+        return self._strategy.wrap(module)
 
     def optimizer(self, algorithm: str | type[torch.optim.Optimizer], params: Iterable[Any], *,
                   name: str | None = None, **options: Any) -> torch.optim.Optimizer:
@@ -308,10 +313,8 @@ class Trainer:
         params = list(params)
         algo, own_class = algorithm_name(algorithm)
         key = optimizer_key(params, self._modules, self._optimizers, algo, name)
-        plan = self.sharding
-        ask = (lambda: self._hooks(spec.devplug_optimizer, name=algo, params=params, options=dict(options))) \
-            if plan is None else (lambda: sharded_torch_optimizer(algo, params, dict(options), plan.optimizer_kernel,
-                                                                  plan.optimizer_reason))
+        ask = self._strategy.optimizer_request(algo, params, options, lambda: self._hooks(
+            spec.devplug_optimizer, name=algo, params=params, options=dict(options)))
         choice = build_choice(algo, own_class, params, options, ask, str(self.device))
         self._optimizers[key] = choice
         self._reporter.log_run(self.global_step, tags={f"optimizer/{key}": choice.implementation})
@@ -375,7 +378,7 @@ class Trainer:
         # The training data failed between steps: save the last finished step first (the policy's checkpoint;
         # not under FSDP, where a save is a collective the other ranks may not reach), then stop in one line.
         step, saved = self._position.global_step, None
-        if self._keeper.runs is not None and self.sharding is None and self._position.window_closed():
+        if self._keeper.runs is not None and not self._keeper.format.collective and self._position.window_closed():
             try:
                 saved = self._keeper.save_by_policy()
             except Exception as save_exc:  # a full disk too: the data's failure is the one to report
@@ -482,8 +485,8 @@ class Trainer:
             return None
         self._unscale(optimizer)
         parameters = parameters_with_grad(optimizer)
-        return fsdp.local_tensor(self._hooks(spec.devplug_clip_grad_norm, parameters=parameters,
-                                             max_norm=float(max_norm), norm_type=float(norm_type)))
+        return self._strategy.clip_grad_norm(lambda: self._hooks(
+            spec.devplug_clip_grad_norm, parameters=parameters, max_norm=float(max_norm), norm_type=float(norm_type)))
 
     def clip_grad_value(self, optimizer: torch.optim.Optimizer, clip_value: float) -> bool:
         """Clamp ``optimizer``'s gradients to ``[-clip_value, clip_value]`` (after unscaling); True if it clipped.
@@ -500,12 +503,7 @@ class Trainer:
     def no_sync(self, module: torch.nn.Module) -> Iterator[None]:
         """Skip DDP's all-reduce (FSDP's reduce-scatter) of gradients inside; a no-op without them (prefer
         `accumulate`)."""
-        sync_off = getattr(module, "no_sync", None)
-        if callable(sync_off):
-            context = sync_off()
-        else:
-            context = fsdp.gradient_sync_off(module) if fsdp.is_sharded(module) else contextlib.nullcontext()
-        with context:
+        with self._strategy.no_sync(module):
             yield
 
     @contextlib.contextmanager
@@ -791,8 +789,8 @@ class Trainer:
         reasons.update({f"optimizer/{key}": c.reason for key, c in self._optimizers.items() if c.reason})
         reasons.update({f"loader/{i}": loader.choice.reason for i, loader in enumerate(self._loaders)
                         if loader.choice.reason})
-        if self.sharding is not None and self.sharding.reason:
-            reasons["sharding"] = self.sharding.reason
+        if self._strategy.reason:
+            reasons["sharding"] = self._strategy.reason
         return reasons
 
     # ---- checkpoints -----------------------------------------------------------------------------------

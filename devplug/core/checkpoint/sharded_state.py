@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,11 +25,11 @@ import torch.distributed as dist
 from devplug.core.checkpoint import file as ckpt
 from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.finite import nonfinite
+from devplug.core.checkpoint.format import TrainingRun
 from devplug.core.checkpoint.sharded import ShardedWriter, load_tensors, read_state
 from devplug.core.checkpoint.validate import check_loaded_optimizers
 from devplug.core.contract.records import OptimizerChoice
 from devplug.core.errors import CheckpointError, NonFiniteLossError
-from devplug.core.loop.trainer_state import TrainerState
 from devplug.core.optim.canonical import CANONICAL, canonical_class, import_state, state_problems
 
 
@@ -40,7 +39,7 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(**kwargs)
 
 
-def optimizer_owners(ts: TrainerState) -> dict[str, str]:
+def optimizer_owners(ts: TrainingRun) -> dict[str, str]:
     """For each optimizer, the set-up module holding all its parameters (a sharded state is keyed by name)."""
     owners = {}
     for key, choice in ts.optimizers.items():
@@ -53,7 +52,7 @@ def optimizer_owners(ts: TrainerState) -> dict[str, str]:
     return owners
 
 
-def _tensors(ts: TrainerState, owners: Mapping[str, str],
+def _tensors(ts: TrainingRun, owners: Mapping[str, str],
              readers: Mapping[str, torch.optim.Optimizer] | None = None) -> dict[str, Any]:
     """The DCP state of every module and optimizer (``readers`` stand in for optimizers of another layout)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -74,7 +73,7 @@ def torch_reader(choice: OptimizerChoice) -> torch.optim.Optimizer | None:
     return build([{"params": group["params"]} for group in choice.optimizer.param_groups])
 
 
-def _converted(ts: TrainerState, readers: Mapping[str, torch.optim.Optimizer], owners: Mapping[str, str],
+def _converted(ts: TrainingRun, readers: Mapping[str, torch.optim.Optimizer], owners: Mapping[str, str],
                loaded: Mapping[str, Any], path: Any) -> dict[str, dict[str, Any]]:
     """The loaded torch-layout states of ``readers`` converted for the run's own optimizers (checked, not applied)."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
@@ -94,7 +93,7 @@ def _converted(ts: TrainerState, readers: Mapping[str, torch.optim.Optimizer], o
 
 
 @contextlib.contextmanager
-def _gradients_aside(ts: TrainerState) -> Iterator[None]:
+def _gradients_aside(ts: TrainingRun) -> Iterator[None]:
     """The optimizers' parameters without gradients inside, as they were after.
 
     torch's state-dict helpers create the state of an optimizer that has not stepped yet (which a load
@@ -117,7 +116,7 @@ def _local(value: Any) -> torch.Tensor:
     return to_local() if callable(to_local) else value
 
 
-def refuse_nonfinite(ts: TrainerState, path: Any) -> None:
+def refuse_nonfinite(ts: TrainingRun, path: Any) -> None:
     """Raise `NonFiniteLossError` on every rank when any rank's shards hold NaN or infinity."""
     bad = nonfinite((name, _local(t)) for name, t in ts.named_tensors())
     flag = torch.tensor([1 if bad else 0])
@@ -131,7 +130,7 @@ def refuse_nonfinite(ts: TrainerState, path: Any) -> None:
                                  "rate or gradient clipping")
 
 
-def save_sharded(ts: TrainerState, writer: ShardedWriter, path: str | os.PathLike[str], extra: Mapping[str, Any],
+def save_sharded(ts: TrainingRun, writer: ShardedWriter, path: str | os.PathLike[str], extra: Mapping[str, Any],
                  *, async_save: bool = False) -> str:
     """Write a sharded checkpoint folder (a collective: every rank calls it); the path written."""
     refuse_nonfinite(ts, path)
@@ -143,7 +142,7 @@ def save_sharded(ts: TrainerState, writer: ShardedWriter, path: str | os.PathLik
     return str(writer.save(path, _tensors(ts, owners), state, async_save=async_save))
 
 
-def load_sharded(ts: TrainerState, path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> dict[str, Any]:
     """Restore a sharded checkpoint folder into this run, whatever its world size and strategy; ``extra``."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
@@ -177,7 +176,7 @@ def load_sharded(ts: TrainerState, path: str | os.PathLike[str]) -> dict[str, An
     return ts.continue_from(state, points)
 
 
-def load_plain_into_sharded(ts: TrainerState, path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_plain_into_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> dict[str, Any]:
     """Restore a plain checkpoint file (one process or DDP) into sharded modules and optimizers; ``extra``."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
@@ -225,17 +224,7 @@ def by_name(module: torch.nn.Module, optimizer: torch.optim.Optimizer, native: M
     return {"state": state, "param_groups": groups}
 
 
-def _restore_rest(ts: TrainerState, state: Mapping[str, Any]) -> None:
+def _restore_rest(ts: TrainingRun, state: Mapping[str, Any]) -> None:
     if ts.scaler is not None and state["scaler"]:
         ts.scaler.load_state_dict(state["scaler"])
     rng.restore_rng_state(state["rng"], ts.device_rng())
-
-
-def load_any(ts: TrainerState, path: str | os.PathLike[str], sharded_run: bool) -> dict[str, Any]:
-    """Restore ``path`` (a sharded folder or a plain file) into this run; the author's ``extra`` state."""
-    if Path(path).is_dir():
-        return load_sharded(ts, path)
-    if sharded_run:
-        return load_plain_into_sharded(ts, path)
-    return ts.load(path)
-
