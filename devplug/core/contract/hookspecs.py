@@ -57,6 +57,7 @@ from devplug.core.contract.records import (
     Phase,
     PrecisionPlan,
     ShardingPlan,
+    StepMarks,
 )
 
 PROJECT = "devplug"
@@ -215,6 +216,21 @@ def devplug_mark_step(device: Device, phase: Phase) -> None:
     step (``Phase.OPTIMIZER_STEP``). A lazy-mode device flushes its accumulated graph here (Gaudi:
     ``htcore.mark_step()``); eager devices do nothing. Must not synchronize with the host. Returns nothing. Not
     first-result: every implementation runs (so a neutral plugin can count steps).
+    """
+
+
+@hookspec
+def devplug_step_marks(device: Device) -> StepMarks | None:
+    """State whether this plugin marks regions and step boundaries on ``device`` with its options.
+
+    Called once per Trainer (contract 1.6), on every plugin that implements it, before the first step.
+    Return a `StepMarks`: ``regions=False`` when this plugin's ``devplug_region`` marks nothing for
+    this device and its options (e.g. profiling ranges that are off), ``steps=False`` when its
+    ``devplug_mark_step`` does nothing (an eager device). The Trainer then leaves the hook out of every step;
+    what is marked by no plugin costs nothing per step. Returning ``None``, or not implementing this hook,
+    means "both are marked" for the hooks the plugin implements (they are called every step, as before
+    contract 1.6). Must not depend on anything that changes during a run. Not first-result: each plugin
+    answers for itself.
     """
 
 

@@ -22,7 +22,7 @@ from devplug.core.precision.registry import choices
 #: Version of the hook contract (not of the devplug package; see docs/plugins.md "Contract versions").
 #: A plugin declares what it needs with ``DEVPLUG_CONTRACT``: ``"1.1"`` (that minor or newer, same major)
 #: or a range such as ``">=1.0,<3"``; a plugin this devplug cannot serve is reported and skipped.
-CONTRACT_VERSION = "1.5"
+CONTRACT_VERSION = "1.6"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -206,6 +206,20 @@ class Phase(str, enum.Enum):
 
     BACKWARD = "backward"
     OPTIMIZER_STEP = "optimizer_step"
+
+
+@attrs.frozen
+class StepMarks:
+    """What one plugin marks in the training step on one device with its options (contract 1.6).
+
+    Returned by ``devplug_step_marks``, asked once per Trainer. ``regions``: whether the plugin's
+    ``devplug_region`` marks anything (False: it only returns ``None`` or a context that does nothing);
+    ``steps``: whether its ``devplug_mark_step`` does anything. What no plugin marks is left out of every step,
+    so a plugin that marks nothing at run time costs nothing per step.
+    """
+
+    regions: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    steps: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
 
 #: Precision names understood by devplug, in the conventions PyTorch users already know.

@@ -45,7 +45,7 @@ from devplug.toolkit import (
 
 #: The hook contract this plugin was written for (``devplug.CONTRACT_VERSION`` when it was written).
 #: devplug skips, with a clear message, a plugin written for a newer contract or another major version.
-DEVPLUG_CONTRACT = "1.5"
+DEVPLUG_CONTRACT = "1.6"
 
 NAME = "cpusim"
 #: Setting this variable makes the device report itself unavailable (to see a probe's reason in action).
@@ -168,6 +168,17 @@ def devplug_mark_step(device: devplug.Device, phase: devplug.Phase) -> None:
     The simulator executes eagerly, so it only counts. Never synchronize with the host here.
     """
     MARKED[phase.value] += 1
+
+
+@devplug.hookimpl
+def devplug_step_marks(device: devplug.Device) -> devplug.StepMarks:
+    """What the two hooks above mark, stated once per Trainer: the step leaves out a hook that marks nothing.
+
+    Both mark here (profiler ranges, step counts). A real eager device that marks no step says
+    ``steps=False`` (and a region that only marks while profiling says ``regions=bool(...)``), so its step
+    calls neither hook.
+    """
+    return devplug.StepMarks(regions=True, steps=True)
 
 
 @devplug.hookimpl
