@@ -99,6 +99,7 @@ from devplug.core.fallback.precision import autocast_plan, precision_plan, torch
 from devplug.core.fallback.sharding import torch_sharding_plan
 from devplug.core.log_once import forget_logged, log_once
 from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops
+from devplug.core.observe.host_memory import available_host_memory, check_model_fits, human_bytes
 from devplug.core.observe.peak_cache import cache_dir
 from devplug.core.optim.conversion import (
     bias_corrected_to_canonical,
@@ -153,10 +154,12 @@ __all__ = [
     "StrategyContext",
     "autocast_plan",
     "available_cpus",
+    "available_host_memory",
     "bias_corrected_to_canonical",
     "builtin_plugin",
     "cache_dir",
     "cached_matmul_flops",
+    "check_model_fits",
     "collective_backend",
     "consolidate_checkpoint",
     "current_accelerator_type",
@@ -169,6 +172,7 @@ __all__ = [
     "fastest_torch_optimizer",
     "find_precision",
     "forget_logged",
+    "human_bytes",
     "image_transform",
     "list_images",
     "load_rgb",
