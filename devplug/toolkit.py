@@ -3,7 +3,12 @@
 A device plugin usually differs from plain PyTorch in a few places; these let it reuse the rest:
 
 - `move_to`, `map_tensors` — move modules, tensors and nested batches;
-- `autocast_plan` — a precision plan from ``torch.autocast`` and ``torch.amp.GradScaler``;
+- `precision_plan` — a registered precision's plan, parameterised by the device (scaler, autocast or
+  a module conversion, notes for the summary); `autocast_plan` — its short form;
+  `precision_named` / `find_precision` / `precision_names` — a registered `Precision` (its compute dtype,
+  whether it needs a grad scaler and why, the dtype FSDP gathers in; ``find_precision`` gives ``None``
+  for an unregistered name) and the registered names (``"auto"`` aside); `Precision`, `AutocastPrecision`,
+  `PrecisionParams` and `register_precision` / `unregister_precision` — a plugin's own precision;
 - `TORCH_OPTIMIZERS`, `torch_optimizer_class`, `torch_optimizer_defaults` — standard
   optimizer names, their torch classes and defaults, to map an author's options faithfully onto a
   vendor optimizer;
@@ -90,7 +95,7 @@ from devplug.core.fallback.accelerator import (
     select_device,
     synchronize,
 )
-from devplug.core.fallback.precision import autocast_plan, torch_precision_plan
+from devplug.core.fallback.precision import autocast_plan, precision_plan, torch_precision_plan
 from devplug.core.fallback.sharding import torch_sharding_plan
 from devplug.core.log_once import forget_logged, log_once
 from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops
@@ -111,6 +116,13 @@ from devplug.core.optim.torch_optimizers import (
     torch_optimizer_class,
     torch_optimizer_defaults,
 )
+from devplug.core.precision.autocast import AutocastPrecision
+from devplug.core.precision.base import Precision, PrecisionParams
+from devplug.core.precision.registry import find as find_precision
+from devplug.core.precision.registry import get as precision_named
+from devplug.core.precision.registry import names as precision_names
+from devplug.core.precision.registry import register as register_precision
+from devplug.core.precision.registry import unregister as unregister_precision
 from devplug.core.registry.bounded import time_limit as probe_time_limit
 from devplug.core.registry.environment import environment_changes
 from devplug.core.registry.manager import BUILTIN_PLUGINS
@@ -132,9 +144,12 @@ def builtin_plugin(name: str) -> ModuleType:
 __all__ = [
     "IMAGE_EXTENSIONS",
     "TORCH_OPTIMIZERS",
+    "AutocastPrecision",
     "CheckpointFormat",
     "EvaluationSampler",
     "ImageFolderDataset",
+    "Precision",
+    "PrecisionParams",
     "Strategy",
     "StrategyContext",
     "autocast_plan",
@@ -155,6 +170,7 @@ __all__ = [
     "environment_changes",
     "evaluation_shard",
     "fastest_torch_optimizer",
+    "find_precision",
     "forget_logged",
     "human_bytes",
     "image_transform",
@@ -170,10 +186,14 @@ __all__ = [
     "move_to",
     "native_bf16",
     "native_groups",
+    "precision_named",
+    "precision_names",
+    "precision_plan",
     "printable",
     "probe_time_limit",
     "process_memory_stats",
     "register_checkpoint_format",
+    "register_precision",
     "register_strategy",
     "remove_stale_temp_files",
     "select_device",
@@ -187,5 +207,6 @@ __all__ = [
     "torch_precision_plan",
     "torch_sharding_plan",
     "tune_loader",
+    "unregister_precision",
     "write_atomically",
 ]

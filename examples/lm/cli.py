@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 
 from devplug import CheckpointPolicy, ConfigError, ConfigParser, Flag, TrainerConfig
+from devplug.toolkit import precision_names
 
 from .models import ModelSpec
 
@@ -48,7 +49,7 @@ def build_parser() -> ConfigParser:
     parser.bind(TrainerConfig, [
         Flag("device", help="device to train on: auto, cpu, cuda, hpu, NAME:INDEX, or any plugin's device "
                             "(default: $DEVPLUG_DEVICE, else auto = the best available; see `devplug devices`)"),
-        Flag("precision", help="auto (the device plugin's best), 32-true, 16-mixed, bf16-mixed, or a name the "
+        Flag("precision", help=f"auto (the device plugin's best), {', '.join(precision_names())}, or a name the "
                                "device plugin knows (default: auto)"),
         Flag("strategy", choices=("auto", "ddp", "fsdp", "tp", "fsdp+tp"),
              help="auto: DDP when launched with more than one process, else one plain process; ddp; fsdp: shard "

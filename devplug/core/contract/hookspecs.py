@@ -127,15 +127,17 @@ def devplug_optimizer(
 
 @hookspec(firstresult=True)
 def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
-    """Plan mixed precision for ``precision`` (one of ``PRECISIONS``) on ``device``.
+    """Plan mixed precision for ``precision`` (``"auto"``, a registered precision, or the plugin's own) on ``device``.
 
     Called once per Trainer. ``"auto"`` must be resolved to the best setting the device supports.
     Return a `PrecisionPlan` (autocast context factory, grad scaler or ``None``, optional module
     conversion and optimizer-step context; a ``"16-mixed"`` plan has a grad scaler or says in
-    ``no_scaler_reason`` why it needs none), or raise ``devplug.PrecisionError`` when the device
-    cannot run the setting. ``None`` defers to the next plugin. Must return promptly: the call runs in a
-    worker thread under the time limit (``DEVPLUG_PROBE_TIMEOUT``), and a plan that takes longer fails the
-    Trainer with a ``PluginError`` naming the plugin. First-result.
+    ``no_scaler_reason`` why it needs none), built for a registered precision with
+    ``devplug.toolkit.precision_plan`` and the device's parameters rather than restated, or raise
+    ``devplug.PrecisionError`` when the device cannot run the setting. ``None`` defers to the next
+    plugin. Must return promptly: the call runs in a worker thread under the time limit
+    (``DEVPLUG_PROBE_TIMEOUT``), and a plan that takes longer fails the Trainer with a ``PluginError``
+    naming the plugin. First-result.
     """
 
 
