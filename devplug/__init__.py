@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         OptimizerChoice,
         PeakFlops,
         Phase,
+        CompilePlan,
         PrecisionPlan,
         ShardingPlan,
     )
@@ -107,6 +108,7 @@ _WHERE: dict[str, str] = {
     "Phase": "devplug.core.contract.records",
     "PluginError": "devplug.core.errors",
     "PrecisionError": "devplug.core.errors",
+    "CompilePlan": "devplug.core.contract.records",
     "PrecisionPlan": "devplug.core.contract.records",
     "reset_plugin_manager": "devplug.core.registry.manager",
     "Resumed": "devplug.core.checkpoint.resume",
@@ -179,6 +181,7 @@ __all__ = [
     "Phase",
     "PluginError",
     "PrecisionError",
+    "CompilePlan",
     "PrecisionPlan",
     "Resumed",
     "RunFolder",

@@ -19,7 +19,7 @@ import torch
 #: Version of the hook contract (not of the devplug package; see docs/plugins.md "Contract versions").
 #: A plugin declares what it needs with ``DEVPLUG_CONTRACT``: ``"1.1"`` (that minor or newer, same major)
 #: or a range such as ``">=1.0,<3"``; a plugin this devplug cannot serve is reported and skipped.
-CONTRACT_VERSION = "1.5"
+CONTRACT_VERSION = "1.6"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -249,6 +249,31 @@ class PrecisionPlan:
                 f"a {FLOAT16_PRECISION!r} PrecisionPlan (float16 autocast) has no grad scaler, so small gradients "
                 "underflow to zero: give it scaler=torch.amp.GradScaler(...), or no_scaler_reason='why none is "
                 "needed'")
+
+
+@attrs.frozen
+class CompilePlan:
+    """How a device compiles a model (contract 1.6): the ``torch.compile`` backend and options, or none.
+
+    - ``backend``: the ``torch.compile`` backend name (``"inductor"``, ``"hpu_backend"``), or ``None`` when the
+      device should not be compiled (say why in ``reason``).
+    - ``options``: further keyword arguments for ``torch.compile`` (``mode``, ``dynamic``, ``options``, ...);
+      the author's ``compile_options`` are laid over them.
+    - ``reason``: why this backend (or why none), in a few words, for the run summary.
+
+    The Trainer applies the plan per block (``nn.Module.compile`` on each block in place), so parameter
+    names and checkpoints are those of the uncompiled model.
+    """
+
+    backend: str | None = attrs.field(validator=attrs.validators.optional(attrs.validators.instance_of(str)))
+    options: dict[str, Any] = attrs.field(factory=dict, converter=dict)
+    reason: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+
+    def __attrs_post_init__(self) -> None:
+        if self.backend is not None and not self.backend.strip():
+            raise ValueError("a CompilePlan's backend is a torch.compile backend name, or None for no compile")
+        if self.backend is None and not self.reason.strip():
+            raise ValueError("a CompilePlan without a backend must say in reason why the device is not compiled")
 
 
 #: The optimizer kernels a ShardingPlan may allow over sharded (DTensor) parameters, as torch.optim options.
