@@ -4,6 +4,8 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
 
 - `move_to`, `map_tensors` — move modules, tensors and nested batches;
 - `autocast_plan` — a precision plan from ``torch.autocast`` and ``torch.amp.GradScaler``;
+- `fp8_plan`, `float8_conversion`, `pays_off`, `fp8_unavailable`, `FP8_HARDWARE` — the ``"fp8-mixed"`` plan
+  (torchao's float8 training, a recipe, emulation, which layers pay) and the refusal naming fp8 hardware;
 - `TORCH_OPTIMIZERS`, `torch_optimizer_class`, `torch_optimizer_defaults` — standard
   optimizer names, their torch classes and defaults, to map an author's options faithfully onto a
   vendor optimizer;
@@ -110,6 +112,7 @@ from devplug.core.optim.torch_optimizers import (
     torch_optimizer_class,
     torch_optimizer_defaults,
 )
+from devplug.core.precision.fp8_mixed import FP8_HARDWARE, float8_conversion, fp8_plan, fp8_unavailable, pays_off
 from devplug.core.registry.bounded import time_limit as probe_time_limit
 from devplug.core.registry.environment import environment_changes
 from devplug.core.registry.manager import BUILTIN_PLUGINS
@@ -129,6 +132,7 @@ def builtin_plugin(name: str) -> ModuleType:
 
 
 __all__ = [
+    "FP8_HARDWARE",
     "IMAGE_EXTENSIONS",
     "TORCH_OPTIMIZERS",
     "CheckpointFormat",
@@ -152,7 +156,10 @@ __all__ = [
     "environment_changes",
     "evaluation_shard",
     "fastest_torch_optimizer",
+    "float8_conversion",
     "forget_logged",
+    "fp8_plan",
+    "fp8_unavailable",
     "image_transform",
     "list_images",
     "load_rgb",
@@ -166,6 +173,7 @@ __all__ = [
     "move_to",
     "native_bf16",
     "native_groups",
+    "pays_off",
     "printable",
     "probe_time_limit",
     "process_memory_stats",

@@ -44,6 +44,7 @@ import torch
 
 from devplug.core.contract.records import (
     CollectiveSetup,
+    CompilePlan,
     Device,
     DeviceSpec,
     DoctorReport,
@@ -55,7 +56,6 @@ from devplug.core.contract.records import (
     OptimizerChoice,
     PeakFlops,
     Phase,
-    CompilePlan,
     PrecisionPlan,
     ShardingPlan,
 )

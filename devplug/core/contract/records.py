@@ -210,7 +210,7 @@ class Phase(str, enum.Enum):
 
 
 #: Precision names understood by devplug, in the conventions PyTorch users already know.
-PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed")
+PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "fp8-mixed")
 #: The precision setting that computes in float16: its plans need a grad scaler (see PrecisionPlan).
 FLOAT16_PRECISION = "16-mixed"
 

@@ -17,8 +17,8 @@ import torch
 
 from devplug.core.contract.hookimpl import hookimpl
 from devplug.core.contract.records import (
-    CompilePlan,
     CollectiveSetup,
+    CompilePlan,
     Device,
     DoctorReport,
     LaunchInfo,

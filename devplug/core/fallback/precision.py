@@ -11,6 +11,8 @@ import torch
 from devplug.core.contract.records import Device, PrecisionPlan
 from devplug.core.errors import PrecisionError
 from devplug.core.fallback import accelerator
+from devplug.core.precision.fp8_mixed import NAME as FP8
+from devplug.core.precision.fp8_mixed import fp8_unavailable
 
 
 def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None,
@@ -23,6 +25,8 @@ def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None,
     kind = device.torch_device.type
     if precision == "32-true":
         return PrecisionPlan(name="32-true", description="full fp32")
+    if precision == FP8:
+        raise fp8_unavailable(f"device type {kind!r}")
     if precision not in ("16-mixed", "bf16-mixed"):
         raise PrecisionError(f"precision {precision!r} is not one of 32-true, 16-mixed, bf16-mixed, auto")
     dtype = torch.float16 if precision == "16-mixed" else torch.bfloat16

@@ -67,7 +67,7 @@ def optimizer_builder(label: HookLabel, arguments: Mapping[str, Any], answer: An
 
 
 #: The autocast dtype each mixed precision runs; ``32-true`` runs none.
-_AUTOCAST_DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+_AUTOCAST_DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16, "fp8-mixed": torch.bfloat16}
 
 
 def _autocast_dtype(plan: PrecisionPlan, device_type: str | None) -> torch.dtype | None:

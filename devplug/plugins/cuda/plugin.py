@@ -22,9 +22,9 @@ import attrs
 import torch
 
 from devplug import (
-    CompilePlan,
     CONTRACT_VERSION,
     CollectiveSetup,
+    CompilePlan,
     Device,
     DeviceSpec,
     DevplugError,

@@ -7,9 +7,9 @@ from typing import Any
 import torch
 
 from devplug import (
-    CompilePlan,
     CONTRACT_VERSION,
     CollectiveSetup,
+    CompilePlan,
     Device,
     DeviceSpec,
     DoctorReport,

@@ -119,6 +119,12 @@ def hmp_plan(settings: HmpSettings) -> PrecisionPlan:
 def plan_precision(device: Device, precision: str) -> PrecisionPlan:
     """The precision plan for ``precision`` on a Gaudi device (see the module docstring)."""
     hmp_option = device.options.get("hmp")
+    if precision == "fp8-mixed":
+        # Intel's fp8 training path is the Gaudi Transformer Engine: te.Linear modules inside te.fp8_autocast
+        # with a DelayedScaling recipe (https://docs.habana.ai/en/latest/PyTorch/PyTorch_FP8_Training/index.html).
+        raise PrecisionError(
+            "precision='fp8-mixed' on Gaudi trains through the Intel Gaudi Transformer Engine (te.Linear inside "
+            "te.fp8_autocast), which this devplug does not drive yet: use precision='bf16-mixed' (or 'auto')")
     if precision == "16-mixed":
         raise PrecisionError(
             "precision='16-mixed' (fp16 with a grad scaler) is a GPU recipe; Gaudi trains in bf16, which needs "
