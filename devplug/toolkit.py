@@ -4,7 +4,7 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
 
 - `move_to`, `map_tensors` — move modules, tensors and nested batches;
 - `autocast_plan` — a precision plan from ``torch.autocast`` and ``torch.amp.GradScaler``;
-- `fp8_plan`, `float8_conversion`, `pays_off`, `fp8_unavailable`, `FP8_HARDWARE` — the ``"fp8-mixed"`` plan
+- `fp8_plan`, `float8_conversion`, `pays_off`, `fp8_unavailable` — the ``"fp8-mixed"`` plan
   (torchao's float8 training, a recipe, emulation, which layers pay) and the refusal naming fp8 hardware;
 - `TORCH_OPTIMIZERS`, `torch_optimizer_class`, `torch_optimizer_defaults` — standard
   optimizer names, their torch classes and defaults, to map an author's options faithfully onto a
@@ -92,7 +92,7 @@ from devplug.core.fallback.accelerator import (
     select_device,
     synchronize,
 )
-from devplug.core.fallback.precision import autocast_plan, torch_precision_plan
+from devplug.core.fallback.precision import autocast_plan, fp8_plan, torch_precision_plan
 from devplug.core.fallback.sharding import torch_sharding_plan
 from devplug.core.log_once import forget_logged, log_once
 from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops
@@ -112,7 +112,7 @@ from devplug.core.optim.torch_optimizers import (
     torch_optimizer_class,
     torch_optimizer_defaults,
 )
-from devplug.core.precision.fp8_mixed import FP8_HARDWARE, float8_conversion, fp8_plan, fp8_unavailable, pays_off
+from devplug.core.precision.fp8_mixed import float8_conversion, fp8_unavailable, pays_off
 from devplug.core.registry.bounded import time_limit as probe_time_limit
 from devplug.core.registry.environment import environment_changes
 from devplug.core.registry.manager import BUILTIN_PLUGINS
@@ -132,7 +132,6 @@ def builtin_plugin(name: str) -> ModuleType:
 
 
 __all__ = [
-    "FP8_HARDWARE",
     "IMAGE_EXTENSIONS",
     "TORCH_OPTIMIZERS",
     "CheckpointFormat",

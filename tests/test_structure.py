@@ -85,7 +85,8 @@ def test_the_lint_rule_allows_the_public_api_and_the_core_itself():
 
 
 #: The core's feature packages, lowest first: a package imports only from the packages before it (and the leaves).
-CORE_LAYERS = ("contract", "data", "optim", "fallback", "registry", "checkpoint", "observe", "distributed", "loop")
+CORE_LAYERS = ("precision", "contract", "data", "optim", "fallback", "registry", "checkpoint", "observe", "distributed",
+               "loop")
 #: The small modules at the core's root that every feature package may use; they import none of the packages.
 CORE_LEAVES = {"errors", "validators", "tree", "log_once"}
 

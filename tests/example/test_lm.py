@@ -59,6 +59,7 @@ def test_a_tiny_run_learns_and_reports_held_out_perplexity(tmp_path, capsys):
     (["--width", "30", "--heads", "4"], "--width 30 is not a multiple of --heads 4"),
     (["--min-lr", "1", "--lr", "0.1"], "--min-lr 1 is above --lr 0.1"),
     (["--resume", "/nonexistent/ckpt"], "checkpoint '/nonexistent/ckpt' does not exist"),
+    (["--precision", "fp8-mixed"], "precision 'fp8-mixed' needs fp8 matrix units, which this CPU lacks"),
 ])
 def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, expected):
     try:

@@ -152,7 +152,7 @@ def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, 
 
 @hookspec(firstresult=True)
 def devplug_compile_plan(device: Device) -> CompilePlan | None:
-    """Say how ``device`` compiles a model: a `CompilePlan` (``torch.compile`` backend and options, or none).
+    """Return how ``device`` compiles a model: a `CompilePlan` (``torch.compile`` backend and options, or none).
 
     Called once by ``Trainer.setup`` when compilation is enabled (``Trainer(compile=True)``), before the
     first module is compiled. The Trainer, not the plugin, applies the plan: per block under FSDP (each

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 import torch
 
@@ -13,6 +15,9 @@ from devplug.core.errors import PrecisionError
 from devplug.core.fallback import accelerator
 from devplug.core.precision.fp8_mixed import NAME as FP8
 from devplug.core.precision.fp8_mixed import fp8_unavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None,
@@ -61,3 +66,10 @@ def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:
         chosen = "bf16-mixed" if bf16 else "32-true"
     plan = autocast_plan(device, chosen)
     return attrs.evolve(plan, description=f"{plan.description} (auto: {why})")
+
+
+def fp8_plan(device_type: str, convert: Callable[[torch.nn.Module], torch.nn.Module],
+             description: str) -> PrecisionPlan:
+    """The ``"fp8-mixed"`` plan: ``convert`` applied to each module, the rest of the model in bfloat16 autocast."""
+    return PrecisionPlan(name=FP8, autocast=lambda: torch.autocast(device_type=device_type, dtype=torch.bfloat16),
+                         convert_module=convert, description=description)

@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from devplug.core.contract.records import PrecisionPlan
 from devplug.core.errors import PrecisionError
 
 NAME = "fp8-mixed"
@@ -90,13 +89,6 @@ def _replace(config: object, **changes: object) -> object:
     import dataclasses
 
     return dataclasses.replace(config, **changes)  # type: ignore[type-var]
-
-
-def fp8_plan(device_type: str, convert: Callable[[torch.nn.Module], torch.nn.Module],
-             description: str) -> PrecisionPlan:
-    """The ``"fp8-mixed"`` plan: ``convert`` applied to each module, the rest of the model in bfloat16 autocast."""
-    return PrecisionPlan(name=NAME, autocast=lambda: torch.autocast(device_type=device_type, dtype=torch.bfloat16),
-                         convert_module=convert, description=description)
 
 
 def converted_layers(module: torch.nn.Module) -> int:

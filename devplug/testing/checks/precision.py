@@ -30,7 +30,7 @@ def check_precision(dut: DeviceUnderTest, precision: str) -> str:
             raise dut.fail(f"refused precision {precision!r} with an empty PrecisionError message") from exc
         if precision == FP8 and "fp8" not in str(exc).lower():
             raise dut.fail(f"refused {FP8!r} without saying why in terms of fp8 ({exc}); say which hardware has "
-                           "fp8 (devplug.toolkit.fp8_unavailable does)")
+                           "fp8 (devplug.toolkit.fp8_unavailable does)") from exc
         return f"refuses {precision}: {exc}"
     except Exception as exc:
         raise dut.fail(

@@ -95,6 +95,7 @@ def train_lm(precision: str, steps: int, *, options: dict | None = None, resume:
     return losses, trainer, model
 
 
+@pytest.mark.slow  # 200 steps twice, the fp8 ones emulated: about a minute on two loaded cores
 def test_the_lm_trains_in_emulated_fp8_to_within_two_percent_of_bf16():
     fp8, trainer, model = train_lm("fp8-mixed", 200, options=EMULATE)
     bf16, _, _ = train_lm("bf16-mixed", 200)
