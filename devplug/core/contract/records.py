@@ -251,6 +251,10 @@ class PrecisionPlan:
                 "needed'")
 
 
+def _as_dict(value: Any) -> dict[str, Any]:
+    return dict(value)
+
+
 @attrs.frozen
 class CompilePlan:
     """How a device compiles a model (contract 1.6): the ``torch.compile`` backend and options, or none.
@@ -266,7 +270,7 @@ class CompilePlan:
     """
 
     backend: str | None = attrs.field(validator=attrs.validators.optional(attrs.validators.instance_of(str)))
-    options: dict[str, Any] = attrs.field(factory=dict, converter=dict)
+    options: dict[str, Any] = attrs.field(factory=dict, converter=_as_dict)
     reason: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
 
     def __attrs_post_init__(self) -> None:

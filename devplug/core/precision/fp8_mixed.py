@@ -66,7 +66,7 @@ def float8_conversion(*, recipe: str = "tensorwise", emulate: bool = False, fp8_
 
     def convert(module: torch.nn.Module) -> torch.nn.Module:
         try:
-            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # type: ignore[import-untyped]  # torchao ships no py.typed
         except ImportError:
             raise PrecisionError(f"precision {NAME!r} trains through torchao's float8 training, which is not "
                                  "installed: pip install 'devplug[fp8]'") from None
