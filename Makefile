@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps lightning-habana==1.6.0 optimum-habana==1.21.2
 	touch $(STAMP)
 
+# Two workers, each test module on one of them (--dist loadscope: a module's fixtures are built once); the 15
+# slowest tests are listed at the end, so growth shows. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=15 $(ARGS)
 
 demo: $(STAMP)
 	$(PY) examples/dcgan.py $(ARGS)

@@ -12,7 +12,11 @@ piece of devplug to the one before it:
   bookkeeping, the data-wait clock, the stop check, the position), each moved by the Trainer's loader;
 - ``step``: also ``trainer.autocast()``, ``trainer.backward``, ``trainer.step``;
 - ``log``: also ``trainer.log(loss=loss)`` every step instead of the list (a log point every
-  ``--log-every`` steps, as a run has).
+  ``--log-every`` steps, as a run has);
+- with ``--no-op-plugin``, ``log+no-op``: the whole loop with a device-neutral plugin whose ``devplug_region`` and
+  ``devplug_mark_step`` do nothing and which says so (``devplug_step_marks``), as the CUDA plugin does without
+  profiling; ``log+unstated``: the same plugin without saying so, whose hooks are then called in every step (their
+  component is the difference to ``log``).
 
 The table gives each variant's µs/step, its paired ratio to ``raw`` (median over rounds of the ratio in
 the same round) and the overhead over ``raw``; the component column is the difference to the row above.
@@ -31,6 +35,7 @@ Run: python benchmarks/step_overhead.py [--steps 2000] [--rounds 9] [--log-every
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import statistics
@@ -127,10 +132,11 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Callable[[], None]], l
 
         return epoch
 
-    def trainer() -> devplug.Trainer:
+    def trainer(plugin: Any = None) -> devplug.Trainer:
         # --no-compute has no FLOPs to count: a counter would wait for them at every batch, as no real run does
+        pm = None if plugin is None else devplug.create_plugin_manager(extra_plugins=[("no-op marks", plugin)])
         made = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_every=args.log_every,
-                               stop_signals=(), count_flops=compute)
+                               stop_signals=(), count_flops=compute, plugin_manager=pm)
         trainers.append(made)
         return made
 
@@ -151,8 +157,8 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Callable[[], None]], l
 
         return epoch
 
-    def loop(with_step: bool, with_log: bool) -> Callable[[], None]:
-        t = trainer()
+    def loop(with_step: bool, with_log: bool, plugin: Any = None) -> Callable[[], None]:
+        t = trainer(plugin)
         forward, opt = model_and_opt(t)
         loader = t.dataloader(Batches(batches))
         epochs = t.epochs(2**62)
@@ -182,7 +188,27 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Callable[[], None]], l
     built: dict[str, Callable[[], None]] = {
         "raw": raw(), AA: raw(), "to_device": to_device(), "loop": loop(False, False),
         "step": loop(True, False), "log": loop(True, True)}
+    if args.no_op_plugin:
+        built["log+no-op"] = loop(True, True, NoOpMarks(stated=True))
+        built["log+unstated"] = loop(True, True, NoOpMarks(stated=False))
     return built, trainers
+
+
+class NoOpMarks:
+    """A device-neutral plugin answering region and mark_step as no-ops, as the CUDA plugin does without profiling;
+    ``stated``: it says so through ``devplug_step_marks`` (else it is taken to mark, and called every step)."""
+
+    def __init__(self, stated: bool) -> None:
+        if stated:
+            self.devplug_step_marks = devplug.hookimpl(lambda device: devplug.StepMarks(regions=False, steps=False))
+
+    @devplug.hookimpl
+    def devplug_region(self, device: devplug.Device, name: str) -> Any:
+        return contextlib.nullcontext()
+
+    @devplug.hookimpl
+    def devplug_mark_step(self, device: devplug.Device, phase: devplug.Phase) -> None:
+        return None
 
 
 def calls_per_step(epoch: Callable[[], None], steps: int) -> float:
@@ -226,6 +252,9 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=100, help="the Trainer's log_every")
     parser.add_argument("--no-compute", action="store_true", help="take the tensor work out: devplug's Python alone")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--no-op-plugin", action="store_true",
+                        help="also the whole loop with a neutral plugin whose region and mark_step are no-ops, stating "
+                             "so (log+no-op) and not (log+unstated)")
     parser.add_argument("--profile", action="store_true", help="profile the devplug loop instead of timing")
     parser.add_argument("--top", type=int, default=30, help="rows of the profile")
     args = parser.parse_args()
@@ -253,7 +282,7 @@ def main() -> None:
         overhead = (ratio - 1) * raw
         component = "" if previous is None or name == AA else f"{overhead - previous:>+13.2f}"
         print(f"{name:<11} {us:>9.2f} {ratio:>11.4f} {overhead:>+12.2f} {component:>13} {calls[name]:>14.2f}")
-        if name != AA:
+        if name != AA and not name.startswith("log+"):  # log+...: the difference to the whole loop (log)
             previous = overhead
 
 

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         Phase,
         PrecisionPlan,
         ShardingPlan,
+        StepMarks,
     )
     from devplug.core.distributed.launch import detect_launch
     from devplug.core.errors import (
@@ -116,6 +117,7 @@ _WHERE: dict[str, str] = {
     "RunSummary": "devplug.core.observe.summary",
     "scale_lr": "devplug.core.optim.schedules",
     "ShardingPlan": "devplug.core.contract.records",
+    "StepMarks": "devplug.core.contract.records",
     "TensorBoardLogger": "devplug.core.observe.tensorboard",
     "ThroughputMeter": "devplug.core.observe.throughput",
     "Trainer": "devplug.core.loop.trainer",
@@ -187,6 +189,7 @@ __all__ = [
     "RunFolder",
     "RunSummary",
     "ShardingPlan",
+    "StepMarks",
     "TensorBoardLogger",
     "ThroughputMeter",
     "Trainer",

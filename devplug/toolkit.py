@@ -6,6 +6,12 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
 - `autocast_plan` — a precision plan from ``torch.autocast`` and ``torch.amp.GradScaler``;
 - `fp8_plan`, `float8_conversion`, `pays_off`, `fp8_unavailable` — the ``"fp8-mixed"`` plan
   (torchao's float8 training, a recipe, emulation, which layers pay) and the refusal naming fp8 hardware;
+- `precision_plan` — a registered precision's plan, parameterised by the device (scaler, autocast or
+  a module conversion, notes for the summary); `autocast_plan` — its short form;
+  `precision_named` / `find_precision` / `precision_names` — a registered `Precision` (its compute dtype,
+  whether it needs a grad scaler and why, the dtype FSDP gathers in; ``find_precision`` gives ``None``
+  for an unregistered name) and the registered names (``"auto"`` aside); `Precision`, `AutocastPrecision`,
+  `PrecisionParams` and `register_precision` / `unregister_precision` — a plugin's own precision;
 - `TORCH_OPTIMIZERS`, `torch_optimizer_class`, `torch_optimizer_defaults` — standard
   optimizer names, their torch classes and defaults, to map an author's options faithfully onto a
   vendor optimizer;
@@ -92,10 +98,11 @@ from devplug.core.fallback.accelerator import (
     select_device,
     synchronize,
 )
-from devplug.core.fallback.precision import autocast_plan, fp8_plan, torch_precision_plan
+from devplug.core.fallback.precision import autocast_plan, fp8_plan, precision_plan, torch_precision_plan
 from devplug.core.fallback.sharding import torch_sharding_plan
 from devplug.core.log_once import forget_logged, log_once
 from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops
+from devplug.core.observe.host_memory import available_host_memory, check_model_fits, human_bytes
 from devplug.core.observe.peak_cache import cache_dir
 from devplug.core.optim.conversion import (
     bias_corrected_to_canonical,
@@ -112,7 +119,14 @@ from devplug.core.optim.torch_optimizers import (
     torch_optimizer_class,
     torch_optimizer_defaults,
 )
+from devplug.core.precision.autocast import AutocastPrecision
+from devplug.core.precision.base import Precision, PrecisionParams
 from devplug.core.precision.fp8_mixed import float8_conversion, fp8_unavailable, pays_off
+from devplug.core.precision.registry import find as find_precision
+from devplug.core.precision.registry import get as precision_named
+from devplug.core.precision.registry import names as precision_names
+from devplug.core.precision.registry import register as register_precision
+from devplug.core.precision.registry import unregister as unregister_precision
 from devplug.core.registry.bounded import time_limit as probe_time_limit
 from devplug.core.registry.environment import environment_changes
 from devplug.core.registry.manager import BUILTIN_PLUGINS
@@ -134,17 +148,22 @@ def builtin_plugin(name: str) -> ModuleType:
 __all__ = [
     "IMAGE_EXTENSIONS",
     "TORCH_OPTIMIZERS",
+    "AutocastPrecision",
     "CheckpointFormat",
     "EvaluationSampler",
     "ImageFolderDataset",
+    "Precision",
+    "PrecisionParams",
     "Strategy",
     "StrategyContext",
     "autocast_plan",
     "available_cpus",
+    "available_host_memory",
     "bias_corrected_to_canonical",
     "builtin_plugin",
     "cache_dir",
     "cached_matmul_flops",
+    "check_model_fits",
     "collective_backend",
     "consolidate_checkpoint",
     "current_accelerator_type",
@@ -155,10 +174,12 @@ __all__ = [
     "environment_changes",
     "evaluation_shard",
     "fastest_torch_optimizer",
+    "find_precision",
     "float8_conversion",
     "forget_logged",
     "fp8_plan",
     "fp8_unavailable",
+    "human_bytes",
     "image_transform",
     "list_images",
     "load_rgb",
@@ -173,10 +194,14 @@ __all__ = [
     "native_bf16",
     "native_groups",
     "pays_off",
+    "precision_named",
+    "precision_names",
+    "precision_plan",
     "printable",
     "probe_time_limit",
     "process_memory_stats",
     "register_checkpoint_format",
+    "register_precision",
     "register_strategy",
     "remove_stale_temp_files",
     "select_device",
@@ -190,5 +215,6 @@ __all__ = [
     "torch_precision_plan",
     "torch_sharding_plan",
     "tune_loader",
+    "unregister_precision",
     "write_atomically",
 ]

@@ -39,3 +39,9 @@ def test_import_devplug_leaves_the_plugins_for_later():
     loaded = _modules_after("import devplug")
     later = ("devplug.plugins", "packaging")
     assert not [m for m in loaded if m.startswith(later)], sorted(m for m in loaded if m.startswith(later))
+
+
+def test_import_devplug_loads_none_of_its_records_registry_trainer_or_their_libraries():
+    loaded = _modules_after("import torch\nimport devplug") - _modules_after("import torch")
+    eager = sorted(m for m in loaded if m.startswith(("devplug.", "attr", "pluggy")) and m != "devplug._version")
+    assert not eager, eager  # each loads when its first public name is used (devplug.Trainer, devplug.DeviceSpec)

@@ -17,10 +17,9 @@ import socket
 from pathlib import Path
 
 from devplug import ConfigError
-from devplug.toolkit import display_path
+from devplug.toolkit import check_model_fits, display_path
 
 from .models import ModelSpec, parameter_counts
-from .text import human_bytes
 
 #: Folders the run writes into under ``--out``.
 OUTPUT_FOLDERS = ("checkpoints", "samples", "tensorboard")
@@ -117,21 +116,6 @@ def remove_empty(folders: list[Path]) -> None:
             folder.rmdir()
 
 
-def available_host_memory() -> int | None:
-    """Bytes this process may still allocate: ``MemAvailable``, capped by a cgroup v2 limit; None if unknown."""
-    available = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-    with contextlib.suppress(OSError, ValueError):
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            room = int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text())
-            available = room if available is None else min(available, room)
-    return available
-
-
 def activation_elements(spec: ModelSpec) -> int:
     """Activation values kept for backward per image: G once, D twice (real and fake), conv and norm outputs."""
     blocks, size = spec.blocks, 4
@@ -160,12 +144,6 @@ def check_memory(spec: ModelSpec, batch_size: int, *, device_total: int | None, 
     training = TRAINING_BYTES_PER_PARAMETER * params + 4 * batch_size * activation_elements(spec)
     sizes = (f"G {params_g:,} + D {params_d:,} parameters (nz {spec.nz}, ngf {spec.ngf}, ndf {spec.ndf}, "
              f"{spec.image_size}x{spec.image_size})")
-    if host_available is not None and weights > host_available:
-        raise ConfigError(f"the model is too large to build: {sizes} take {human_bytes(weights)} of host memory, and "
-                          f"only {human_bytes(host_available)} is available; lower {flags}")
-    room = device_total if device_total is not None else host_available
-    where = "the device has" if device_total is not None else "only this is available:"
-    if room is not None and training > room:
-        raise ConfigError(f"the model is too large to train: {sizes} with a batch of {batch_size} need about "
-                          f"{human_bytes(training)} (weights, gradients, Adam state, activations), and {where} "
-                          f"{human_bytes(room)}; lower {flags}")
+    check_model_fits(build_bytes=weights, train_bytes=training, model=sizes, batch=f"a batch of {batch_size}",
+                     flags=flags, device_total=device_total, host_available=host_available,
+                     contents="weights, gradients, Adam state, activations")

@@ -16,6 +16,7 @@ from pathlib import Path
 import attrs
 
 from devplug import CheckpointPolicy, ConfigError, ConfigParser, DataError, Flag, TrainerConfig
+from devplug.toolkit import precision_names
 
 from .cache import default_cache_dir
 from .models import PRESETS, ModelSpec
@@ -68,7 +69,7 @@ def build_parser() -> ConfigParser:
     parser.bind(TrainerConfig, [
         Flag("device", help="device to train on: auto, cpu, cuda, hpu, NAME:INDEX, or any plugin's device "
                             "(default: $DEVPLUG_DEVICE, else auto = the best available; see `devplug devices`)"),
-        Flag("precision", help="auto (the device plugin's best), 32-true, 16-mixed, bf16-mixed, or a name the "
+        Flag("precision", help=f"auto (the device plugin's best), {', '.join(precision_names())}, or a name the "
                                "device plugin knows, e.g. hmp on Gaudi (default: auto)"),
         Flag("compile", help="torch.compile both networks with the device plugin's backend (default: off)"),
         Flag("channels_last", boolean=True, default=None, convert=lambda on: "auto" if on is None else on,

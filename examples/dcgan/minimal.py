@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 import devplug
+from devplug.toolkit import precision_names
 
 from dcgan.embedded_data import ShapesDataset
 from dcgan.models import PRESETS, build_models
@@ -34,7 +35,7 @@ def parse_args() -> argparse.Namespace:
     """The few flags of the minimal example."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="auto, cpu, cuda, hpu, ... (default: $DEVPLUG_DEVICE or auto)")
-    parser.add_argument("--precision", default="auto", help="auto (the device's best), 32-true, 16-mixed, bf16-mixed")
+    parser.add_argument("--precision", default="auto", help=f"auto (the device's best), {', '.join(precision_names())}")
     parser.add_argument("--epochs", type=int, default=1, help="epochs of 32,000 images (default: 1)")
     parser.add_argument("--steps", type=int, default=None, help="stop after this many steps")
     parser.add_argument("--batch-size", type=int, default=128, help="images per step and process (default: 128)")

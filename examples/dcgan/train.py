@@ -32,7 +32,7 @@ import attrs
 import torch
 
 import devplug
-from devplug.toolkit import display_path, remove_stale_temp_files
+from devplug.toolkit import available_host_memory, display_path, remove_stale_temp_files
 
 from dcgan import checks, cli, resume
 from dcgan.data import TrainingData, load_training_data
@@ -125,7 +125,7 @@ def build_run(trainer: devplug.Trainer, settings: cli.Settings) -> Run:
     args, spec = settings.args, settings.spec
     stats = trainer.memory_stats()
     checks.check_memory(spec, args.batch_size, device_total=getattr(stats, "total", None),
-                        host_available=checks.available_host_memory())  # before the networks are built
+                        host_available=available_host_memory())  # before the networks are built
 
     # Models: built on the CPU with DCGAN init, then placed (and converted/compiled/DDP-wrapped) by the plugin.
     train_step = DCGANStep(trainer, spec, lr=args.lr, beta1=args.beta1)

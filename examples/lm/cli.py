@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 
 from devplug import CheckpointPolicy, ConfigError, ConfigParser, Flag, TrainerConfig
+from devplug.toolkit import precision_names
 
 from .models import ModelSpec
 
@@ -48,7 +49,7 @@ def build_parser() -> ConfigParser:
     parser.bind(TrainerConfig, [
         Flag("device", help="device to train on: auto, cpu, cuda, hpu, NAME:INDEX, or any plugin's device "
                             "(default: $DEVPLUG_DEVICE, else auto = the best available; see `devplug devices`)"),
-        Flag("precision", help="auto (the device plugin's best), 32-true, 16-mixed, bf16-mixed, fp8-mixed (fp8 "
+        Flag("precision", help=f"auto (the device plugin's best), {', '.join(precision_names())} (fp8-mixed: fp8 "
                                "matrix multiplies where the device has them), or a name the device plugin knows "
                                "(default: auto)"),
         Flag("compile", help="torch.compile each transformer block (the whole model when not sharded) with the "

@@ -39,7 +39,7 @@ from devplug import toolkit
 
 from lm import cli
 from lm.corpus import Corpus, Windows, load_corpus
-from lm.memory import available_host_memory, check_memory
+from lm.memory import check_memory
 from lm.models import VOCAB, Block, LanguageModel, count_parameters, generate
 from lm.summary import format_summary, perplexity, write_summary
 
@@ -137,7 +137,7 @@ def build_run(trainer: devplug.Trainer, settings: cli.Settings, corpus: Corpus) 
     args, spec = settings.args, settings.spec
     stats = trainer.memory_stats()  # before the network is built: too large is one line, not an allocator's error
     check_memory(spec, args.batch_size, shards=trainer.world_size if trainer.strategy == "fsdp" else 1,
-                 device_total=getattr(stats, "total", None), host_available=available_host_memory())
+                 device_total=getattr(stats, "total", None), host_available=toolkit.available_host_memory())
     network = LanguageModel(spec)  # built after the Trainer seeded every rank alike: replicas start equal
     parameters = count_parameters(network)
     model = trainer.setup(network, name="lm", shard=[Block] if trainer.strategy == "fsdp" else None,

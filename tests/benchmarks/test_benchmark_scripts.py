@@ -91,3 +91,26 @@ def test_reference_compare_derives_each_process_s_time_to_its_first_step(tmp_pat
     variant.after()
     first = variant.results[0]["first_step_s"]
     assert 0.3 <= first < wall - 0.25, (first, wall)  # after the first sleep, before the second one ended
+
+
+def test_import_cost_counts_the_top_level_imports_after_torch_only():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import import_cost
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    stderr = ("import time: self [us] | cumulative | imported package\n"
+              "import time:       100 |        100 |   torch._C\n"
+              "import time:      1000 |     900000 | torch\n"
+              "import time:       150 |        150 |   devplug._version\n"
+              "import time:      1000 |       1150 | devplug\n"
+              "import time:      2000 |       2000 | attrs\n")
+    assert import_cost.imported_after(stderr) == pytest.approx(0.00315)  # devplug (its child inside) and attrs
+    with pytest.raises(RuntimeError, match="no top-level 'torch'"):
+        import_cost.imported_after("import time:      1000 |       1150 | devplug\n")
+
+
+def test_import_cost_rejects_no_rounds_in_one_line():
+    proc = run_script("import_cost.py", "--rounds", "0")
+    assert proc.returncode == 2 and "--rounds must be at least 1" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -3,6 +3,7 @@
 Run by tests/core/loop/test_runs.py: ``--kill-at STEP`` kills the process after that step's backward (``--phase step``)
 or in the middle of writing that step's checkpoint (``--phase save``). Without ``--kill-at`` it runs to the
 end and writes the final weights to ``DIR/final.pt``. Every run resumes from the newest intact checkpoint.
+The test starts each run as a process of a fork server (`run_in_child`); ``python kill_resume.py`` runs it alone.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import torch
 import devplug
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--phase", choices=("step", "save"), default="step")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     policy = devplug.CheckpointPolicy(directory=args.dir / "checkpoints", every_n_steps=3, keep_last=2,
                                       auto_resume=True)
@@ -59,6 +60,14 @@ def main() -> None:
             trainer.log(loss=loss)
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.dir / "final.pt")
     trainer.close()
+
+
+def run_in_child(argv: list[str], env: dict[str, str]) -> None:
+    """`main` in a process forked from a server that imported torch and devplug once, with ``env`` as its
+    environment: each run is still its own process, killed with SIGKILL, without a fresh interpreter's start."""
+    os.environ.clear()
+    os.environ.update(env)
+    main(argv)
 
 
 if __name__ == "__main__":

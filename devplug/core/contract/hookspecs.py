@@ -58,6 +58,7 @@ from devplug.core.contract.records import (
     Phase,
     PrecisionPlan,
     ShardingPlan,
+    StepMarks,
 )
 
 PROJECT = "devplug"
@@ -127,15 +128,17 @@ def devplug_optimizer(
 
 @hookspec(firstresult=True)
 def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
-    """Plan mixed precision for ``precision`` (one of ``PRECISIONS``) on ``device``.
+    """Plan mixed precision for ``precision`` (``"auto"``, a registered precision, or the plugin's own) on ``device``.
 
     Called once per Trainer. ``"auto"`` must be resolved to the best setting the device supports.
     Return a `PrecisionPlan` (autocast context factory, grad scaler or ``None``, optional module
     conversion and optimizer-step context; a ``"16-mixed"`` plan has a grad scaler or says in
-    ``no_scaler_reason`` why it needs none), or raise ``devplug.PrecisionError`` when the device
-    cannot run the setting. ``None`` defers to the next plugin. Must return promptly: the call runs in a
-    worker thread under the time limit (``DEVPLUG_PROBE_TIMEOUT``), and a plan that takes longer fails the
-    Trainer with a ``PluginError`` naming the plugin. First-result.
+    ``no_scaler_reason`` why it needs none), built for a registered precision with
+    ``devplug.toolkit.precision_plan`` and the device's parameters rather than restated, or raise
+    ``devplug.PrecisionError`` when the device cannot run the setting. ``None`` defers to the next
+    plugin. Must return promptly: the call runs in a worker thread under the time limit
+    (``DEVPLUG_PROBE_TIMEOUT``), and a plan that takes longer fails the Trainer with a ``PluginError``
+    naming the plugin. First-result.
     """
 
 
@@ -159,7 +162,7 @@ def devplug_compile_plan(device: Device) -> CompilePlan | None:
     sharded block compiled in place, not the sharded root), the whole module otherwise, and the run summary
     names the backend. ``CompilePlan(backend=None, reason=...)`` leaves the model uncompiled (a device whose
     runtime builds graphs itself). ``None`` defers to the next plugin; the core fallback answers
-    ``"inductor"``. Optional (contract 1.6). First-result.
+    ``"inductor"``. Optional (contract 1.7). First-result.
     """
 
 
@@ -227,6 +230,21 @@ def devplug_mark_step(device: Device, phase: Phase) -> None:
     step (``Phase.OPTIMIZER_STEP``). A lazy-mode device flushes its accumulated graph here (Gaudi:
     ``htcore.mark_step()``); eager devices do nothing. Must not synchronize with the host. Returns nothing. Not
     first-result: every implementation runs (so a neutral plugin can count steps).
+    """
+
+
+@hookspec
+def devplug_step_marks(device: Device) -> StepMarks | None:
+    """State whether this plugin marks regions and step boundaries on ``device`` with its options.
+
+    Called once per Trainer (contract 1.6), on every plugin that implements it, before the first step.
+    Return a `StepMarks`: ``regions=False`` when this plugin's ``devplug_region`` marks nothing for
+    this device and its options (e.g. profiling ranges that are off), ``steps=False`` when its
+    ``devplug_mark_step`` does nothing (an eager device). The Trainer then leaves the hook out of every step;
+    what is marked by no plugin costs nothing per step. Returning ``None``, or not implementing this hook,
+    means "both are marked" for the hooks the plugin implements (they are called every step, as before
+    contract 1.6). Must not depend on anything that changes during a run. Not first-result: each plugin
+    answers for itself.
     """
 
 

@@ -7,7 +7,6 @@ of a positional surprise.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -16,10 +15,14 @@ from typing import Any
 import attrs
 import torch
 
+from devplug.core.precision.base import FLOAT16_PRECISION as FLOAT16_PRECISION
+from devplug.core.precision.base import PrecisionPlan as PrecisionPlan
+from devplug.core.precision.registry import choices
+
 #: Version of the hook contract (not of the devplug package; see docs/plugins.md "Contract versions").
 #: A plugin declares what it needs with ``DEVPLUG_CONTRACT``: ``"1.1"`` (that minor or newer, same major)
 #: or a range such as ``">=1.0,<3"``; a plugin this devplug cannot serve is reported and skipped.
-CONTRACT_VERSION = "1.6"
+CONTRACT_VERSION = "1.7"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -30,10 +33,6 @@ def _check_device_name(_inst: Any, _attr: attrs.Attribute[Any], value: Any) -> N
             f"invalid device name {value!r}: use lower-case letters, digits and '_', starting with a letter "
             "(e.g. 'npu' or 'my_accel')"
         )
-
-
-def _nullcontext() -> contextlib.AbstractContextManager[None]:
-    return contextlib.nullcontext()
 
 
 @attrs.frozen
@@ -209,46 +208,23 @@ class Phase(str, enum.Enum):
     OPTIMIZER_STEP = "optimizer_step"
 
 
-#: Precision names understood by devplug, in the conventions PyTorch users already know.
-PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "fp8-mixed")
-#: The precision setting that computes in float16: its plans need a grad scaler (see PrecisionPlan).
-FLOAT16_PRECISION = "16-mixed"
-
-
 @attrs.frozen
-class PrecisionPlan:
-    """How a device runs one precision setting.
+class StepMarks:
+    """What one plugin marks in the training step on one device with its options (contract 1.6).
 
-    - ``name``: the resolved setting (never ``"auto"``), e.g. ``"bf16-mixed"``.
-    - ``autocast``: a factory for the context entered around forward and loss.
-    - ``scaler``: a grad scaler (``torch.amp.GradScaler``-like) or ``None``.
-    - ``convert_module``: applied once to each module in ``Trainer.setup`` (e.g. Habana HMP), or ``None``.
-    - ``optimizer_step_context``: a factory for a context entered around every optimizer step
-      (e.g. ``hmp.disable_casts()``), or ``None``.
-    - ``description``: what the plugin did and why, for summaries.
-    - ``no_scaler_reason`` (contract 1.3, keyword only): why a ``"16-mixed"`` plan has no grad scaler.
-
-    ``"16-mixed"`` is float16 autocast, whose narrow exponent range flushes small gradients to zero unless
-    the loss is scaled: a ``"16-mixed"`` plan must carry a ``scaler``, or say in ``no_scaler_reason`` why
-    none is needed (e.g. ``"the optimizer scales the loss itself"``). A ``"16-mixed"`` plan with neither
-    cannot be built (``ValueError``); returned from ``devplug_precision``, that is reported as the plugin's
-    error, naming it.
+    Returned by ``devplug_step_marks``, asked once per Trainer. ``regions``: whether the plugin's
+    ``devplug_region`` marks anything (False: it only returns ``None`` or a context that does nothing);
+    ``steps``: whether its ``devplug_mark_step`` does anything. What no plugin marks is left out of every step,
+    so a plugin that marks nothing at run time costs nothing per step.
     """
 
-    name: str
-    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = _nullcontext
-    scaler: Any = None
-    convert_module: Callable[[torch.nn.Module], torch.nn.Module] | None = None
-    optimizer_step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
-    description: str = ""
-    no_scaler_reason: str = attrs.field(default="", kw_only=True, validator=attrs.validators.instance_of(str))
+    regions: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    steps: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
-    def __attrs_post_init__(self) -> None:
-        if self.name == FLOAT16_PRECISION and self.scaler is None and not self.no_scaler_reason.strip():
-            raise ValueError(
-                f"a {FLOAT16_PRECISION!r} PrecisionPlan (float16 autocast) has no grad scaler, so small gradients "
-                "underflow to zero: give it scaler=torch.amp.GradScaler(...), or no_scaler_reason='why none is "
-                "needed'")
+
+#: Precision names understood by devplug, in the conventions PyTorch users already know.
+#: ``"auto"`` and the built-in precisions, from `devplug.core.precision.registry` (the one place the names live).
+PRECISIONS = choices()
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -257,7 +233,7 @@ def _as_dict(value: Any) -> dict[str, Any]:
 
 @attrs.frozen
 class CompilePlan:
-    """How a device compiles a model (contract 1.6): the ``torch.compile`` backend and options, or none.
+    """How a device compiles a model (contract 1.7): the ``torch.compile`` backend and options, or none.
 
     - ``backend``: the ``torch.compile`` backend name (``"inductor"``, ``"hpu_backend"``), or ``None`` when the
       device should not be compiled (say why in ``reason``).

@@ -28,6 +28,7 @@ from devplug.core.contract.records import (
     OptimizerChoice,
     PrecisionPlan,
     ShardingPlan,
+    StepMarks,
 )
 from devplug.core.fallback import accelerator
 from devplug.core.fallback.precision import torch_precision_plan
@@ -71,6 +72,12 @@ def devplug_sharding(device: Device, precision: str) -> ShardingPlan:
 def devplug_region(device: Device, name: str) -> Any:
     """No region marking."""
     return contextlib.nullcontext()
+
+
+@hookimpl(trylast=True)
+def devplug_step_marks(device: Device) -> StepMarks:
+    """Nothing marked: the fallback's region is a context that does nothing, and it marks no step."""
+    return StepMarks(regions=False, steps=False)
 
 
 @hookimpl(trylast=True)

@@ -1,23 +1,43 @@
-"""Precision plans built from ``torch.autocast`` and ``torch.amp.GradScaler`` alone, for any device type.
+"""Precision plans for any device type, built through the precision layer (public through devplug.toolkit).
 
-``"auto"`` is resolved from what torch reports for the device type (public through devplug.toolkit).
+`precision_plan` is how a device plugin asks a registered precision for its plan with the device's
+parameters; `autocast_plan` is its short form; `torch_precision_plan` also resolves ``"auto"`` from what
+torch reports for the device type.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import attrs
 import torch
 
 from devplug.core.contract.records import Device, PrecisionPlan
-from devplug.core.errors import PrecisionError
 from devplug.core.fallback import accelerator
-from devplug.core.precision.fp8_mixed import NAME as FP8
-from devplug.core.precision.fp8_mixed import fp8_unavailable
+from devplug.core.precision import registry
+from devplug.core.precision.base import PrecisionParams
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
+
+def precision_plan(device: Device, precision: str, *, scaler: bool | None = None, no_scaler_reason: str = "",
+                   autocast: bool = True,
+                   convert_module: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+                   optimizer_step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+                   description: str | None = None, notes: Iterable[str] = ()) -> PrecisionPlan:
+    """The plan of the registered precision ``precision`` on ``device``, parameterised as a plugin says.
+
+    ``precision`` must be resolved (not ``"auto"``); an unknown name is a one-line ``PrecisionError``
+    listing the known ones. The keywords are `PrecisionParams`'s: ``scaler`` overrides whether the plan
+    has a grad scaler (dropping one the precision needs takes ``no_scaler_reason``), ``autocast=False``
+    for a device that casts by other means, ``convert_module`` / ``optimizer_step_context`` passed
+    through, ``description`` to replace the precision's own, ``notes`` appended to it.
+    """
+    params = PrecisionParams(device_type=device.torch_device.type, scaler=scaler, no_scaler_reason=no_scaler_reason,
+                             autocast=autocast, convert_module=convert_module,
+                             optimizer_step_context=optimizer_step_context, description=description,
+                             notes=tuple(notes))
+    return registry.get(precision).plan(params)
 
 
 def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None,
@@ -25,28 +45,10 @@ def autocast_plan(device: Device, precision: str, *, scaler: bool | None = None,
     """A precision plan built only from ``torch.autocast`` and ``torch.amp.GradScaler``.
 
     ``"16-mixed"`` gets a grad scaler unless ``scaler=False``, which needs ``no_scaler_reason`` (why the
-    float16 plan can do without one, see `PrecisionPlan`); ``"bf16-mixed"`` none.
+    float16 plan can do without one, see `PrecisionPlan`); ``"bf16-mixed"`` none. Any registered
+    precision is planned the same way (see `precision_plan`).
     """
-    kind = device.torch_device.type
-    if precision == "32-true":
-        return PrecisionPlan(name="32-true", description="full fp32")
-    if precision == FP8:
-        raise fp8_unavailable(f"device type {kind!r}")
-    if precision not in ("16-mixed", "bf16-mixed"):
-        raise PrecisionError(f"precision {precision!r} is not one of 32-true, 16-mixed, bf16-mixed, auto")
-    dtype = torch.float16 if precision == "16-mixed" else torch.bfloat16
-    if not torch.amp.is_autocast_available(kind):
-        raise PrecisionError(f"torch has no autocast for device type {kind!r}; use precision='32-true'")
-    use_scaler = (precision == "16-mixed") if scaler is None else scaler
-    grad_scaler = torch.amp.GradScaler(kind) if use_scaler else None
-    return PrecisionPlan(
-        name=precision,
-        autocast=lambda: torch.autocast(device_type=kind, dtype=dtype),
-        scaler=grad_scaler,
-        no_scaler_reason=no_scaler_reason if grad_scaler is None else "",
-        description=f"torch.autocast({kind!r}, {str(dtype).replace('torch.', '')})"
-        + (" + GradScaler" if grad_scaler is not None else ""),
-    )
+    return precision_plan(device, precision, scaler=scaler, no_scaler_reason=no_scaler_reason)
 
 
 def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:
@@ -56,7 +58,7 @@ def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:
     (``torch.amp.is_autocast_available``) and the type's module reports native bf16
     (``is_bf16_supported``), else ``"32-true"``; the plan's description says which and why.
     """
-    if precision != "auto":
+    if precision != registry.AUTO:
         return autocast_plan(device, precision)
     kind = device.torch_device.type
     if not torch.amp.is_autocast_available(kind):
@@ -68,8 +70,7 @@ def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:
     return attrs.evolve(plan, description=f"{plan.description} (auto: {why})")
 
 
-def fp8_plan(device_type: str, convert: Callable[[torch.nn.Module], torch.nn.Module],
+def fp8_plan(device: Device, convert: Callable[[torch.nn.Module], torch.nn.Module],
              description: str) -> PrecisionPlan:
     """The ``"fp8-mixed"`` plan: ``convert`` applied to each module, the rest of the model in bfloat16 autocast."""
-    return PrecisionPlan(name=FP8, autocast=lambda: torch.autocast(device_type=device_type, dtype=torch.bfloat16),
-                         convert_module=convert, description=description)
+    return precision_plan(device, "fp8-mixed", convert_module=convert, description=description)

@@ -11,9 +11,7 @@ import torch
 
 from devplug.core.contract.records import Device, ShardingPlan
 from devplug.core.fallback import accelerator
-
-#: What a precision gathers parameters in under FSDP (``None``: fp32, the parameters' own dtype).
-LOW_PRECISION = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+from devplug.core.precision import registry
 
 
 def torch_sharding_plan(device: Device, precision: str, *, optimizer_kernel: str = "foreach",
@@ -32,7 +30,7 @@ def torch_sharding_plan(device: Device, precision: str, *, optimizer_kernel: str
         return ShardingPlan.unsupported(
             f"{device}: torch knows no collective backend for device type {kind!r}, which FSDP's reduce-scatter "
             "needs; train on one process without sharding (strategy='auto')")
-    low = LOW_PRECISION.get(precision)
+    low = registry.gather_dtype(precision)  # None: fp32, the parameters' own dtype
     if gather_low_precision is None:
         gather_low_precision = backend != accelerator.PORTABLE_BACKEND
     param_dtype = low if low is not None and gather_low_precision else None

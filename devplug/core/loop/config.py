@@ -8,11 +8,11 @@ from typing import Any
 import attrs
 
 from devplug.core.checkpoint.policy import CheckpointPolicy
-from devplug.core.contract.records import PRECISIONS
 from devplug.core.errors import ConfigError
 from devplug.core.loop.signals import DEFAULT_STOP_SIGNALS, signal_numbers
 from devplug.core.observe.loggers import check_logger
 from devplug.core.observe.profiling import parse_window
+from devplug.core.precision import registry as precisions
 from devplug.core.validators import non_negative_int, positive_int
 
 NONFINITE_POLICIES = ("raise", "warn", "ignore")
@@ -24,7 +24,8 @@ def _optional(validator: Any) -> Any:
 
 def _precision(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{attribute.name} must be one of {', '.join(PRECISIONS)} (or a plugin's own), got {value!r}")
+        raise ValueError(f"{attribute.name} must be one of {', '.join(precisions.choices())} (or a plugin's own), "
+                         f"got {value!r}")
 
 
 @attrs.frozen

@@ -1,8 +1,9 @@
 """The step's route to the hooks: which per-step hooks a Trainer calls, resolved once.
 
-A CPU step should cost what plain PyTorch costs: hooks that only the core fallback answers (no region, no
-``mark_step``) are not called at all, and no context manager is entered for them. `StepRoute`
-decides this once per Trainer from who implements each hook.
+A step should cost what plain PyTorch costs: hooks that mark nothing on this device (the core fallback's
+region, the CUDA plugin's region without profiling and its ``mark_step``) are not called at all, and no
+context manager is entered for them. `StepRoute` decides this once per Trainer from what each plugin
+states it marks (``devplug_step_marks``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from typing import Any
 import torch
 
 from devplug.core.contract import hookspecs as spec
-from devplug.core.contract.records import Phase
+from devplug.core.contract.records import Phase, StepMarks
 from devplug.core.observe.profiling import StepProfiler
 from devplug.core.registry.devices import DeviceHooks
 
 #: Entered where nothing is marked; a nullcontext keeps no state, so one serves every ``with``.
 NO_REGION = contextlib.nullcontext()
+#: What a plugin that does not state its marks is taken to mark: everything it implements.
+MARKS_ALL = StepMarks(regions=True, steps=True)
 
 
 def parameters_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -27,18 +30,25 @@ def parameters_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]
 
 
 class StepRoute:
-    """The per-step hooks of one Trainer, resolved once: what only the core fallback answers is left out.
+    """The per-step hooks of one Trainer, resolved once: what no plugin marks is left out.
 
-    ``region`` and ``mark_step`` run several times per step. Where no device plugin implements them (the
-    fallback marks no region; an eager device marks no step), the step neither calls them nor enters a
-    context manager for them, so a step costs no more than the author's own loop would.
+    ``region`` and ``mark_step`` run several times per step. Each plugin implementing them states once, through
+    ``devplug_step_marks``, whether it marks anything on this device with its options (the core fallback and
+    the CUDA plugin without profiling mark nothing); where no plugin does, the step neither calls the hook nor
+    enters a context manager for it, so a step costs no more than the author's own loop would. A plugin that
+    does not answer ``devplug_step_marks`` is taken to mark what it implements.
     """
 
     def __init__(self, hooks: DeviceHooks, profiler: StepProfiler, fallback: str) -> None:
         self.hooks, self.profiler = hooks, profiler
-        # the fallback's region is a nullcontext (no mark); the fallback implements no mark_step
-        self.marks_regions = hooks.answered_by(spec.devplug_region) not in ((), (fallback,))
-        self.marks_steps = bool(hooks.answered_by(spec.devplug_mark_step))
+        stated = hooks.each_answer(spec.devplug_step_marks)
+        stated.setdefault(fallback, StepMarks(regions=False, steps=False))  # its region is a nullcontext
+
+        def marks(hook: Any, what: str) -> bool:
+            return any(getattr(stated.get(name) or MARKS_ALL, what) for name in hooks.answered_by(hook))
+
+        self.marks_regions = marks(spec.devplug_region, "regions")
+        self.marks_steps = marks(spec.devplug_mark_step, "steps")
 
     def region(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """The device plugin's mark for region ``name``, inside a ``record_function`` range while profiling."""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from devplug.core.errors import PrecisionError
+from devplug.core.precision.base import Precision, PrecisionParams, PrecisionPlan
 
 NAME = "fp8-mixed"
 #: The recipes torchao's float8 training offers that devplug passes on (``Float8LinearConfig.from_recipe_name``).
@@ -94,3 +95,28 @@ def _replace(config: object, **changes: object) -> object:
 def converted_layers(module: torch.nn.Module) -> int:
     """How many of ``module``'s layers multiply in fp8 (torchao ``Float8Linear``)."""
     return sum(type(m).__name__ == "Float8Linear" for m in module.modules())
+
+
+class Fp8Mixed(Precision):
+    """fp8 matrix multiplies in the layers a device plugin's ``convert_module`` swaps, bfloat16 autocast elsewhere.
+
+    The plan needs the device's conversion (``PrecisionParams.convert_module``, e.g. `float8_conversion`): a
+    device that gives none has no fp8 path, and the plan is the one-line refusal of `fp8_unavailable`.
+    """
+
+    name = NAME
+    compute_dtype = torch.bfloat16
+    needs_scaler = False
+    scaler_reason = "fp8 scales each tensor itself (dynamic scaling); the rest runs in bfloat16, which needs none"
+    summary = "fp8 matrix multiplies in the linear layers (torchao float8 training), bfloat16 autocast elsewhere"
+
+    def plan(self, params: PrecisionParams) -> PrecisionPlan:
+        """The plan with the device's fp8 conversion; `fp8_unavailable` when the device gives none."""
+        if params.convert_module is None:
+            raise fp8_unavailable(f"device type {params.device_type!r}")
+        kind = params.device_type
+        return PrecisionPlan(name=self.name, autocast=lambda: torch.autocast(device_type=kind, dtype=torch.bfloat16),
+                             convert_module=params.convert_module, description=self.describe(self.summary, params))
+
+
+PRECISION = Fp8Mixed()

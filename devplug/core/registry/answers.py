@@ -13,9 +13,10 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from devplug.core.contract.records import PRECISIONS, OptimizerChoice, PrecisionPlan
+from devplug.core.contract.records import OptimizerChoice, PrecisionPlan
 from devplug.core.contract.value_rules import peak_flops_problem
 from devplug.core.errors import PluginError
+from devplug.core.precision import registry as precisions
 
 
 class HookLabel(Protocol):
@@ -66,10 +67,6 @@ def optimizer_builder(label: HookLabel, arguments: Mapping[str, Any], answer: An
     return answer
 
 
-#: The autocast dtype each mixed precision runs; ``32-true`` runs none.
-_AUTOCAST_DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16, "fp8-mixed": torch.bfloat16}
-
-
 def _autocast_dtype(plan: PrecisionPlan, device_type: str | None) -> torch.dtype | None:
     """The dtype the plan's autocast casts to on ``device_type`` (``None``: it casts nothing, or cannot be told)."""
     if device_type is None:
@@ -90,7 +87,7 @@ def precision_plan(label: HookLabel, arguments: Mapping[str, Any], answer: Any) 
     if not isinstance(answer, PrecisionPlan):
         return answer
     requested = arguments.get("precision")
-    settings = [p for p in PRECISIONS if p != "auto"]
+    settings = precisions.names()  # the registered precisions, each with the dtype its autocast casts to
     if requested in settings and answer.name != requested:
         raise PluginError(f"{label} answered precision {requested!r} with a plan named {answer.name!r}; a plan must "
                           f"run the precision asked for, or raise devplug.PrecisionError when the device cannot; "
@@ -101,7 +98,7 @@ def precision_plan(label: HookLabel, arguments: Mapping[str, Any], answer: Any) 
     device = arguments.get("device")
     kind = getattr(getattr(device, "torch_device", None), "type", None)
     runs = _autocast_dtype(answer, kind)
-    expected = _AUTOCAST_DTYPES.get(answer.name)
+    expected = precisions.get(answer.name).autocast_dtype
     if runs is not None and runs != expected:
         what = "casts nothing" if expected is None else f"casts to {str(expected).replace('torch.', '')}"
         raise PluginError(f"{label} returned a {answer.name!r} plan whose autocast casts to "

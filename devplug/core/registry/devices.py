@@ -220,6 +220,16 @@ class DeviceHooks:
         """
         return self._answered_by[spec.__name__]
 
+    def each_answer(self, spec: Callable[..., Any], /, **kwargs: Any) -> dict[str, Any]:
+        """Each implementing plugin's own answer to hook ``spec``, by plugin name, for hooks asked once.
+
+        The (guarded) implementations are called one by one, so each answer is known with the plugin that
+        gave it; a wrapper is not called (it has no answer of its own).
+        """
+        kwargs["device"] = self.device
+        return {impl.plugin_name: impl.function(*[kwargs[name] for name in impl.argnames])
+                for impl in self._impls[spec.__name__] if not (impl.wrapper or impl.hookwrapper)}
+
     def first_answer(self, spec: Callable[..., Any], /, **kwargs: Any) -> tuple[Any, str | None]:
         """A first-result hook's answer and the name of the plugin that gave it (``(None, None)``: nobody).
 

@@ -8,7 +8,6 @@ import platform
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 
 from devplug import (
@@ -29,11 +28,12 @@ from devplug import (
 )
 from devplug.plugins.cpu import peaks
 from devplug.toolkit import (
-    autocast_plan,
+    find_precision,
     float8_conversion,
     fp8_plan,
     fp8_unavailable,
     log_once,
+    precision_plan,
     process_memory_stats,
     torch_dataloader,
     torch_optimizer_class,
@@ -118,9 +118,15 @@ def has_native_fp16() -> bool:
     return platform.machine().lower() in ("aarch64", "arm64") and bool(flags & {"fphp", "asimdhp"})
 
 
-#: The number format each reduced-precision setting computes in, and the CPU features that compute it natively.
-FORMATS = {"bf16-mixed": ("bf16", "AMX-BF16 or AVX512-BF16 on x86, BF16 on Arm"),
-           "16-mixed": ("fp16", "AMX-FP16 or AVX512-FP16 on x86, FP16 arithmetic on Arm")}
+#: The number format each reduced compute dtype is, and the CPU features that compute it natively.
+FORMATS = {torch.bfloat16: ("bf16", "AMX-BF16 or AVX512-BF16 on x86, BF16 on Arm"),
+           torch.float16: ("fp16", "AMX-FP16 or AVX512-FP16 on x86, FP16 arithmetic on Arm")}
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype ``precision`` computes in (float32 for a name no precision is registered under)."""
+    known = find_precision(precision)
+    return known.compute_dtype if known is not None else torch.float32
 
 
 def warn_if_emulated(precision: str) -> None:
@@ -128,9 +134,10 @@ def warn_if_emulated(precision: str) -> None:
 
     Says nothing where the CPU's features cannot be read (no ``/proc/cpuinfo``).
     """
-    if precision not in FORMATS or not cpu_flags():
+    dtype = compute_dtype(precision)
+    if dtype not in FORMATS or not cpu_flags():
         return
-    number_format, features = FORMATS[precision]
+    number_format, features = FORMATS[dtype]
     if has_native_bf16() if number_format == "bf16" else has_native_fp16():
         return
     log_once(f"precision={precision!r}: this CPU has no native {number_format} arithmetic ({features}), so "
@@ -144,27 +151,26 @@ def fp8_on_cpu(device: Device) -> PrecisionPlan:
     if device.options.get("fp8") != "emulate":
         raise fp8_unavailable("this CPU", "device_options={'fp8': 'emulate'} runs it emulated, to test a model")
     convert = float8_conversion(recipe="tensorwise", emulate=True, fp8_all_gather=False, small_layers=True)
-    return fp8_plan("cpu", convert, "torchao float8 training, emulated on the CPU (tensorwise scaling; "
+    return fp8_plan(device, convert, "torchao float8 training, emulated on the CPU (tensorwise scaling; "
                                     "device option fp8='emulate'), bfloat16 autocast elsewhere")
 
 
 @hookimpl
 def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
-    """``auto`` → bf16-mixed on CPUs with native bf16, else 32-true. No grad scaler is needed on CPU.
+    """``auto`` → bf16-mixed on CPUs with native bf16, else 32-true; any registered precision as it plans itself.
 
-    An explicit ``bf16-mixed`` or ``16-mixed`` on a CPU without that format in hardware warns once: it
-    runs emulated, slower than fp32.
+    A setting that computes in bf16 or fp16 on a CPU without that format in hardware warns once: it runs
+    emulated, slower than fp32.
     """
     if precision == "fp8-mixed":
         return fp8_on_cpu(device)
     if precision != "auto":
         warn_if_emulated(precision)
-        return autocast_plan(device, precision)
+        return precision_plan(device, precision)
     native = has_native_bf16()
-    plan = autocast_plan(device, "bf16-mixed" if native else "32-true")
     why = ("this CPU computes bf16 natively (AMX, AVX512-BF16 or Arm BF16)" if native else
            "this CPU has no native bf16 arithmetic, so bf16 would be emulated, slower than fp32")
-    return attrs.evolve(plan, description=f"{plan.description} (auto: {why})")
+    return precision_plan(device, "bf16-mixed" if native else "32-true", notes=[f"auto: {why}"])
 
 
 @hookimpl
@@ -193,8 +199,7 @@ def devplug_memory_stats(device: Device) -> MemoryStats:
 @hookimpl
 def devplug_peak_flops(device: Device, precision: str) -> PeakFlops:
     """Computed from the CPU's features and clock (`.peaks`); where it cannot be, measured once per machine."""
-    dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if precision.startswith("16") else torch.float32
-    return peaks.peak_flops(dtype)
+    return peaks.peak_flops(compute_dtype(precision))
 
 
 @hookimpl

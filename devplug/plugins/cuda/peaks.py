@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from devplug.toolkit import find_precision
+
 TERA = 1e12
+#: The peak table's column for each reduced compute dtype.
+_FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 #: name substring -> {precision kind: dense peak TFLOP/s}; ``None`` rows stop a shorter name matching.
 PEAKS: tuple[tuple[str, dict[str, float] | None], ...] = (
@@ -49,12 +53,18 @@ PEAKS: tuple[tuple[str, dict[str, float] | None], ...] = (
 
 
 def precision_kind(precision: str, tf32: bool) -> str:
-    """The number format a plan named ``precision`` multiplies in: fp8, bf16, fp16, tf32 or fp32."""
+    """The number format a plan named ``precision`` multiplies in: fp8, bf16, fp16, tf32 or fp32.
+
+    A registered precision says its compute dtype; another name is read for ``bf16`` / ``fp16`` in it.
+    """
     if "fp8" in precision:
         return "fp8"
-    if "bf16" in precision:
+    known = find_precision(precision)
+    if known is not None and known.compute_dtype in _FORMATS:
+        return _FORMATS[known.compute_dtype]
+    if known is None and "bf16" in precision:
         return "bf16"
-    if precision.startswith("16") or "fp16" in precision:
+    if known is None and "fp16" in precision:
         return "fp16"
     return "tf32" if tf32 else "fp32"
 

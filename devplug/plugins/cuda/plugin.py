@@ -39,6 +39,7 @@ from devplug import (
     Phase,
     PrecisionPlan,
     ShardingPlan,
+    StepMarks,
     hookimpl,
 )
 from devplug.plugins.cuda import doctor, peaks
@@ -111,6 +112,12 @@ def devplug_region(device: Device, name: str) -> Any:
 @hookimpl
 def devplug_mark_step(device: Device, phase: Phase) -> None:
     """Nothing: CUDA executes eagerly (ranges for profilers come from ``devplug_region``)."""
+
+
+@hookimpl
+def devplug_step_marks(device: Device) -> StepMarks:
+    """NVTX ranges only with the device option ``profile``; never a step mark: the step calls neither hook."""
+    return StepMarks(regions=bool(device.options.get("profile")), steps=False)
 
 
 def local_device_index(device: Device, launch: LaunchInfo) -> int:

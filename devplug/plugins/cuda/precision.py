@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from devplug import Device, PrecisionPlan
-from devplug.toolkit import autocast_plan, float8_conversion, fp8_plan, fp8_unavailable
+from devplug.toolkit import find_precision, float8_conversion, fp8_plan, fp8_unavailable, precision_plan
 
 #: First compute capability with TF32 and native bf16 tensor cores (Ampere).
 AMPERE = (8, 0)
@@ -57,38 +57,35 @@ def plan_fp8(device: Device, capability: tuple[int, int]) -> PrecisionPlan:
                                 small_layers=bool(device.options.get("fp8_small_layers", False)),
                                 skip=tuple(device.options.get("fp8_skip", ())))
     gathered = "; FSDP gathers weights in fp8" if gather and recipe == "tensorwise" else ""
-    return fp8_plan("cuda", convert, f"torchao float8 training ({recipe} scaling{gathered}; layers too small for "
+    return fp8_plan(device, convert, f"torchao float8 training ({recipe} scaling{gathered}; layers too small for "
                                      "fp8 to pay stay in bf16), bfloat16 autocast elsewhere")
 
 
 def plan_precision(device: Device, precision: str, *, bf16: bool | None = None) -> PrecisionPlan:
-    """The CUDA precision plan for ``precision`` (``"auto"`` resolved as `resolve_precision` says)."""
+    """The CUDA precision plan for ``precision`` (``"auto"`` resolved as `resolve_precision` says).
+
+    Any registered precision is planned by the precision layer for ``cuda`` (16-mixed with its
+    ``GradScaler("cuda")``); the plugin adds what it knows about the GPU as notes. ``"fp8-mixed"`` is
+    `plan_fp8`'s.
+    """
     if precision == "fp8-mixed":
         from devplug.plugins.cuda.probe import compute_capability
 
         return plan_fp8(device, compute_capability(device.torch_device.index))
     requested = precision
     name = resolve_precision(precision, bf16=bf16)
-    plan = autocast_plan(device, name)  # 16-mixed gets torch.amp.GradScaler("cuda"), bf16 none
     notes = []
     if requested == "auto":
         notes.append("auto: " + ("GPU has native bf16" if name == "bf16-mixed" else "no native bf16 on this GPU"))
-    if name == "bf16-mixed" and requested != "auto":
+    known = find_precision(name)
+    dtype = known.compute_dtype if known is not None else None
+    if dtype == torch.bfloat16 and requested != "auto":
         native = bf16 if bf16 is not None else (native_bf16() if torch.cuda.is_available() else None)
         if native is False:
             notes.append("bf16 is emulated on GPUs older than Ampere and slow; prefer 16-mixed")
-    if name == "32-true" and device.options.get("tf32", True):
+    if dtype == torch.float32 and device.options.get("tf32", True):
         notes.append("TF32 matmul/cuDNN on Ampere and newer")
-    description = plan.description + (f" ({'; '.join(notes)})" if notes else "")
-    return PrecisionPlan(
-        name=plan.name,
-        autocast=plan.autocast,
-        scaler=plan.scaler,
-        convert_module=plan.convert_module,
-        optimizer_step_context=plan.optimizer_step_context,
-        description=description,
-        no_scaler_reason=plan.no_scaler_reason,
-    )
+    return precision_plan(device, name, notes=notes)
 
 
 def configure_tf32(enabled: bool, capability: tuple[int, int]) -> str:

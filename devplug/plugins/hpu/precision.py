@@ -13,6 +13,9 @@
   HMP reads the op lists at ``O1`` only, so lists with ``O2`` are a `PrecisionError` rather than
   silently unused.
 - ``"32-true"``: fp32. ``"16-mixed"``: a `PrecisionError` (fp16 with loss scaling is a GPU recipe).
+
+Every plan, HMP's included, is built through the precision layer (``devplug.toolkit.precision_plan``);
+another registered precision that does not compute in fp16 is planned the same way.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 
 from devplug import Device, PrecisionError, PrecisionPlan
 from devplug.plugins.hpu import runtime
-from devplug.toolkit import autocast_plan
+from devplug.toolkit import find_precision, precision_named, precision_names, precision_plan
 
 HMP_MODULE = "habana_frameworks.torch.hpex.hmp"
 HMP_OPT_LEVELS = ("O1", "O2")
@@ -98,8 +101,8 @@ def _convert_once(hmp: ModuleType, settings: HmpSettings) -> Callable[[torch.nn.
     return convert_module
 
 
-def hmp_plan(settings: HmpSettings) -> PrecisionPlan:
-    """HMP: convert once, no autocast, ``hmp.disable_casts()`` around every optimizer step."""
+def hmp_plan(settings: HmpSettings, device: Device) -> PrecisionPlan:
+    """HMP: bf16-mixed with no autocast, converted once, ``hmp.disable_casts()`` around every optimizer step."""
     try:
         hmp = importlib.import_module(HMP_MODULE)
     except ImportError as exc:
@@ -107,8 +110,10 @@ def hmp_plan(settings: HmpSettings) -> PrecisionPlan:
             f"HMP was asked for, but the installed Intel Gaudi software has no {HMP_MODULE} ({exc}); Intel "
             "deprecated HMP for torch.autocast: use precision='bf16-mixed' (or 'auto') instead"
         ) from exc
-    return PrecisionPlan(
-        name="bf16-mixed",
+    return precision_plan(
+        device,
+        "bf16-mixed",
+        autocast=False,
         convert_module=_convert_once(hmp, settings),
         optimizer_step_context=hmp.disable_casts,
         description=f"Habana Mixed Precision (hmp.convert opt_level={settings.opt_level}, "
@@ -125,20 +130,21 @@ def plan_precision(device: Device, precision: str) -> PrecisionPlan:
         raise PrecisionError(
             "precision='fp8-mixed' on Gaudi trains through the Intel Gaudi Transformer Engine (te.Linear inside "
             "te.fp8_autocast), which this devplug does not drive yet: use precision='bf16-mixed' (or 'auto')")
-    if precision == "16-mixed":
+    known = find_precision(precision)
+    if known is not None and known.compute_dtype == torch.float16:
         raise PrecisionError(
             "precision='16-mixed' (fp16 with a grad scaler) is a GPU recipe; Gaudi trains in bf16, which needs "
             "no loss scaling: use precision='bf16-mixed' (or 'auto')"
         )
     if precision == "hmp" or (hmp_option not in (None, False) and precision in ("auto", "bf16-mixed")):
-        return hmp_plan(HmpSettings.parse(hmp_option))
+        return hmp_plan(HmpSettings.parse(hmp_option), device)
     if hmp_option not in (None, False):
         raise PrecisionError(f"device option hmp={hmp_option!r} needs precision 'auto', 'bf16-mixed' or 'hmp', "
                              f"not {precision!r}")
-    if precision in ("auto", "bf16-mixed"):
-        return autocast_plan(device, "bf16-mixed")
-    if precision == "32-true":
-        return autocast_plan(device, "32-true")
-    raise PrecisionError(
-        f"precision {precision!r} is not one of auto, 32-true, bf16-mixed, hmp (the settings Gaudi runs)"
-    )
+    if precision == "auto":
+        return precision_plan(device, "bf16-mixed")
+    if known is not None:
+        return precision_plan(device, precision)
+    runs = [name for name in precision_names() if precision_named(name).compute_dtype != torch.float16]
+    raise PrecisionError(f"precision {precision!r} is not one of {', '.join(['auto', *runs, 'hmp'])} "
+                         "(the settings Gaudi runs)")

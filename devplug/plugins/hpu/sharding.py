@@ -13,6 +13,7 @@ import torch
 
 from devplug import Device, ShardingPlan
 from devplug.plugins.hpu import mode
+from devplug.toolkit import find_precision
 
 
 def sharding_plan(device: Device, precision: str) -> ShardingPlan:
@@ -21,7 +22,8 @@ def sharding_plan(device: Device, precision: str) -> ShardingPlan:
         return ShardingPlan.unsupported(
             f"{device}: the Gaudi bridge runs in lazy mode, where FSDP does not run; start the process with "
             f"{mode.ENV_LAZY}=0 (eager mode) to shard, or use strategy='ddp'")
-    low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    known = find_precision(precision)
+    low = known.gather_dtype if known is not None else None
     gathered = str(low or "their own dtype").replace("torch.", "")
     return ShardingPlan(supported=True, param_dtype=low, reduce_dtype=torch.float32 if low else None,
                         reshard_after_forward=True, cpu_offload=False, optimizer_kernel="foreach",

@@ -9,6 +9,7 @@ import torch
 from devplug.core.contract import hookspecs
 from devplug.core.contract.records import PrecisionPlan
 from devplug.core.errors import PrecisionError
+from devplug.core.precision import registry
 from devplug.core.precision.fp8_mixed import NAME as FP8
 from devplug.testing.kit import DeviceUnderTest, conformance_check
 
@@ -17,8 +18,9 @@ from devplug.testing.kit import DeviceUnderTest, conformance_check
 def check_precision(dut: DeviceUnderTest, precision: str) -> str:
     """``devplug_precision`` returns a consistent plan, or refuses a mixed setting with ``PrecisionError``.
 
-    ``"auto"`` and ``"32-true"`` must always work. A grad scaler belongs only to ``"16-mixed"``; the
-    autocast context, the optional optimizer-step context and module conversion must all work.
+    ``"auto"`` and ``"32-true"`` must always work. A grad scaler belongs only to a precision that needs one
+    (``"16-mixed"``, or a registered precision that says so); the autocast context, the optional
+    optimizer-step context and module conversion must all work.
     """
     hooks = dut.hooks
     try:
@@ -44,8 +46,11 @@ def check_precision(dut: DeviceUnderTest, precision: str) -> str:
     if precision != "auto" and plan.name != precision:
         raise dut.fail(f"asked for {precision!r}, the plan says {plan.name!r}; raise PrecisionError instead")
     if plan.scaler is not None:
-        if plan.name != "16-mixed":
-            raise dut.fail(f"the {plan.name} plan has a grad scaler; a scaler belongs only to 16-mixed (fp16)")
+        precision_of_plan = registry.find(plan.name)
+        if precision_of_plan is None or not precision_of_plan.needs_scaler:
+            scaled = ", ".join(name for name in registry.names() if registry.get(name).needs_scaler)
+            raise dut.fail(f"the {plan.name} plan has a grad scaler; a scaler belongs only to {scaled} (the "
+                           "precisions that need one)")
         needed = ("scale", "step", "update", "state_dict", "load_state_dict")
         missing = [m for m in needed if not hasattr(plan.scaler, m)]
         if missing:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from devplug.core.contract import hookspecs
-from devplug.core.contract.records import CompilePlan, Phase
+from devplug.core.contract.records import CompilePlan, Phase, StepMarks
 from devplug.testing.kit import DeviceUnderTest, conformance_check
 
 
@@ -20,6 +20,21 @@ def check_mark_step(dut: DeviceUnderTest, phase: Phase) -> str:
     except Exception as exc:
         raise dut.fail(f"devplug_mark_step(phase={phase}) raised {type(exc).__name__}: {exc}") from exc
     return f"mark_step({phase.value}) ok"
+
+
+@conformance_check("devplug_step_marks", since="1.6")
+def check_step_marks(dut: DeviceUnderTest) -> str:
+    """``devplug_step_marks`` answers `StepMarks` (or ``None``), the same each time it is asked."""
+    ask = dut.hooks.each_answer
+    first, again = ask(hookspecs.devplug_step_marks), ask(hookspecs.devplug_step_marks)
+    for plugin, marks in first.items():
+        if marks is not None and not isinstance(marks, StepMarks):
+            raise dut.fail(f"devplug_step_marks of plugin {plugin!r} returned {marks!r}, not devplug.StepMarks")
+        if again[plugin] != marks:
+            raise dut.fail(f"devplug_step_marks of plugin {plugin!r} answered {marks!r}, then {again[plugin]!r}: "
+                           "state what is marked once and for all")
+    shown = [f"{plugin}: regions={m.regions}, steps={m.steps}" for plugin, m in first.items() if m is not None]
+    return "; ".join(shown) or "nothing stated"
 
 
 @conformance_check("devplug_clip_grad_norm")

@@ -23,9 +23,7 @@ from typing import IO
 import numpy as np
 
 from devplug import DataError
-from devplug.toolkit import display_path
-
-from ..text import human_bytes
+from devplug.toolkit import display_path, human_bytes
 
 #: Errors of ``posix_fallocate`` that mean "not supported here", not "no space": the build then goes on
 #: without reserving (writes still fail cleanly with ENOSPC).

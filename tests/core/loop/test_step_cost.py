@@ -1,95 +1,56 @@
 """devplug's own cost per step, counted in Python function calls (deterministic; no clock is read).
 
-The loop an author writes with a Trainer (its loader inside ``epochs()``, ``autocast``, ``backward``,
-``step``, ``log`` every step) against the same plain PyTorch loop, both over the same ready batches. Each
-call is a few tenths of a µs on a CPU, so a budget in calls keeps the per-step overhead at its floor
-without timing anything (``benchmarks/step_overhead.py`` gives the µs).
+Each call is a few tenths of a µs on a CPU, so a budget in calls keeps the per-step overhead at its floor
+without timing anything (``benchmarks/step_overhead.py`` gives the µs). The counting loop is in
+``tests/step_cost.py``.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterator
+import contextlib
 
 import pytest
-import torch
+from step_cost import BUDGET, STEPS, added_calls_per_step
 
 import devplug
-
-STEPS = 60
-#: Python calls per step devplug may add to the plain loop (autocast, backward, step, log: one each, plus
-#: the loader's batch: drawing, moving through the plugin, counting). It was over 70 before they were trimmed.
-BUDGET = 30
+from devplug.core.registry.manager import create_plugin_manager
 
 
-class Batches:
-    """Ready (inputs, targets) batches: an iterable the Trainer uses as the author's own loader."""
+class MarksNothing:
+    """A device-neutral plugin that answers region and mark_step as no-ops (as the CUDA plugin does without
+    profiling), counting the calls; ``stated``: whether it says so through ``devplug_step_marks``."""
 
-    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.batches = batches
+    def __init__(self, stated: bool) -> None:
+        self.calls = 0
+        if stated:
+            self.devplug_step_marks = devplug.hookimpl(lambda device: devplug.StepMarks(regions=False, steps=False))
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return iter(self.batches)
+    @devplug.hookimpl
+    def devplug_region(self, device: devplug.Device, name: str) -> contextlib.AbstractContextManager[None]:
+        self.calls += 1
+        return contextlib.nullcontext()
 
-    def __len__(self) -> int:
-        return len(self.batches)
-
-
-def python_calls(run: Callable[[], None]) -> int:
-    """Python function calls (and generator resumptions) made while ``run`` runs."""
-    calls = 0
-
-    def count(frame: object, event: str, arg: object) -> None:
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    sys.setprofile(count)
-    try:
-        run()
-    finally:
-        sys.setprofile(None)
-    return calls
+    @devplug.hookimpl
+    def devplug_mark_step(self, device: devplug.Device, phase: devplug.Phase) -> None:
+        self.calls += 1
 
 
 @pytest.mark.parametrize("log_every", [10**9, 20], ids=["between-log-points", "with-log-points"])
 def test_the_devplug_loop_adds_few_python_calls_per_step_to_the_plain_loop(log_every):
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)) for _ in range(STEPS)]
-    torch.manual_seed(0)
-    plain_model = torch.nn.Linear(8, 8)
-    plain_opt = torch.optim.Adam(plain_model.parameters(), lr=0.1, foreach=False)
-    kept: list[torch.Tensor] = []
-
-    def plain() -> None:
-        for x, y in batches:
-            x, y = x.to("cpu"), y.to("cpu")
-            loss = torch.nn.functional.mse_loss(plain_model(x), y)
-            loss.backward()
-            plain_opt.step()
-            plain_opt.zero_grad(set_to_none=True)
-            kept.append(loss.detach())
-
-    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_every=log_every,
-                              stop_signals=(), count_flops=False)
-    torch.manual_seed(0)
-    model = trainer.setup(torch.nn.Linear(8, 8))
-    opt = trainer.optimizer("adam", model.parameters(), lr=0.1, foreach=False)  # the plain loop's implementation
-    loader = trainer.dataloader(Batches(batches))
-    epochs = trainer.epochs(10)
-
-    def with_devplug() -> None:
-        next(epochs)
-        for x, y in loader:
-            with trainer.autocast():
-                loss = torch.nn.functional.mse_loss(model(x), y)
-            trainer.backward(loss)
-            trainer.step(opt)
-            trainer.log(loss=loss)
-
-    plain(), with_devplug()  # warmed up: one-time work (first optimizer step, first epoch) is not counted
-    added = (python_calls(with_devplug) - python_calls(plain)) / STEPS
-    epochs.close()
-    trainer.close()
-    assert torch.equal(model.weight, plain_model.weight)  # the same work was done
+    added = added_calls_per_step(log_every)
     assert added <= BUDGET, f"the devplug loop adds {added:.1f} Python calls per step (budget {BUDGET})"
+
+
+def test_a_plugin_that_states_it_marks_nothing_costs_nothing_per_step():
+    plugin = MarksNothing(stated=True)
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("marks-nothing", plugin)])
+    added = added_calls_per_step(10**9, pm)
+    assert plugin.calls == 0  # neither hook is called in a step
+    assert added <= BUDGET, f"with a plugin that marks nothing, {added:.1f} Python calls per step (budget {BUDGET})"
+
+
+def test_a_plugin_that_does_not_state_its_marks_is_still_called_every_step():
+    plugin = MarksNothing(stated=False)  # written before devplug_step_marks: taken to mark what it implements
+    added_calls_per_step(10**9, create_plugin_manager(autoload=False, extra_plugins=[("marks-unstated", plugin)]))
+    # regions forward, backward, optimizer_step and data_wait, and two step marks, in each step of both epochs
+    assert plugin.calls >= 6 * STEPS * 2

@@ -34,9 +34,10 @@ import torch
 
 import devplug
 from devplug.toolkit import (
-    autocast_plan,
+    find_precision,
     measured_matmul_flops,
     move_to,
+    precision_plan,
     torch_dataloader,
     torch_optimizer_class,
     torch_sharding_plan,
@@ -44,7 +45,7 @@ from devplug.toolkit import (
 
 #: The hook contract this plugin was written for (``devplug.CONTRACT_VERSION`` when it was written).
 #: devplug skips, with a clear message, a plugin written for a newer contract or another major version.
-DEVPLUG_CONTRACT = "1.6"
+DEVPLUG_CONTRACT = "1.7"
 
 NAME = "cpusim"
 #: Setting this variable makes the device report itself unavailable (to see a probe's reason in action).
@@ -123,15 +124,18 @@ def devplug_optimizer(
 
 @devplug.hookimpl
 def devplug_precision(device: devplug.Device, precision: str) -> devplug.PrecisionPlan:
-    """``auto`` → fp32; ``bf16-mixed`` through CPU autocast; ``16-mixed`` refused (the simulator has no fp16).
+    """``auto`` → fp32; any precision computing in fp16 refused (the simulator has no fp16); the rest as planned.
 
-    Refusing a setting is part of the contract: raise ``devplug.PrecisionError`` saying what to use.
+    Refusing a setting is part of the contract: raise ``devplug.PrecisionError`` saying what to use. A
+    precision is an object (``find_precision``): the plugin reads its compute dtype and asks it for its
+    plan with the device's parameters (``precision_plan``) rather than restating it.
     """
     if precision == "auto":
         precision = "32-true"
-    if precision == "16-mixed":
+    known = find_precision(precision)
+    if known is not None and known.compute_dtype == torch.float16:
         raise devplug.PrecisionError("cpusim has no fp16 units; use precision='bf16-mixed' or '32-true'")
-    plan = autocast_plan(device, precision)
+    plan = precision_plan(device, precision)  # an unknown name is a PrecisionError listing the known ones
     return attrs.evolve(plan, description=f"cpusim: {plan.description}")
 
 
@@ -153,8 +157,8 @@ def devplug_peak_flops(device: devplug.Device, precision: str) -> float | None:
 
     A real plugin returns the datasheet figure for the model it finds (``None`` when it does not know it).
     """
-    dtype = torch.bfloat16 if "bf16" in precision else torch.float32
-    return measured_matmul_flops("cpu", dtype)
+    known = find_precision(precision)
+    return measured_matmul_flops("cpu", known.compute_dtype if known is not None else torch.float32)
 
 
 @devplug.hookimpl
@@ -164,6 +168,17 @@ def devplug_mark_step(device: devplug.Device, phase: devplug.Phase) -> None:
     The simulator executes eagerly, so it only counts. Never synchronize with the host here.
     """
     MARKED[phase.value] += 1
+
+
+@devplug.hookimpl
+def devplug_step_marks(device: devplug.Device) -> devplug.StepMarks:
+    """What the two hooks above mark, stated once per Trainer: the step leaves out a hook that marks nothing.
+
+    Both mark here (profiler ranges, step counts). A real eager device that marks no step says
+    ``steps=False`` (and a region that only marks while profiling says ``regions=bool(...)``), so its step
+    calls neither hook.
+    """
+    return devplug.StepMarks(regions=True, steps=True)
 
 
 @devplug.hookimpl
