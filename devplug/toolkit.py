@@ -3,6 +3,9 @@
 A device plugin usually differs from plain PyTorch in a few places; these let it reuse the rest:
 
 - `move_to`, `map_tensors` — move modules, tensors and nested batches;
+- `autocast_plan` — a precision plan from ``torch.autocast`` and ``torch.amp.GradScaler``;
+- `fp8_plan`, `float8_conversion`, `pays_off`, `fp8_unavailable` — the ``"fp8-mixed"`` plan
+  (torchao's float8 training, a recipe, emulation, which layers pay) and the refusal naming fp8 hardware;
 - `precision_plan` — a registered precision's plan, parameterised by the device (scaler, autocast or
   a module conversion, notes for the summary); `autocast_plan` — its short form;
   `precision_named` / `find_precision` / `precision_names` — a registered `Precision` (its compute dtype,
@@ -95,7 +98,7 @@ from devplug.core.fallback.accelerator import (
     select_device,
     synchronize,
 )
-from devplug.core.fallback.precision import autocast_plan, precision_plan, torch_precision_plan
+from devplug.core.fallback.precision import autocast_plan, fp8_plan, precision_plan, torch_precision_plan
 from devplug.core.fallback.sharding import torch_sharding_plan
 from devplug.core.log_once import forget_logged, log_once
 from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops
@@ -118,6 +121,7 @@ from devplug.core.optim.torch_optimizers import (
 )
 from devplug.core.precision.autocast import AutocastPrecision
 from devplug.core.precision.base import Precision, PrecisionParams
+from devplug.core.precision.fp8_mixed import float8_conversion, fp8_unavailable, pays_off
 from devplug.core.precision.registry import find as find_precision
 from devplug.core.precision.registry import get as precision_named
 from devplug.core.precision.registry import names as precision_names
@@ -171,7 +175,10 @@ __all__ = [
     "evaluation_shard",
     "fastest_torch_optimizer",
     "find_precision",
+    "float8_conversion",
     "forget_logged",
+    "fp8_plan",
+    "fp8_unavailable",
     "human_bytes",
     "image_transform",
     "list_images",
@@ -186,6 +193,7 @@ __all__ = [
     "move_to",
     "native_bf16",
     "native_groups",
+    "pays_off",
     "precision_named",
     "precision_names",
     "precision_plan",

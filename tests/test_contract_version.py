@@ -37,7 +37,7 @@ def test_the_version_is_written_once_in_the_package():
     literals = [f"{path.relative_to(REPO)}:{number}" for path in sorted((REPO / "devplug").rglob("*.py"))
                 for number, line in enumerate(path.read_text().splitlines(), 1)
                 if re.match(r'\s*(DEVPLUG_CONTRACT|CONTRACT_VERSION)\s*=\s*["\']', line)]
-    assert literals == ["devplug/core/contract/records.py:22"], literals
+    assert [place.split(":")[0] for place in literals] == ["devplug/core/contract/records.py"], literals
 
 
 def test_every_template_plugin_declares_the_current_contract():

@@ -49,8 +49,11 @@ def build_parser() -> ConfigParser:
     parser.bind(TrainerConfig, [
         Flag("device", help="device to train on: auto, cpu, cuda, hpu, NAME:INDEX, or any plugin's device "
                             "(default: $DEVPLUG_DEVICE, else auto = the best available; see `devplug devices`)"),
-        Flag("precision", help=f"auto (the device plugin's best), {', '.join(precision_names())}, or a name the "
-                               "device plugin knows (default: auto)"),
+        Flag("precision", help=f"auto (the device plugin's best), {', '.join(precision_names())} (fp8-mixed: fp8 "
+                               "matrix multiplies where the device has them), or a name the device plugin knows "
+                               "(default: auto)"),
+        Flag("compile", help="torch.compile each transformer block (the whole model when not sharded) with the "
+                             "backend the device plugin names; the summary says which (default: off)"),
         Flag("strategy", choices=("auto", "ddp", "fsdp", "tp", "fsdp+tp"),
              help="auto: DDP when launched with more than one process, else one plain process; ddp; fsdp: shard "
                   "weights, gradients and optimizer state across the ranks, one unit per transformer block, as the "

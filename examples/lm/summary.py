@@ -27,6 +27,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("device", f"{device} (plugin {summary['device_plugin']})"),
         ("precision", f"{summary['precision']}: {summary['precision_detail']}"),
         ("strategy", f"{summary['strategy']}; sharding: {summary['sharding']}"),
+        ("compile", summary.get("compiled") or "off"),
         ("optimizer", summary["optimizer"]),
         ("model", f"{summary['parameters']:,} parameters: width {spec['width']}, {spec['layers']} layers, "
                   f"{spec['heads']} heads, context {spec['context']}"

@@ -361,6 +361,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "world_size": values["world_size"],
         "precision": values["precision"],
         "precision_detail": values["precision_detail"],
+        "compiled": values["compiled"].get("lm"),
         "strategy": trainer.strategy,
         "sharding": sharding_reason(trainer),
         "optimizer": trainer.optimizer_implementation(run.optimizer),

@@ -389,13 +389,17 @@ def test_mixed_precision_trains_sharded_through_autocast_and_the_grad_scaler(pre
 
 
 @pytest.mark.slow
-def test_a_sharded_module_is_compiled_after_sharding_and_trains_the_same():
+def test_a_sharded_module_is_compiled_block_by_block_after_sharding_and_trains_the_same():
     losses = {}
     for compiled in (False, True):
         options = {"compile": True, "compile_options": {"backend": "aot_eager"}} if compiled else {}
         trainer = _trainer(strategy="fsdp", **options)
         model = trainer.setup(make_lm(), name="lm", shard=[Block])
-        assert fsdp.is_sharded(trainer._modules["lm"]) and (type(model).__name__ == "OptimizedModule") == compiled
+        blocks = [m for m in model.modules() if isinstance(m, Block)]
+        assert fsdp.is_sharded(trainer._modules["lm"]) and type(model).__name__ != "OptimizedModule"  # root eager
+        assert blocks and all((m._compiled_call_impl is not None) == compiled for m in blocks)
+        assert trainer.summary()["compiled"] == (
+            {"lm": f"{len(blocks)} sharded blocks (Block) compiled with aot_eager"} if compiled else {})
         opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2)
         for step in range(3):
             loss = lm_loss(model, rank_batch(step, 0, 1))

@@ -59,6 +59,7 @@ def test_a_tiny_run_learns_and_reports_held_out_perplexity(tmp_path, capsys):
     (["--width", "30", "--heads", "4"], "--width 30 is not a multiple of --heads 4"),
     (["--min-lr", "1", "--lr", "0.1"], "--min-lr 1 is above --lr 0.1"),
     (["--resume", "/nonexistent/ckpt"], "checkpoint '/nonexistent/ckpt' does not exist"),
+    (["--precision", "fp8-mixed"], "precision 'fp8-mixed' needs fp8 matrix units, which this CPU lacks"),
 ])
 def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, expected):
     try:
@@ -151,6 +152,19 @@ def test_sharded_on_one_process_consolidates_and_resumes_without_sharding(tmp_pa
     assert summary_of(out)["steps"] == 6 and summary_of(out)["tokens_this_run"] == 2 * 8 * 16
 
 
+@pytest.mark.slow
+def test_compile_learns_the_eager_curve_and_the_summary_names_the_backend(tmp_path, capsys):
+    curves = {}
+    for flags in ([], ["--compile"]):
+        out = tmp_path / ("compiled" if flags else "eager")
+        assert run("--steps", "5", "--log-every", "1", "--eval-every", "0", "--sample-bytes", "0", "--out", str(out),
+                   *flags) == 0
+        curves[bool(flags)] = _losses(capsys.readouterr().out)
+        compiled = summary_of(out)["compiled"]
+    assert len(curves[True]) == 5 and curves[True] == pytest.approx(curves[False], rel=1e-4)
+    assert compiled == "compiled whole with inductor"
+
+
 def test_help_documents_every_flag():
     parser = cli.build_parser()
     for action in parser._actions:
@@ -160,7 +174,7 @@ def test_help_documents_every_flag():
     for flag in ("--device", "--precision", "--strategy", "--steps", "--batch-size", "--context", "--width",
                  "--layers", "--heads", "--lr", "--warmup", "--min-lr", "--accumulate", "--clip", "--eval-every",
                  "--eval-batches", "--out", "--save-every", "--auto-resume", "--resume", "--recompute",
-                 "--consolidate", "--seed"):
+                 "--consolidate", "--seed", "--compile"):
         assert flag in text
 
 

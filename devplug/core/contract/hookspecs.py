@@ -44,6 +44,7 @@ import torch
 
 from devplug.core.contract.records import (
     CollectiveSetup,
+    CompilePlan,
     Device,
     DeviceSpec,
     DoctorReport,
@@ -149,6 +150,19 @@ def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, 
     compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. Must return promptly (compile lazily,
     as ``torch.compile`` does, on the first call): the hook is not bounded by devplug, and one that blocks
     blocks the Trainer; that is the plugin's responsibility. First-result.
+    """
+
+
+@hookspec(firstresult=True)
+def devplug_compile_plan(device: Device) -> CompilePlan | None:
+    """Return how ``device`` compiles a model: a `CompilePlan` (``torch.compile`` backend and options, or none).
+
+    Called once by ``Trainer.setup`` when compilation is enabled (``Trainer(compile=True)``), before the
+    first module is compiled. The Trainer, not the plugin, applies the plan: per block under FSDP (each
+    sharded block compiled in place, not the sharded root), the whole module otherwise, and the run summary
+    names the backend. ``CompilePlan(backend=None, reason=...)`` leaves the model uncompiled (a device whose
+    runtime builds graphs itself). ``None`` defers to the next plugin; the core fallback answers
+    ``"inductor"``. Optional (contract 1.7). First-result.
     """
 
 

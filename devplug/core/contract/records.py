@@ -22,7 +22,7 @@ from devplug.core.precision.registry import choices
 #: Version of the hook contract (not of the devplug package; see docs/plugins.md "Contract versions").
 #: A plugin declares what it needs with ``DEVPLUG_CONTRACT``: ``"1.1"`` (that minor or newer, same major)
 #: or a range such as ``">=1.0,<3"``; a plugin this devplug cannot serve is reported and skipped.
-CONTRACT_VERSION = "1.6"
+CONTRACT_VERSION = "1.7"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -225,6 +225,35 @@ class StepMarks:
 #: Precision names understood by devplug, in the conventions PyTorch users already know.
 #: ``"auto"`` and the built-in precisions, from `devplug.core.precision.registry` (the one place the names live).
 PRECISIONS = choices()
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return dict(value)
+
+
+@attrs.frozen
+class CompilePlan:
+    """How a device compiles a model (contract 1.7): the ``torch.compile`` backend and options, or none.
+
+    - ``backend``: the ``torch.compile`` backend name (``"inductor"``, ``"hpu_backend"``), or ``None`` when the
+      device should not be compiled (say why in ``reason``).
+    - ``options``: further keyword arguments for ``torch.compile`` (``mode``, ``dynamic``, ``options``, ...);
+      the author's ``compile_options`` are laid over them.
+    - ``reason``: why this backend (or why none), in a few words, for the run summary.
+
+    The Trainer applies the plan per block (``nn.Module.compile`` on each block in place), so parameter
+    names and checkpoints are those of the uncompiled model.
+    """
+
+    backend: str | None = attrs.field(validator=attrs.validators.optional(attrs.validators.instance_of(str)))
+    options: dict[str, Any] = attrs.field(factory=dict, converter=_as_dict)
+    reason: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+
+    def __attrs_post_init__(self) -> None:
+        if self.backend is not None and not self.backend.strip():
+            raise ValueError("a CompilePlan's backend is a torch.compile backend name, or None for no compile")
+        if self.backend is None and not self.reason.strip():
+            raise ValueError("a CompilePlan without a backend must say in reason why the device is not compiled")
 
 
 #: The optimizer kernels a ShardingPlan may allow over sharded (DTensor) parameters, as torch.optim options.

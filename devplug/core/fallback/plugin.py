@@ -18,6 +18,7 @@ import torch
 from devplug.core.contract.hookimpl import hookimpl
 from devplug.core.contract.records import (
     CollectiveSetup,
+    CompilePlan,
     Device,
     DoctorReport,
     LaunchInfo,
@@ -121,6 +122,12 @@ def devplug_synchronize(device: Device) -> bool:
 def devplug_memory_stats(device: Device) -> MemoryStats | None:
     """``torch.accelerator`` memory statistics, else the device module's; None where torch reports nothing."""
     return accelerator.memory_stats(device.torch_device)
+
+
+@hookimpl(trylast=True)
+def devplug_compile_plan(device: Device) -> CompilePlan:
+    """``torch.compile``'s default backend, inductor (C++/OpenMP on the CPU, Triton on GPUs)."""
+    return CompilePlan(backend="inductor", reason="torch.compile's default backend")
 
 
 @hookimpl(trylast=True)

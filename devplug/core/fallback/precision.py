@@ -68,3 +68,9 @@ def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:
         chosen = "bf16-mixed" if bf16 else "32-true"
     plan = autocast_plan(device, chosen)
     return attrs.evolve(plan, description=f"{plan.description} (auto: {why})")
+
+
+def fp8_plan(device: Device, convert: Callable[[torch.nn.Module], torch.nn.Module],
+             description: str) -> PrecisionPlan:
+    """The ``"fp8-mixed"`` plan: ``convert`` applied to each module, the rest of the model in bfloat16 autocast."""
+    return precision_plan(device, "fp8-mixed", convert_module=convert, description=description)

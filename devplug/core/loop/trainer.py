@@ -30,6 +30,7 @@ from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.core.checkpoint.resume import Resumed
 from devplug.core.contract import hookspecs as spec
 from devplug.core.contract.records import (
+    CompilePlan,
     LaunchInfo,
     MemoryStats,
     OptimizerChoice,
@@ -127,6 +128,8 @@ class Trainer:
         self.strategy: str = self._strategy.name
         self.sharding: ShardingPlan | None = self._strategy.sharding
         self._modules: dict[str, torch.nn.Module] = {}
+        self._compile_plan: CompilePlan | None = None
+        self._compiled: dict[str, str] = {}  # module name: what compiling it did
         self._optimizers: dict[str, OptimizerChoice] = {}
         self._stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # what step() was given
         self._stepped_ids: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # id → the optimizer, to add it once
@@ -302,9 +305,21 @@ class Trainer:
         plan = {} if tp_plan is None else {"tp_plan": tp_plan}
         module = self._strategy.prepare(module, shard, **plan)  # FSDP shards, TP splits, in place, before compiling
         if self._config.compile:
-            compiled = self._hooks(spec.devplug_compile, module=module, options=dict(self._config.compile_options))
-            module = compiled if compiled is not None else module
+            module = self._compile(key, module)
         return self._strategy.wrap(module)
+
+    def _compile(self, key: str, module: torch.nn.Module) -> Any:
+        # the device plugin's backend and options, applied per sharded block (or whole); the summary says which
+        from devplug.core.loop.compiling import apply_compile
+
+        if self._compile_plan is None:
+            plan, plugin = self._hooks.first_answer(spec.devplug_compile_plan)
+            if not isinstance(plan, CompilePlan):
+                raise PluginError(f"plugin {plugin or 'unknown'} answered devplug_compile_plan with {plan!r}, "
+                                  "not a devplug.CompilePlan")
+            self._compile_plan = plan
+        module, self._compiled[key] = apply_compile(module, self._compile_plan, self._config.compile_options)
+        return module
 
     def optimizer(self, algorithm: str | type[torch.optim.Optimizer], params: Iterable[Any], *,
                   name: str | None = None, **options: Any) -> torch.optim.Optimizer:
@@ -767,6 +782,7 @@ class Trainer:
             "precision": self.precision.name,
             "precision_detail": self.precision.description,
             "optimizers": {k: c.implementation for k, c in self._optimizers.items()},
+            "compiled": dict(self._compiled),
             "loaders": [loader.implementation for loader in self._loaders],
             "steps": self.global_step,
             "epoch": self.epoch,

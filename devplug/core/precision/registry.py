@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from devplug.core.errors import PrecisionError
-from devplug.core.precision import bf16_mixed, fp16_mixed, full_32
+from devplug.core.precision import bf16_mixed, fp8_mixed, fp16_mixed, full_32
 from devplug.core.precision.base import REGISTERED as _REGISTERED
 from devplug.core.precision.base import Precision
 
@@ -74,3 +74,4 @@ def get(name: str) -> Precision:
 register(full_32.PRECISION)
 register(fp16_mixed.PRECISION)
 register(bf16_mixed.PRECISION)
+register(fp8_mixed.PRECISION)

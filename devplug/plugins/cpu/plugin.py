@@ -29,6 +29,9 @@ from devplug import (
 from devplug.plugins.cpu import peaks
 from devplug.toolkit import (
     find_precision,
+    float8_conversion,
+    fp8_plan,
+    fp8_unavailable,
     log_once,
     precision_plan,
     process_memory_stats,
@@ -142,6 +145,16 @@ def warn_if_emulated(precision: str) -> None:
              "precision='auto' picks the fastest this CPU computes", logging.WARNING)
 
 
+def fp8_on_cpu(device: Device) -> PrecisionPlan:
+    """CPUs have no fp8 matrix units: refused, unless ``device_options={"fp8": "emulate"}`` asks for torchao's
+    emulation (the whole fp8 path run in higher precision, to test a model or a plugin here, never faster)."""
+    if device.options.get("fp8") != "emulate":
+        raise fp8_unavailable("this CPU", "device_options={'fp8': 'emulate'} runs it emulated, to test a model")
+    convert = float8_conversion(recipe="tensorwise", emulate=True, fp8_all_gather=False, small_layers=True)
+    return fp8_plan(device, convert, "torchao float8 training, emulated on the CPU (tensorwise scaling; "
+                                    "device option fp8='emulate'), bfloat16 autocast elsewhere")
+
+
 @hookimpl
 def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
     """``auto`` → bf16-mixed on CPUs with native bf16, else 32-true; any registered precision as it plans itself.
@@ -149,6 +162,8 @@ def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
     A setting that computes in bf16 or fp16 on a CPU without that format in hardware warns once: it runs
     emulated, slower than fp32.
     """
+    if precision == "fp8-mixed":
+        return fp8_on_cpu(device)
     if precision != "auto":
         warn_if_emulated(precision)
         return precision_plan(device, precision)

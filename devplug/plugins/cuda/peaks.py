@@ -1,7 +1,8 @@
 """Peak dense FLOP/s of current NVIDIA GPUs by name and precision (for MFU).
 
 Figures are NVIDIA's published datasheet numbers for the tensor cores *without* structured sparsity (the
-datasheets' "with sparsity" figures halved); ``fp32`` is the non-tensor FP32 rate. Matching is by
+datasheets' "with sparsity" figures halved); ``fp32`` is the non-tensor FP32 rate; ``fp8`` is the FP8 tensor
+rate (H100 SXM: 3,958 TFLOP/s with sparsity, 1,979 dense), on Ada, Hopper and Blackwell only. Matching is by
 substring of ``torch.cuda.get_device_name()``, most specific first. A GPU not listed reports ``None``
 (MFU is then not shown); add it here with its source.
 """
@@ -19,26 +20,26 @@ _FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: name substring -> {precision kind: dense peak TFLOP/s}; ``None`` rows stop a shorter name matching.
 PEAKS: tuple[tuple[str, dict[str, float] | None], ...] = (
     # NVIDIA HGX B200 datasheet (8 GPUs: 36 PF FP16/BF16 and 18 PF TF32 with sparsity, 600 TF FP32)
-    ("B200", {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0}),
+    ("B200", {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0}),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): same compute as H100 SXM
-    ("H200", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
+    ("H200", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9}),
     # NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 SXM's compute
-    ("GH200", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
+    ("GH200", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9}),
     # NVIDIA H100 Tensor Core GPU datasheet: H100 PCIe, H100 NVL, H100 SXM5
-    ("H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
-    ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
-    ("H100", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
+    ("H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0}),
+    ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.5}),
+    ("H100", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9}),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe share the peak)
     ("A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
     ("A10G", None),  # AWS's A10G has its own (unpublished by NVIDIA) clocks: not the A10's figures
     # NVIDIA A10 Tensor Core GPU datasheet
     ("A10", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
     # NVIDIA L40S datasheet
-    ("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05}),
+    ("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05, "fp8": 733.0}),
     # NVIDIA L40 datasheet
     ("L40", {"fp32": 90.5, "tf32": 90.5, "bf16": 181.0, "fp16": 181.0}),
     # NVIDIA L4 Tensor Core GPU datasheet
-    ("L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
+    ("L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.5}),
     # NVIDIA V100 Tensor Core GPU datasheet (SXM2 / PCIe); no BF16, no TF32
     ("V100-SXM", {"fp32": 15.7, "fp16": 125.0}),
     ("V100", {"fp32": 14.0, "fp16": 112.0}),
@@ -52,10 +53,12 @@ PEAKS: tuple[tuple[str, dict[str, float] | None], ...] = (
 
 
 def precision_kind(precision: str, tf32: bool) -> str:
-    """The number format a plan named ``precision`` multiplies in: bf16, fp16, tf32 or fp32.
+    """The number format a plan named ``precision`` multiplies in: fp8, bf16, fp16, tf32 or fp32.
 
     A registered precision says its compute dtype; another name is read for ``bf16`` / ``fp16`` in it.
     """
+    if "fp8" in precision:
+        return "fp8"
     known = find_precision(precision)
     if known is not None and known.compute_dtype in _FORMATS:
         return _FORMATS[known.compute_dtype]

@@ -24,6 +24,7 @@ import torch
 from devplug import (
     CONTRACT_VERSION,
     CollectiveSetup,
+    CompilePlan,
     Device,
     DeviceSpec,
     DevplugError,
@@ -186,6 +187,15 @@ def devplug_memory_stats(device: Device) -> MemoryStats:
         peak_allocated=torch.cuda.max_memory_allocated(where),
         total=torch.cuda.get_device_properties(where).total_memory,
     )
+
+
+@hookimpl
+def devplug_compile_plan(device: Device) -> CompilePlan:
+    """Inductor (Triton kernels); the device option ``cuda_graphs`` adds ``mode="reduce-overhead"``."""
+    if device.options.get("cuda_graphs"):
+        return CompilePlan(backend="inductor", options={"mode": "reduce-overhead"},
+                           reason="Triton kernels, replayed as CUDA graphs (device option cuda_graphs)")
+    return CompilePlan(backend="inductor", reason="Triton kernels")
 
 
 @hookimpl

@@ -4,6 +4,7 @@
   Trainer saves in checkpoints.
 - ``"bf16-mixed"``: ``torch.autocast("cuda", bfloat16)``, no scaler (bf16 has fp32's exponent range).
 - ``"auto"``: bf16-mixed on GPUs with native bf16 (Ampere, compute capability 8.0, and newer), else 16-mixed.
+- ``"fp8-mixed"``: torchao's float8 training on compute capability 8.9 and newer (`plan_fp8`).
 - ``"32-true"``: fp32; on Ampere and newer its matmuls and convolutions use TF32 tensor cores unless the
   device option ``tf32`` is False (see `configure_tf32`).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from devplug import Device, PrecisionPlan
-from devplug.toolkit import find_precision, precision_plan
+from devplug.toolkit import find_precision, float8_conversion, fp8_plan, fp8_unavailable, precision_plan
 
 #: First compute capability with TF32 and native bf16 tensor cores (Ampere).
 AMPERE = (8, 0)
@@ -36,12 +37,41 @@ def resolve_precision(precision: str, *, bf16: bool | None = None) -> str:
     return "bf16-mixed" if bf16 else "16-mixed"
 
 
+#: First compute capability with fp8 tensor cores (Ada Lovelace; Hopper is 9.0).
+FP8_CAPABILITY = (8, 9)
+
+
+def plan_fp8(device: Device, capability: tuple[int, int]) -> PrecisionPlan:
+    """``"fp8-mixed"``: torchao's float8 training on compute capability 8.9 and newer, refused on older GPUs.
+
+    Device options: ``fp8_recipe`` (``"tensorwise"``, the default, or ``"rowwise"``); ``fp8_all_gather``
+    (default True: FSDP2 gathers tensorwise-scaled weights in fp8, half the bytes of bf16); ``fp8_small_layers``
+    (default False: layers below the sizes where fp8 pays stay in bf16); ``fp8_skip`` (names of layers to keep
+    in bf16, e.g. ``["head"]``).
+    """
+    if tuple(capability) < FP8_CAPABILITY:
+        raise fp8_unavailable(f"this GPU (compute capability {capability[0]}.{capability[1]})")
+    recipe = str(device.options.get("fp8_recipe", "tensorwise"))
+    gather = bool(device.options.get("fp8_all_gather", True))
+    convert = float8_conversion(recipe=recipe, fp8_all_gather=gather,
+                                small_layers=bool(device.options.get("fp8_small_layers", False)),
+                                skip=tuple(device.options.get("fp8_skip", ())))
+    gathered = "; FSDP gathers weights in fp8" if gather and recipe == "tensorwise" else ""
+    return fp8_plan(device, convert, f"torchao float8 training ({recipe} scaling{gathered}; layers too small for "
+                                     "fp8 to pay stay in bf16), bfloat16 autocast elsewhere")
+
+
 def plan_precision(device: Device, precision: str, *, bf16: bool | None = None) -> PrecisionPlan:
     """The CUDA precision plan for ``precision`` (``"auto"`` resolved as `resolve_precision` says).
 
     Any registered precision is planned by the precision layer for ``cuda`` (16-mixed with its
-    ``GradScaler("cuda")``); the plugin adds what it knows about the GPU as notes.
+    ``GradScaler("cuda")``); the plugin adds what it knows about the GPU as notes. ``"fp8-mixed"`` is
+    `plan_fp8`'s.
     """
+    if precision == "fp8-mixed":
+        from devplug.plugins.cuda.probe import compute_capability
+
+        return plan_fp8(device, compute_capability(device.torch_device.index))
     requested = precision
     name = resolve_precision(precision, bf16=bf16)
     notes = []

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from devplug import Device, Phase
+from devplug import CompilePlan, Device, Phase
 from devplug.plugins.hpu import runtime
 
 ENV_LAZY = "PT_HPU_LAZY_MODE"
@@ -68,6 +68,20 @@ def mark_step(device: Device, phase: Phase) -> None:
     rt = activate(device)
     if rt.lazy:
         rt.htcore.mark_step()
+
+
+def compile_plan(device: Device) -> CompilePlan:
+    """``hpu_backend`` in eager mode; no compile in lazy mode, whose bridge builds graphs between mark_steps.
+
+    Intel documents eager mode with ``torch.compile(backend="hpu_backend")`` as the default execution path
+    and lazy mode as the legacy one (https://docs.habana.ai/en/latest/PyTorch/PyTorch_Gaudi_Theory_of_Operations.html,
+    "Execution Modes").
+    """
+    if activate(device).lazy:
+        return CompilePlan(backend=None, reason=(
+            f"lazy mode compiles graphs between mark_step calls itself; start with {ENV_LAZY}=0 for eager mode "
+            "and torch.compile(backend='hpu_backend')"))
+    return CompilePlan(backend="hpu_backend", reason="eager mode: the Gaudi graph compiler through torch.compile")
 
 
 def compile_module(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> Any:

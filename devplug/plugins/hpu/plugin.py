@@ -9,6 +9,7 @@ import torch
 from devplug import (
     CONTRACT_VERSION,
     CollectiveSetup,
+    CompilePlan,
     Device,
     DeviceSpec,
     DoctorReport,
@@ -97,6 +98,12 @@ def devplug_synchronize(device: Device) -> bool:
 def devplug_memory_stats(device: Device) -> MemoryStats:
     """Memory figures from ``torch.hpu``."""
     return stats.memory_stats(device)
+
+
+@hookimpl
+def devplug_compile_plan(device: Device) -> CompilePlan:
+    """``hpu_backend`` in eager mode; none in lazy mode (it builds graphs itself)."""
+    return mode.compile_plan(device)
 
 
 @hookimpl

@@ -124,6 +124,12 @@ def hmp_plan(settings: HmpSettings, device: Device) -> PrecisionPlan:
 def plan_precision(device: Device, precision: str) -> PrecisionPlan:
     """The precision plan for ``precision`` on a Gaudi device (see the module docstring)."""
     hmp_option = device.options.get("hmp")
+    if precision == "fp8-mixed":
+        # Intel's fp8 training path is the Gaudi Transformer Engine: te.Linear modules inside te.fp8_autocast
+        # with a DelayedScaling recipe (https://docs.habana.ai/en/latest/PyTorch/PyTorch_FP8_Training/index.html).
+        raise PrecisionError(
+            "precision='fp8-mixed' on Gaudi trains through the Intel Gaudi Transformer Engine (te.Linear inside "
+            "te.fp8_autocast), which this devplug does not drive yet: use precision='bf16-mixed' (or 'auto')")
     known = find_precision(precision)
     if known is not None and known.compute_dtype == torch.float16:
         raise PrecisionError(

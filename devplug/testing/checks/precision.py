@@ -10,6 +10,7 @@ from devplug.core.contract import hookspecs
 from devplug.core.contract.records import PrecisionPlan
 from devplug.core.errors import PrecisionError
 from devplug.core.precision import registry
+from devplug.core.precision.fp8_mixed import NAME as FP8
 from devplug.testing.kit import DeviceUnderTest, conformance_check
 
 
@@ -29,6 +30,9 @@ def check_precision(dut: DeviceUnderTest, precision: str) -> str:
             raise dut.fail(f"refused precision {precision!r} ({exc}); every device must run it") from exc
         if not str(exc).strip():
             raise dut.fail(f"refused precision {precision!r} with an empty PrecisionError message") from exc
+        if precision == FP8 and "fp8" not in str(exc).lower():
+            raise dut.fail(f"refused {FP8!r} without saying why in terms of fp8 ({exc}); say which hardware has "
+                           "fp8 (devplug.toolkit.fp8_unavailable does)") from exc
         return f"refuses {precision}: {exc}"
     except Exception as exc:
         raise dut.fail(
@@ -75,4 +79,22 @@ def check_precision(dut: DeviceUnderTest, precision: str) -> str:
             raise dut.fail(
                 f"the {plan.name} plan's optimizer_step_context failed: {type(exc).__name__}: {exc}"
             ) from exc
+    if plan.name == FP8:
+        check_fp8(dut, plan)
     return f"{precision} -> {plan.name}" + (f": {plan.description}" if plan.description else "")
+
+
+def check_fp8(dut: DeviceUnderTest, plan: PrecisionPlan) -> None:
+    """An ``"fp8-mixed"`` plan converts the linear layers of a model large enough for fp8 to pay (built on the meta
+    device: nothing is allocated) and keeps its parameter names, so checkpoints stay canonical."""
+    if plan.convert_module is None:
+        raise dut.fail("the fp8-mixed plan converts no module: fp8 training needs its linear layers replaced")
+    width = 4096  # above the sizes where fp8 pays, whatever the recipe (see devplug.toolkit.pays_off)
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, 2 * width))
+    names = [name for name, _ in model.named_parameters()]
+    converted = plan.convert_module(model) or model
+    if [name for name, _ in converted.named_parameters()] != names:
+        raise dut.fail("the fp8-mixed plan's conversion renamed parameters, so checkpoints leave the canonical layout")
+    if all(type(m) is torch.nn.Linear for m in converted.modules() if isinstance(m, torch.nn.Linear)):
+        raise dut.fail(f"the fp8-mixed plan left every {width}x{width} linear layer as it was: nothing runs in fp8")

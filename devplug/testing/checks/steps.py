@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from devplug.core.contract import hookspecs
-from devplug.core.contract.records import Phase, StepMarks
+from devplug.core.contract.records import CompilePlan, Phase, StepMarks
 from devplug.testing.kit import DeviceUnderTest, conformance_check
 
 
@@ -76,3 +76,20 @@ def check_compile(dut: DeviceUnderTest, *, run: bool = False) -> str:
         if not torch.allclose(got.float().cpu(), expected.float().cpu(), atol=1e-4, rtol=1e-3):
             raise dut.fail("the compiled module computes something else than the module")
     return f"compile: {type(compiled).__name__}"
+
+
+@conformance_check("devplug_compile_plan")
+def check_compile_plan(dut: DeviceUnderTest) -> str:
+    """``devplug_compile_plan`` names a ``torch.compile`` backend torch knows, or says why the device compiles none."""
+    plan = dut.hooks(hookspecs.devplug_compile_plan)
+    if plan is None:
+        return "compile plan: deferred (the core fallback's inductor)"
+    if not isinstance(plan, CompilePlan):
+        raise dut.fail(f"devplug_compile_plan returned {plan!r}, not a devplug.CompilePlan")
+    if plan.backend is None:
+        return f"compile plan: no compile ({plan.reason})"
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if plan.backend not in known:
+        raise dut.fail(f"devplug_compile_plan names backend {plan.backend!r}, which torch.compile does not know "
+                       f"(registered: {', '.join(sorted(known))}); register it before the plan names it")
+    return f"compile plan: {plan.backend}" + (f" {plan.options}" if plan.options else "")

@@ -10,7 +10,7 @@ from toys import make_data, make_model
 import devplug
 from devplug import toolkit
 from devplug.core.contract.records import PRECISIONS
-from devplug.core.precision import bf16_mixed, fp16_mixed, full_32
+from devplug.core.precision import bf16_mixed, fp8_mixed, fp16_mixed, full_32
 from devplug.core.registry.manager import create_plugin_manager
 
 
@@ -48,20 +48,22 @@ def test_a_new_precision_is_one_module_plus_one_registration_line_and_trains_on_
 
 
 def test_the_names_live_in_the_registry_and_everything_derives_from_it(toy):
-    assert PRECISIONS == ("auto", "32-true", "16-mixed", "bf16-mixed")  # the built-ins, as at import
-    assert toolkit.precision_names() == ("32-true", "16-mixed", "bf16-mixed", "toy-scaled-32")
+    assert PRECISIONS == ("auto", "32-true", "16-mixed", "bf16-mixed", "fp8-mixed")  # the built-ins, as at import
+    assert toolkit.precision_names() == ("32-true", "16-mixed", "bf16-mixed", "fp8-mixed", "toy-scaled-32")
     with pytest.raises(devplug.PrecisionError, match=r"'fp8-magic' is not one of 32-true, 16-mixed, bf16-mixed, "
-                                                     r"toy-scaled-32, auto$"):
+                                                     r"fp8-mixed, toy-scaled-32, auto$"):
         devplug.Trainer(device="cpu", precision="fp8-magic", progress=False)
-    with pytest.raises(devplug.ConfigError, match=r"one of auto, 32-true, 16-mixed, bf16-mixed, toy-scaled-32"):
+    with pytest.raises(devplug.ConfigError, match=r"one of auto, 32-true, 16-mixed, bf16-mixed, fp8-mixed, "
+                                                  r"toy-scaled-32"):
         devplug.Trainer(device="cpu", precision=" ", progress=False)
 
 
 def test_each_built_in_precision_says_its_dtype_and_whether_it_needs_a_scaler_and_why():
-    built_in = {p.name: p for p in (full_32.PRECISION, fp16_mixed.PRECISION, bf16_mixed.PRECISION)}
+    built_in = {p.name: p for p in (full_32.PRECISION, fp16_mixed.PRECISION, bf16_mixed.PRECISION,
+                                    fp8_mixed.PRECISION)}
     assert {name: toolkit.precision_named(name) for name in PRECISIONS[1:]} == built_in
     assert [(p.compute_dtype, p.needs_scaler) for p in built_in.values()] == [
-        (torch.float32, False), (torch.float16, True), (torch.bfloat16, False)]
+        (torch.float32, False), (torch.float16, True), (torch.bfloat16, False), (torch.bfloat16, False)]
     assert all(p.scaler_reason and p.summary for p in built_in.values())
 
 
@@ -165,7 +167,7 @@ def test_gaudi_plans_a_registered_precision_through_the_layer_and_refuses_one_co
         with pytest.raises(devplug.PrecisionError, match="GPU recipe"):
             hpu_precision.plan_precision(_device("hpu"), "toy-fp16")
         with pytest.raises(devplug.PrecisionError, match=r"'fp8' is not one of auto, 32-true, bf16-mixed, "
-                                                         r"toy-scaled-32, hmp \(the settings Gaudi runs\)"):
+                                                         r"fp8-mixed, toy-scaled-32, hmp \(the settings Gaudi runs\)"):
             hpu_precision.plan_precision(_device("hpu"), "fp8")
     finally:
         toolkit.unregister_precision("toy-fp16")

@@ -497,6 +497,13 @@ def test_compile_uses_cuda_graphs_mode_when_asked(monkeypatch):
     assert calls == [{"mode": "reduce-overhead"}, {"mode": "max-autotune"}, {"fullgraph": True}]
 
 
+def test_compile_plan_is_inductor_with_cuda_graphs_on_request():
+    plan = cuda_plugin.devplug_compile_plan(device=cuda_device())
+    assert (plan.backend, plan.options) == ("inductor", {})
+    plan = cuda_plugin.devplug_compile_plan(device=cuda_device(cuda_graphs=True))
+    assert (plan.backend, plan.options) == ("inductor", {"mode": "reduce-overhead"})
+
+
 def test_torch_loader_for_datasets_pins_memory_unless_told_not_to():
     dataset = torch.utils.data.TensorDataset(torch.randn(8, 3))
     choice = cuda_plugin.devplug_dataloader(device=cuda_device(), source=dataset, options=LoaderOptions(batch_size=4))

@@ -265,6 +265,18 @@ def test_compile_is_skipped_in_lazy_mode(hpu):
     assert hooks(hookspecs.devplug_compile, module=module, options={}) is module
 
 
+def test_compile_plan_is_none_in_lazy_mode_saying_how_to_switch(hpu):
+    lazy = hpu.hooks()(hookspecs.devplug_compile_plan)
+    assert lazy.backend is None and "PT_HPU_LAZY_MODE=0" in lazy.reason
+
+
+def test_compile_plan_is_hpu_backend_in_eager_mode(hpu):
+    hpu.lazy(False)
+    hooks = hpu.hooks()
+    hooks(hookspecs.devplug_device_setup)
+    assert hooks(hookspecs.devplug_compile_plan).backend == "hpu_backend"
+
+
 # ---- optimizers ----------------------------------------------------------------------------------------------
 def params() -> list[nn.Parameter]:
     return list(nn.Linear(4, 2).parameters())

@@ -45,7 +45,7 @@ from devplug.toolkit import (
 
 #: The hook contract this plugin was written for (``devplug.CONTRACT_VERSION`` when it was written).
 #: devplug skips, with a clear message, a plugin written for a newer contract or another major version.
-DEVPLUG_CONTRACT = "1.6"
+DEVPLUG_CONTRACT = "1.7"
 
 NAME = "cpusim"
 #: Setting this variable makes the device report itself unavailable (to see a probe's reason in action).
@@ -251,6 +251,13 @@ def devplug_compile(device: devplug.Device, module: torch.nn.Module, options: di
     options = dict(options)
     backend = options.pop("backend", "eager")
     return torch.compile(module, backend=backend, **options)
+
+
+@devplug.hookimpl
+def devplug_compile_plan(device: devplug.Device) -> devplug.CompilePlan:
+    """The backend ``Trainer(compile=True)`` compiles with: ``"eager"`` here (a real device names its own, e.g.
+    ``"hpu_backend"``, or ``backend=None`` with the reason when its runtime builds graphs itself)."""
+    return devplug.CompilePlan(backend="eager", reason="the simulated device runs PyTorch's eager kernels")
 
 
 #: The log points this plugin received (rank 0), last one last: a real plugin sends them to its tracker.

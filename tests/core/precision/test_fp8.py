@@ -1,0 +1,118 @@
+"""fp8-mixed: torchao's float8 training emulated on the CPU end to end, the refusals that name fp8 hardware, the
+CUDA plugin's recipe and layer filter, fp8 datasheet peaks, and checkpoints that move between fp8 and bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import devplug
+from devplug import PrecisionError
+from devplug.core.registry.manager import create_plugin_manager
+from devplug.plugins.cuda import peaks as cuda_peaks
+from devplug.plugins.cuda.precision import plan_fp8
+from devplug.plugins.hpu import peaks as hpu_peaks
+from devplug.testing import open_device
+from devplug.testing.checks.precision import check_precision
+from devplug.toolkit import pays_off
+
+from lm.models import LanguageModel, ModelSpec  # examples/lm
+
+pytest.importorskip("torchao")
+
+EMULATE = {"fp8": "emulate"}
+SPEC = ModelSpec(width=32, layers=1, heads=2, context=16)
+
+
+def float8_layers(module: torch.nn.Module) -> int:
+    return sum(type(m).__name__ == "Float8Linear" for m in module.modules())
+
+
+def test_a_cpu_refuses_fp8_in_one_line_naming_the_hardware_that_has_it():
+    with pytest.raises(PrecisionError) as caught:
+        devplug.Trainer(device="cpu", precision="fp8-mixed", progress=False)
+    message = str(caught.value)
+    assert "\n" not in message and "this CPU" in message
+    assert "H100" in message and "Gaudi 2" in message and "compute capability 8.9" in message
+
+
+def test_a_gpu_older_than_ada_refuses_fp8_naming_its_compute_capability():
+    device = devplug.Device.__new__(devplug.Device)  # plan_fp8 reads nothing from it before refusing
+    with pytest.raises(PrecisionError, match=r"this GPU \(compute capability 8\.0\) lacks: .*H100"):
+        plan_fp8(device, (8, 0))
+
+
+def test_fp8_converts_only_layers_where_it_pays():
+    def linear(n_out: int, n_in: int) -> torch.nn.Module:
+        with torch.device("meta"):
+            return torch.nn.Linear(n_in, n_out)
+
+    assert pays_off(linear(4096, 4096), "mlp", "tensorwise") and pays_off(linear(8192, 4096), "mlp", "rowwise")
+    assert not pays_off(linear(1024, 4096), "mlp", "tensorwise")  # both small: the casts cost more
+    assert not pays_off(linear(2048, 4096), "mlp", "rowwise")
+    assert not pays_off(linear(4096, 4100), "mlp", "tensorwise")  # not divisible by 16
+    assert not pays_off(linear(4096, 4096), "head", "tensorwise", skip=("head",))
+
+
+def test_fp8_peaks_come_from_the_datasheets():
+    assert cuda_peaks.peak_flops("NVIDIA H100 80GB HBM3", "fp8-mixed") == pytest.approx(1978.9e12)
+    assert cuda_peaks.peak_flops("NVIDIA H200", "fp8-mixed") == pytest.approx(1978.9e12)
+    assert cuda_peaks.peak_flops("NVIDIA A100-SXM4-80GB", "fp8-mixed") is None  # Ampere has no fp8
+    assert hpu_peaks.peak_flops("GAUDI2", "fp8-mixed") == pytest.approx(865e12)
+    assert hpu_peaks.peak_flops("GAUDI3", "fp8-mixed") == pytest.approx(1835e12)
+    assert hpu_peaks.peak_flops("GAUDI", "fp8-mixed") is None
+
+
+def test_the_kit_checks_the_cpu_plugins_fp8_answer_emulated_and_refused():
+    dut = open_device("cpu", create_plugin_manager(autoload=False), options=EMULATE)
+    assert check_precision(dut, "fp8-mixed").startswith("fp8-mixed -> fp8-mixed: torchao float8 training, emulated")
+    refused = open_device("cpu", create_plugin_manager(autoload=False))
+    assert check_precision(refused, "fp8-mixed").startswith("refuses fp8-mixed: precision 'fp8-mixed' needs fp8")
+
+
+def train_lm(precision: str, steps: int, *, options: dict | None = None, resume: object = None,
+             save: object = None) -> tuple[list[float], devplug.Trainer, torch.nn.Module]:
+    trainer = devplug.Trainer(device="cpu", precision=precision, device_options=options or {}, seed=0,
+                              progress=False)
+    model = trainer.setup(LanguageModel(SPEC), name="lm")
+    opt = trainer.optimizer("adamw", model.parameters(), lr=3e-3)
+    if resume is not None:
+        trainer.load(resume)
+    generator = torch.Generator().manual_seed(1)
+    text = torch.randint(0, 64, (4096,), generator=generator)  # a small alphabet: learnable in a few steps
+    losses = []
+    for _ in range(steps):
+        starts = torch.randint(0, len(text) - SPEC.context - 1, (16,), generator=generator)
+        window = torch.stack([text[s:s + SPEC.context + 1] for s in starts.tolist()])
+        with trainer.autocast():
+            logits = model(window[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten())
+        trainer.backward(loss)
+        trainer.step(opt)
+        losses.append(float(loss.detach()))
+    if save is not None:
+        trainer.save(save)
+    return losses, trainer, model
+
+
+@pytest.mark.slow  # 200 steps twice, the fp8 ones emulated: about a minute on two loaded cores
+def test_the_lm_trains_in_emulated_fp8_to_within_two_percent_of_bf16():
+    fp8, trainer, model = train_lm("fp8-mixed", 200, options=EMULATE)
+    bf16, _, _ = train_lm("bf16-mixed", 200)
+    assert float8_layers(model) == 5  # qkv, projection, two MLP layers, the output head (all dims divisible by 16)
+    assert trainer.summary()["precision"] == "fp8-mixed"
+    end_fp8, end_bf16 = sum(fp8[-20:]) / 20, sum(bf16[-20:]) / 20
+    assert end_fp8 < fp8[0] - 0.5  # it learned
+    assert end_fp8 == pytest.approx(end_bf16, rel=0.02)
+
+
+def test_an_fp8_checkpoint_resumes_in_bf16_and_back(tmp_path):
+    _, _, fp8_model = train_lm("fp8-mixed", 3, options=EMULATE, save=tmp_path / "fp8.pt")
+    _, _, bf16_model = train_lm("bf16-mixed", 0, resume=tmp_path / "fp8.pt", save=tmp_path / "bf16.pt")
+    assert float8_layers(bf16_model) == 0
+    for (name, a), (_, b) in zip(fp8_model.state_dict().items(), bf16_model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    _, _, back = train_lm("fp8-mixed", 0, options=EMULATE, resume=tmp_path / "bf16.pt")
+    assert float8_layers(back) == 5
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), bf16_model.state_dict().values(),
+                                                 strict=True))
