@@ -101,5 +101,9 @@ def decode_files(
         shutdown = getattr(iterator, "_shutdown_workers", None)  # torch's own clean-up, now rather than at GC
         if shutdown is not None:
             shutdown()
+        # torch terminates a worker that did not exit in time but does not wait for it: on a loaded machine it
+        # is still alive when control returns; wait for it, so the workers are gone when this returns
+        for process in getattr(iterator, "_workers", ()):
+            process.join(timeout=10)
         del iterator
 
