@@ -9,17 +9,16 @@ run goes on. ``devplug check <device>`` prints the results as they come; the pyt
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from devplug.core.contract.records import PRECISIONS, Phase
-from devplug.core.errors import ConfigError, DevplugError
+from devplug.core.errors import DevplugError
 from devplug.core.registry.bounded import BoundedCall, seconds
 from devplug.core.registry.manager import DevplugPluginManager
+from devplug.core.validators import seconds_from_environment
 from devplug.testing.checks import registered_checks
 from devplug.testing.kit import STANDARD_OPTIMIZERS, CheckSpec, DeviceUnderTest, NotApplicable, open_device
 
@@ -34,16 +33,7 @@ DEFAULT_CHECK_TIME_LIMIT = 300.0
 
 def check_time_limit(environ: Mapping[str, str] | None = None) -> float:
     """Each check's time limit: ``DEVPLUG_CHECK_TIMEOUT`` (a positive number of seconds), else the default."""
-    raw = (os.environ if environ is None else environ).get(ENV_CHECK_TIME_LIMIT, "").strip()
-    if not raw:
-        return DEFAULT_CHECK_TIME_LIMIT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{ENV_CHECK_TIME_LIMIT}={raw!r} is not a positive number of seconds (e.g. 300)")
-    return value
+    return seconds_from_environment(ENV_CHECK_TIME_LIMIT, DEFAULT_CHECK_TIME_LIMIT, environ)
 
 
 @attrs.frozen

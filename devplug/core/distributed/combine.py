@@ -6,8 +6,6 @@ thread has let go of its tensor (`wait_for_release`).
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -16,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from devplug.core.errors import ConfigError
+from devplug.core.validators import seconds_from_environment
 
 
 def mean_across_ranks(values: torch.Tensor) -> torch.Tensor:
@@ -56,16 +54,7 @@ def collective_wait_seconds(environ: Mapping[str, str] | None = None) -> float:
     A value that is not a positive number of seconds is a `ConfigError` naming it, as for devplug's other
     variables (never silently the default).
     """
-    raw = (os.environ if environ is None else environ).get(COLLECTIVE_WAIT_VARIABLE, "").strip()
-    if not raw:
-        return DEFAULT_COLLECTIVE_WAIT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{COLLECTIVE_WAIT_VARIABLE}={raw!r} is not a positive number of seconds (e.g. 120 or 2.5)")
-    return value
+    return seconds_from_environment(COLLECTIVE_WAIT_VARIABLE, DEFAULT_COLLECTIVE_WAIT, environ)
 
 
 class RankCombiner:

@@ -9,15 +9,14 @@ the interpreter's exit. The limit is ``DEVPLUG_PROBE_TIMEOUT`` seconds (default
 
 from __future__ import annotations
 
-import math
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from devplug.core.errors import ConfigError, PluginError
+from devplug.core.errors import PluginError
 from devplug.core.registry.guard import HookLabel, running_hook
+from devplug.core.validators import seconds_from_environment
 
 ENV_TIME_LIMIT = "DEVPLUG_PROBE_TIMEOUT"
 #: Seconds a probe may take by default: generous for a vendor runtime that loads or a GPU driver that wakes up.
@@ -26,16 +25,7 @@ DEFAULT_TIME_LIMIT = 10.0
 
 def time_limit(environ: Mapping[str, str] | None = None) -> float:
     """The time limit in seconds: ``DEVPLUG_PROBE_TIMEOUT`` (a positive number), else `DEFAULT_TIME_LIMIT`."""
-    raw = (os.environ if environ is None else environ).get(ENV_TIME_LIMIT, "").strip()
-    if not raw:
-        return DEFAULT_TIME_LIMIT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{ENV_TIME_LIMIT}={raw!r} is not a positive number of seconds (e.g. 10 or 2.5)")
-    return value
+    return seconds_from_environment(ENV_TIME_LIMIT, DEFAULT_TIME_LIMIT, environ)
 
 
 def seconds(value: float) -> str:

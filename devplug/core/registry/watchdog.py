@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import os
 import sys
 import threading
 import time
 from collections.abc import Mapping
 
-from devplug.core.errors import ConfigError, PluginError
+from devplug.core.errors import PluginError
 from devplug.core.registry.guard import HookLabel, running_hook_frame
+from devplug.core.validators import seconds_from_environment
 
 log = logging.getLogger("devplug")
 
@@ -47,23 +47,10 @@ class StuckHookError(PluginError):
         super().__init__(*(args or (stuck_message(threading.get_ident()),)))
 
 
-def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{name}={raw!r} is not a positive number of seconds")
-    return value
-
-
 def limits(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
     """The warning and hard limits in seconds (``DEVPLUG_HOOK_WARN_SECONDS``, ``DEVPLUG_HOOK_TIMEOUT``)."""
-    env = os.environ if environ is None else environ
-    return _seconds(env, ENV_WARN, DEFAULT_WARN_SECONDS), _seconds(env, ENV_HARD, DEFAULT_HARD_SECONDS)
+    return (seconds_from_environment(ENV_WARN, DEFAULT_WARN_SECONDS, environ),
+            seconds_from_environment(ENV_HARD, DEFAULT_HARD_SECONDS, environ))
 
 
 class Watchdog:
