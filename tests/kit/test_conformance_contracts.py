@@ -89,12 +89,13 @@ def test_the_contract_a_plugin_is_held_to(declared, held_to):
 
 
 def test_every_check_names_a_contract_this_devplug_speaks():
-    assert {spec.since for spec in registered_checks()} <= {"1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6"}
+    assert {spec.since for spec in registered_checks()} <= {"1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7"}
     since = {spec.name: spec.since for spec in registered_checks()}
     assert since["to_device"] == "1.0"
     assert since["to_device_channels_last"] == "1.1"
     assert since["region_data_wait"] == "1.2"
     assert since["step_marks"] == "1.6"
+    assert since["compile_plan"] == "1.7"
     with pytest.raises(ValueError, match="newer than the contract"):
         conformance_check("devplug_to_device", since="1.99")
 

@@ -78,7 +78,7 @@ def check_compile(dut: DeviceUnderTest, *, run: bool = False) -> str:
     return f"compile: {type(compiled).__name__}"
 
 
-@conformance_check("devplug_compile_plan")
+@conformance_check("devplug_compile_plan", since="1.7")
 def check_compile_plan(dut: DeviceUnderTest) -> str:
     """``devplug_compile_plan`` names a ``torch.compile`` backend torch knows, or says why the device compiles none."""
     plan = dut.hooks(hookspecs.devplug_compile_plan)
