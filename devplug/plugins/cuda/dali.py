@@ -66,20 +66,12 @@ def shard_items(items: Sequence[T], options: LoaderOptions) -> list[T]:
     world, count = options.world_size, len(items)
     if world <= 1:
         return list(items)
-    order = list(range(count))
-    if options.shuffle:
-        random.Random(options.seed).shuffle(order)
     if options.evaluation:
+        order = list(range(count))
+        if options.shuffle:
+            random.Random(options.seed).shuffle(order)
         return [items[order[i]] for i in evaluation_shard(count, options.rank, world)]
-    if options.drop_last:
-        total = count - count % world
-        if total == 0:
-            raise DataError(f"{count} image(s) cannot be split over {world} ranks with drop_last=True")
-        order = order[:total]
-    else:
-        total = math.ceil(count / world) * world
-        order = (order * math.ceil(total / count))[:total]
-    return [items[i] for i in order[options.rank : total : world]]
+    return dealt_items(items, options)[options.rank :: world]
 
 
 def dealt_items(items: Sequence[T], options: LoaderOptions) -> list[T]:
