@@ -77,6 +77,11 @@ def _read(root: Path, where: str) -> dict[str, Any]:
     return files
 
 
+#: Folders whose files this process has hashed and found intact, with each file's size, mtime and inode then:
+#: checking the same unchanged files again (a resume checks its candidate, then loads it) hashes nothing.
+_VERIFIED: dict[str, tuple[tuple[str, int, int, int], ...]] = {}
+
+
 def check_manifest(folder: str | os.PathLike[str]) -> None:
     """Raise a one-line "damaged" `CheckpointError` unless every file of ``folder`` is the one its manifest lists.
 
@@ -95,10 +100,16 @@ def check_manifest(folder: str | os.PathLike[str]) -> None:
     if extra:
         raise CheckpointError(f"{where} is damaged: it holds {', '.join(extra[:3])}, not listed in its "
                               f"{MANIFEST_FILE} (copied in from elsewhere?); use an earlier checkpoint")
-    resized = [name for name, entry in sorted(files.items()) if present[name].stat().st_size != entry["size"]]
+    stats = {name: present[name].stat() for name in files}
+    seen = (str(root.resolve()),
+            tuple((name, st.st_size, st.st_mtime_ns, st.st_ino) for name, st in sorted(stats.items())))
+    if _VERIFIED.get(seen[0]) == seen[1]:
+        return  # this process hashed exactly these files already (a resume's choice, then its load)
+    resized = [name for name, entry in sorted(files.items()) if stats[name].st_size != entry["size"]]
     changed = resized or [name for name, entry in sorted(files.items())
                           if file_digest(present[name]) != entry[ALGORITHM]]
     if changed:
         how = "has a different size than" if resized else "does not match the digest in"
         raise CheckpointError(f"{where} is damaged: {changed[0]} {how} its {MANIFEST_FILE} (changed on disk or "
                               "in transfer, or taken from another checkpoint); use an earlier checkpoint")
+    _VERIFIED[seen[0]] = seen[1]

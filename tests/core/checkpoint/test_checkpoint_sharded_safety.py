@@ -236,3 +236,21 @@ def test_the_manifest_lists_every_file_and_is_written_last(tmp_path):
 
 def test_messages_are_one_plain_line():
     assert ckpt.one_line("a\x1b[1mbold\x1b[0m\n  b") == "abold b"
+
+
+def test_unchanged_files_are_hashed_once_and_a_change_after_a_check_is_still_caught(tmp_path, monkeypatch):
+    from devplug.core.checkpoint import manifest
+
+    folder = _sharded(tmp_path, steps=(1,))[1]
+    hashed = []
+    real_digest = manifest.file_digest
+    monkeypatch.setattr(manifest, "file_digest", lambda path: hashed.append(path.name) or real_digest(path))
+    check_manifest(folder)
+    first = len(hashed)
+    assert first >= 2
+    check_manifest(folder)  # a resume checks its candidate, then loads it: the same files are not read again
+    assert len(hashed) == first
+    shard = next(p for p in folder.iterdir() if p.suffix == ".distcp")
+    _flip(shard, 4096)
+    with pytest.raises(CheckpointError, match="damaged"):
+        check_manifest(folder)
