@@ -10,6 +10,7 @@ once (`.locks`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -201,8 +202,10 @@ def _build(
     skipped: list[tuple[str, str]] = []
     opened = 0
     tmp_path = array_path.with_name(f".{array_path.stem}.{os.getpid()}.tmp.npy")
-    with CacheWriter(tmp_path, shape) as writer:
-        for chunk in decode_files([p for p, _ in files], image_size, workers=workers):
+    # closing(): on an error the decode workers stop now, not when the traceback lets go of the generator
+    with CacheWriter(tmp_path, shape) as writer, contextlib.closing(
+            decode_files([p for p, _ in files], image_size, workers=workers)) as chunks:
+        for chunk in chunks:
             rows = []
             for index, pixels, error in chunk:
                 opened += 1
