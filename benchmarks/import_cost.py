@@ -1,11 +1,14 @@
-"""What importing devplug costs on top of ``import torch``, side by side with Accelerate's (and Fabric's).
+"""What importing devplug, and building a Trainer, costs on top of ``import torch``, side by side with Accelerate's.
 
-Each sample is a fresh interpreter running ``python -X importtime -c "import torch; <statement>"``; the cost
-of the statement is the sum of the cumulative times ``-X importtime`` reports for the modules it imported
-that torch had not (the top-level entries after torch's own), so the interpreter's start and torch itself
-are left out. The statements take turns, shuffled anew each round, and the report gives each one's median
-and its paired ratio to ``import accelerate`` (a ratio within a round, then the median over rounds). Two
-arms run ``from devplug import Trainer`` (the A/A): their ratio is the noise floor of this machine now.
+Each sample is a fresh interpreter that imports torch, then times one statement in process: wall-clock
+(``time.perf_counter``) and CPU time (``time.process_time``), so the interpreter's start and torch itself
+are left out, and a statement that builds an object (``Trainer()``) counts its work besides importing.
+Modules load from cached bytecode, as from an installed package: the children run with bytecode writing
+on (``PYTHONDONTWRITEBYTECODE`` removed), and a warm-up round writes the caches before anything is timed.
+The statements take turns, shuffled anew each round, and the report gives each one's medians and its paired
+ratio to ``import accelerate`` (a ratio within a round, then the median over rounds). Two arms run
+``from devplug import Trainer`` (the A/A): their ratio is the noise floor of this machine now. On a loaded
+machine read the CPU-time ratio: it moves less with the load than the wall-clock one.
 
     python benchmarks/import_cost.py --rounds 15
 
@@ -19,10 +22,10 @@ import importlib.util
 import os
 import platform
 import random
-import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,43 +36,44 @@ DEVPLUG_ARMS: dict[str, str] = {
     "import devplug": "import devplug",
     "from devplug import Trainer": "from devplug import Trainer",
     "from devplug import Trainer (A/A)": "from devplug import Trainer",
+    "from devplug import Trainer; Trainer()": "from devplug import Trainer; Trainer()",
 }
 #: The peers' arms, and the module each needs installed.
 PEER_ARMS: dict[str, tuple[str, str]] = {
     "import accelerate": ("import accelerate", "accelerate"),
     "from accelerate import Accelerator": ("from accelerate import Accelerator", "accelerate"),
+    "from accelerate import Accelerator; Accelerator()": ("from accelerate import Accelerator; Accelerator(cpu=True)",
+                                                          "accelerate"),
     "from lightning.fabric import Fabric": ("from lightning.fabric import Fabric", "lightning"),
 }
 BASELINE = "import accelerate"
 
-_LINE = re.compile(r"^import time:\s+(\d+)\s+\|\s+(\d+)\s+\|( *)(\S+)\s*$")
+#: What each child runs: torch first, then the statement, timed; the last line printed is "wall cpu" in seconds.
+_CHILD = """\
+import time
+import torch
+wall, cpu = time.perf_counter(), time.process_time()
+{statement}
+print(time.perf_counter() - wall, time.process_time() - cpu)
+"""
 
 
-def imported_after(stderr: str, anchor: str = "torch") -> float:
-    """Seconds: the cumulative import times of the top-level modules ``-X importtime`` lists after ``anchor``."""
-    total_us, seen_anchor = 0, False
-    for line in stderr.splitlines():
-        match = _LINE.match(line)
-        if match is None or len(match[3]) > 1:  # not an entry, or a module imported by another (counted in its parent)
-            continue
-        if seen_anchor:
-            total_us += int(match[2])
-        elif match[4] == anchor:
-            seen_anchor = True
-    if not seen_anchor:
-        raise RuntimeError(f"-X importtime listed no top-level {anchor!r}: {stderr[-500:]}")
-    return total_us / 1e6
-
-
-def measure(statement: str) -> float:
-    """Seconds ``statement`` spends importing on top of torch, in a fresh interpreter."""
+def child_environment() -> dict[str, str]:
+    """The children's environment: this checkout first on the path, and bytecode caches written and read."""
     env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # set, every devplug module would be compiled from source each time
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import torch; {statement}"],
-                          capture_output=True, text=True, env=env, check=False)
+    return env
+
+
+def measure(statement: str, cwd: str | os.PathLike[str] | None = None) -> tuple[float, float]:
+    """Seconds of wall-clock and of CPU time ``statement`` takes on top of torch, in a fresh interpreter."""
+    proc = subprocess.run([sys.executable, "-c", _CHILD.format(statement=statement)], capture_output=True,
+                          text=True, env=child_environment(), cwd=cwd, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"{statement!r} failed: {proc.stderr.strip().splitlines()[-1]}")
-    return imported_after(proc.stderr)
+        raise RuntimeError(f"{statement!r} failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    wall, cpu = proc.stdout.split()[-2:]
+    return float(wall), float(cpu)
 
 
 def machine() -> str:
@@ -100,24 +104,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             arms[label] = statement
     print(f"machine: {machine()}")
-    samples: dict[str, list[float]] = {label: [] for label in arms}
+    samples: dict[str, list[tuple[float, float]]] = {label: [] for label in arms}
     order, shuffle = list(arms), random.Random(0).shuffle
-    for label in order:  # warm-up: the file system cache, .pyc files
-        measure(arms[label])
-    for _ in range(args.rounds):
-        shuffle(order)
-        for label in order:
-            samples[label].append(measure(arms[label]))
+    with tempfile.TemporaryDirectory() as cwd:  # whatever a statement writes lands here
+        for label in order:  # warm-up: the file system cache, bytecode caches
+            measure(arms[label], cwd)
+        for _ in range(args.rounds):
+            shuffle(order)
+            for label in order:
+                samples[label].append(measure(arms[label], cwd))
     baseline = BASELINE if BASELINE in samples else "from devplug import Trainer"
-    print(f"import cost on top of `import torch` (-X importtime), median of {args.rounds} interleaved rounds")
-    print(f"{'statement':<40} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'vs ' + baseline:>24}")
-    for label, times in samples.items():
-        ratio = statistics.median(t / b for t, b in zip(times, samples[baseline], strict=True))
-        print(f"{label:<40} {1e3 * statistics.median(times):>10.1f} {1e3 * min(times):>8.1f} "
-              f"{1e3 * max(times):>8.1f} {ratio:>23.2f}x")
+    print(f"cost on top of `import torch`, medians of {args.rounds} interleaved rounds (wall-clock and CPU time)")
+    print(f"{'statement':<52} {'wall ms':>8} {'cpu ms':>8} {'wall vs':>8} {'cpu vs':>8}")
+    for label, pairs in samples.items():
+        ratios = [statistics.median(t[i] / b[i] for t, b in zip(pairs, samples[baseline], strict=True))
+                  for i in (0, 1)]
+        print(f"{label:<52} {1e3 * statistics.median(t[0] for t in pairs):>8.1f} "
+              f"{1e3 * statistics.median(t[1] for t in pairs):>8.1f} {ratios[0]:>7.2f}x {ratios[1]:>7.2f}x")
+    print(f"(ratios to {baseline}, paired within each round)")
     aa, a = samples["from devplug import Trainer (A/A)"], samples["from devplug import Trainer"]
-    floor = statistics.median(x / y for x, y in zip(aa, a, strict=True))
-    print(f"A/A floor: from devplug import Trainer vs itself {floor:.2f}x")
+    floors = [statistics.median(x[i] / y[i] for x, y in zip(aa, a, strict=True)) for i in (0, 1)]
+    print(f"A/A floor: from devplug import Trainer vs itself {floors[0]:.2f}x wall, {floors[1]:.2f}x cpu")
     for line in skipped:
         print(line)
     return 0

@@ -68,69 +68,160 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from devplug.core.checkpoint.diskfull import write_atomically
-from devplug.core.checkpoint.format import CheckpointFormat
-from devplug.core.checkpoint.format import register_format as register_checkpoint_format
-from devplug.core.checkpoint.sharded import consolidate_checkpoint
-from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
-from devplug.core.data.evaluation import EvaluationSampler, evaluation_shard
-from devplug.core.data.images import display_path, load_rgb, printable
-from devplug.core.data.torch_loader import (
-    IMAGE_EXTENSIONS,
-    ImageFolderDataset,
-    image_transform,
-    list_images,
-    make_sampler,
-    torch_dataloader,
-)
-from devplug.core.data.tuning import available_cpus, tune_loader
-from devplug.core.distributed.strategy import Strategy, StrategyContext, register_strategy
-from devplug.core.fallback.accelerator import (
-    collective_backend,
-    current_accelerator_type,
-    device_available,
-    device_count,
-    device_module,
-    memory_stats,
-    native_bf16,
-    process_memory_stats,
-    select_device,
-    synchronize,
-)
-from devplug.core.fallback.precision import autocast_plan, fp8_plan, precision_plan, torch_precision_plan
-from devplug.core.fallback.sharding import torch_sharding_plan
-from devplug.core.log_once import forget_logged, log_once
-from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops
-from devplug.core.observe.host_memory import available_host_memory, check_model_fits, human_bytes
-from devplug.core.observe.peak_cache import cache_dir
-from devplug.core.optim.conversion import (
-    bias_corrected_to_canonical,
-    momentum_from_canonical,
-    momentum_to_canonical,
-    native_groups,
-    steps_to_groups,
-    steps_to_params,
-)
-from devplug.core.optim.torch_optimizers import (
-    TORCH_OPTIMIZERS,
-    fastest_torch_optimizer,
-    torch_kernel,
-    torch_optimizer_class,
-    torch_optimizer_defaults,
-)
-from devplug.core.precision.autocast import AutocastPrecision
-from devplug.core.precision.base import Precision, PrecisionParams
-from devplug.core.precision.fp8_mixed import float8_conversion, fp8_unavailable, pays_off
-from devplug.core.precision.registry import find as find_precision
-from devplug.core.precision.registry import get as precision_named
-from devplug.core.precision.registry import names as precision_names
-from devplug.core.precision.registry import register as register_precision
-from devplug.core.precision.registry import unregister as unregister_precision
-from devplug.core.registry.bounded import time_limit as probe_time_limit
-from devplug.core.registry.environment import environment_changes
-from devplug.core.registry.manager import BUILTIN_PLUGINS
-from devplug.core.tree import map_tensors, move_to
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports each name on first use
+    from devplug.core.checkpoint.diskfull import write_atomically
+    from devplug.core.checkpoint.format import CheckpointFormat
+    from devplug.core.checkpoint.format import register_format as register_checkpoint_format
+    from devplug.core.checkpoint.sharded import consolidate_checkpoint
+    from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
+    from devplug.core.data.evaluation import EvaluationSampler, evaluation_shard
+    from devplug.core.data.images import display_path, load_rgb, printable
+    from devplug.core.data.torch_loader import (
+        IMAGE_EXTENSIONS,
+        ImageFolderDataset,
+        image_transform,
+        list_images,
+        make_sampler,
+        torch_dataloader,
+    )
+    from devplug.core.data.tuning import available_cpus, tune_loader
+    from devplug.core.distributed.strategy import Strategy, StrategyContext, register_strategy
+    from devplug.core.fallback.accelerator import (
+        collective_backend,
+        current_accelerator_type,
+        device_available,
+        device_count,
+        device_module,
+        memory_stats,
+        native_bf16,
+        process_memory_stats,
+        select_device,
+        synchronize,
+    )
+    from devplug.core.fallback.precision import autocast_plan, fp8_plan, precision_plan, torch_precision_plan
+    from devplug.core.fallback.sharding import torch_sharding_plan
+    from devplug.core.log_once import forget_logged, log_once
+    from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops
+    from devplug.core.observe.host_memory import available_host_memory, check_model_fits, human_bytes
+    from devplug.core.observe.peak_cache import cache_dir
+    from devplug.core.optim.conversion import (
+        bias_corrected_to_canonical,
+        momentum_from_canonical,
+        momentum_to_canonical,
+        native_groups,
+        steps_to_groups,
+        steps_to_params,
+    )
+    from devplug.core.optim.torch_optimizers import (
+        TORCH_OPTIMIZERS,
+        fastest_torch_optimizer,
+        torch_kernel,
+        torch_optimizer_class,
+        torch_optimizer_defaults,
+    )
+    from devplug.core.precision.autocast import AutocastPrecision
+    from devplug.core.precision.base import Precision, PrecisionParams
+    from devplug.core.precision.fp8_mixed import float8_conversion, fp8_unavailable, pays_off
+    from devplug.core.precision.registry import find as find_precision
+    from devplug.core.precision.registry import get as precision_named
+    from devplug.core.precision.registry import names as precision_names
+    from devplug.core.precision.registry import register as register_precision
+    from devplug.core.precision.registry import unregister as unregister_precision
+    from devplug.core.registry.bounded import time_limit as probe_time_limit
+    from devplug.core.registry.environment import environment_changes
+    from devplug.core.tree import map_tensors, move_to
+
+#: Each public name and the module it lives in (with the name it has there, where that differs).
+_WHERE: dict[str, str | tuple[str, str]] = {
+    "autocast_plan": "devplug.core.fallback.precision",
+    "AutocastPrecision": "devplug.core.precision.autocast",
+    "available_cpus": "devplug.core.data.tuning",
+    "available_host_memory": "devplug.core.observe.host_memory",
+    "bias_corrected_to_canonical": "devplug.core.optim.conversion",
+    "cache_dir": "devplug.core.observe.peak_cache",
+    "cached_matmul_flops": "devplug.core.observe.flops",
+    "check_model_fits": "devplug.core.observe.host_memory",
+    "CheckpointFormat": "devplug.core.checkpoint.format",
+    "collective_backend": "devplug.core.fallback.accelerator",
+    "consolidate_checkpoint": "devplug.core.checkpoint.sharded",
+    "current_accelerator_type": "devplug.core.fallback.accelerator",
+    "device_available": "devplug.core.fallback.accelerator",
+    "device_count": "devplug.core.fallback.accelerator",
+    "device_module": "devplug.core.fallback.accelerator",
+    "display_path": "devplug.core.data.images",
+    "environment_changes": "devplug.core.registry.environment",
+    "evaluation_shard": "devplug.core.data.evaluation",
+    "EvaluationSampler": "devplug.core.data.evaluation",
+    "fastest_torch_optimizer": "devplug.core.optim.torch_optimizers",
+    "find_precision": ("devplug.core.precision.registry", "find"),
+    "float8_conversion": "devplug.core.precision.fp8_mixed",
+    "forget_logged": "devplug.core.log_once",
+    "fp8_plan": "devplug.core.fallback.precision",
+    "fp8_unavailable": "devplug.core.precision.fp8_mixed",
+    "human_bytes": "devplug.core.observe.host_memory",
+    "IMAGE_EXTENSIONS": "devplug.core.data.torch_loader",
+    "image_transform": "devplug.core.data.torch_loader",
+    "ImageFolderDataset": "devplug.core.data.torch_loader",
+    "list_images": "devplug.core.data.torch_loader",
+    "load_rgb": "devplug.core.data.images",
+    "log_once": "devplug.core.log_once",
+    "make_sampler": "devplug.core.data.torch_loader",
+    "map_tensors": "devplug.core.tree",
+    "measured_matmul_flops": "devplug.core.observe.flops",
+    "memory_stats": "devplug.core.fallback.accelerator",
+    "momentum_from_canonical": "devplug.core.optim.conversion",
+    "momentum_to_canonical": "devplug.core.optim.conversion",
+    "move_to": "devplug.core.tree",
+    "native_bf16": "devplug.core.fallback.accelerator",
+    "native_groups": "devplug.core.optim.conversion",
+    "pays_off": "devplug.core.precision.fp8_mixed",
+    "Precision": "devplug.core.precision.base",
+    "precision_named": ("devplug.core.precision.registry", "get"),
+    "precision_names": ("devplug.core.precision.registry", "names"),
+    "precision_plan": "devplug.core.fallback.precision",
+    "PrecisionParams": "devplug.core.precision.base",
+    "printable": "devplug.core.data.images",
+    "probe_time_limit": ("devplug.core.registry.bounded", "time_limit"),
+    "process_memory_stats": "devplug.core.fallback.accelerator",
+    "register_checkpoint_format": ("devplug.core.checkpoint.format", "register_format"),
+    "register_precision": ("devplug.core.precision.registry", "register"),
+    "register_strategy": "devplug.core.distributed.strategy",
+    "remove_stale_temp_files": "devplug.core.checkpoint.tempfiles",
+    "select_device": "devplug.core.fallback.accelerator",
+    "steps_to_groups": "devplug.core.optim.conversion",
+    "steps_to_params": "devplug.core.optim.conversion",
+    "Strategy": "devplug.core.distributed.strategy",
+    "StrategyContext": "devplug.core.distributed.strategy",
+    "synchronize": "devplug.core.fallback.accelerator",
+    "torch_dataloader": "devplug.core.data.torch_loader",
+    "torch_kernel": "devplug.core.optim.torch_optimizers",
+    "torch_optimizer_class": "devplug.core.optim.torch_optimizers",
+    "torch_optimizer_defaults": "devplug.core.optim.torch_optimizers",
+    "TORCH_OPTIMIZERS": "devplug.core.optim.torch_optimizers",
+    "torch_precision_plan": "devplug.core.fallback.precision",
+    "torch_sharding_plan": "devplug.core.fallback.sharding",
+    "tune_loader": "devplug.core.data.tuning",
+    "unregister_precision": ("devplug.core.precision.registry", "unregister"),
+    "write_atomically": "devplug.core.checkpoint.diskfull",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use, and keep it here."""
+    if name not in _WHERE:
+        raise AttributeError(f"module 'devplug.toolkit' has no attribute {name!r}")
+    where = _WHERE[name]
+    module, attribute = (where, name) if isinstance(where, str) else where
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The public names (imported or not yet)."""
+    return sorted({*globals(), *__all__})
 
 
 def builtin_plugin(name: str) -> ModuleType:
@@ -139,6 +230,8 @@ def builtin_plugin(name: str) -> ModuleType:
     Its public surface is its ``devplug_*`` hook functions, called with the same arguments the hook
     takes, e.g. ``toolkit.builtin_plugin("cpu").devplug_memory_stats(device=device)``.
     """
+    from devplug.core.registry.manager import BUILTIN_PLUGINS
+
     modules = dict(BUILTIN_PLUGINS)
     if name not in modules:
         raise ValueError(f"no built-in device plugin {name!r}; built-ins: {', '.join(modules)}")

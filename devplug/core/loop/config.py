@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from devplug.core.checkpoint.policy import CheckpointPolicy
 from devplug.core.errors import ConfigError
 from devplug.core.loop.signals import DEFAULT_STOP_SIGNALS, signal_numbers
 from devplug.core.observe.loggers import check_logger
 from devplug.core.observe.profiling import parse_window
 from devplug.core.precision import registry as precisions
 from devplug.core.validators import non_negative_int, positive_int
+
+if TYPE_CHECKING:
+    from devplug.core.checkpoint.policy import CheckpointPolicy
 
 NONFINITE_POLICIES = ("raise", "warn", "ignore")
 
@@ -53,6 +55,12 @@ def _formats() -> tuple[str, ...]:
     from devplug.core.checkpoint.format import format_names
 
     return format_names()
+
+
+def _checkpoint_policy(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    from devplug.core.checkpoint.policy import CheckpointPolicy  # the checkpoint package loads with a policy
+
+    attrs.validators.instance_of(CheckpointPolicy)(inst, attribute, value)
 
 
 def _bool(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -157,7 +165,7 @@ class TrainerConfig:
     tp: int | None = attrs.field(default=None, validator=_optional(positive_int))
     checkpoint_format: str | None = attrs.field(default=None, validator=_optional(_Registered(_formats)))
     checkpoints: CheckpointPolicy | None = attrs.field(
-        default=None, validator=_optional(attrs.validators.instance_of(CheckpointPolicy)))
+        default=None, validator=_optional(_checkpoint_policy))
 
     def __attrs_post_init__(self) -> None:
         named = [item for item in self.loggers or () if isinstance(item, str)]

@@ -21,17 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from devplug.core.checkpoint import resume as resume_files
-from devplug.core.checkpoint.format import CheckpointFormat, format_of
-from devplug.core.checkpoint.policy import RunCheckpoints
-from devplug.core.checkpoint.resume import Resumed
-from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.errors import CheckpointError, ConfigError, NonFiniteLossError
-from devplug.core.loop.trainer_state import TrainerState
-from devplug.core.optim.build import optimizers_not_saved
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the policy, resume and file modules load with the first save, load or resume
+    from devplug.core.checkpoint.format import CheckpointFormat
+    from devplug.core.checkpoint.policy import RunCheckpoints
+    from devplug.core.checkpoint.resume import Resumed
     from devplug.core.distributed.combine import RankCombiner
+    from devplug.core.loop.trainer_state import TrainerState
 
 log = logging.getLogger("devplug")
 
@@ -85,6 +82,8 @@ class CheckpointKeeper:
     # ---- save and load -------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str], extra: dict[str, Any], *, async_save: bool = False) -> str | None:
         """Write a checkpoint with the registered objects and ``extra``; the path, or ``None`` on other ranks."""
+        from devplug.core.optim.build import optimizers_not_saved
+
         for described in optimizers_not_saved(self._stepped, self.state.optimizers, self.registered.values(),
                                               self.state.modules):
             warnings.warn(f"optimizer {described} is not in the checkpoint: it was passed to trainer.step() but "
@@ -99,6 +98,8 @@ class CheckpointKeeper:
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore a checkpoint of any registered format and the registered objects; its ``extra``."""
+        from devplug.core.checkpoint.format import format_of
+
         self.format.wait()
         extra = format_of(path, self.format).load(self.state, Path(path))
         self._restore_registered(extra)
@@ -107,6 +108,8 @@ class CheckpointKeeper:
     # ---- resume --------------------------------------------------------------------------------------
     def resume(self, path: str | os.PathLike[str] | None) -> Resumed | None:
         """Continue from ``path`` or the policy's newest intact checkpoint; ``None`` when there is none."""
+        from devplug.core.checkpoint.resume import Resumed
+
         runs = self.runs
         if path is None and runs is None:
             raise ConfigError("resume() needs a checkpoint policy (Trainer(checkpoints=devplug.CheckpointPolicy("
@@ -131,6 +134,8 @@ class CheckpointKeeper:
 
     def _choose_and_load(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         # rank 0 tries the candidates (loading each, skipping damaged ones); the other ranks load its choice
+        from devplug.core.checkpoint import resume as resume_files
+
         report: dict[str, Any] | None = None
         extra: dict[str, Any] = {}
         if self._is_main:
@@ -147,6 +152,8 @@ class CheckpointKeeper:
     def _choose_together(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         # Loading a collective format's checkpoint (a sharded folder) is a collective: rank 0 names the newest
         # complete one (a save is renamed into place only once every rank has written), and every rank loads it.
+        from devplug.core.checkpoint import resume as resume_files
+
         named: tuple[str | None, str] = (None, "")
         skipped: tuple[tuple[Path, str], ...] = ()
         if self._is_main:  # the newest whose files are intact (its manifest checked), damaged ones passed over
@@ -238,6 +245,9 @@ class CheckpointKeeper:
 
 def _resume_report(path: Path, skipped: Any) -> dict[str, Any]:
     """Rank 0's account of a resume (newer checkpoints set aside now), as plain values every rank can get."""
+    from devplug.core.checkpoint import resume as resume_files
+    from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
+
     aside, moved = resume_files.set_aside_newer(path)
     remove_stale_temp_files(path.parent)  # what saves killed before this resume left
     return {"path": str(path), "skipped": [(str(p), why) for p, why in skipped],

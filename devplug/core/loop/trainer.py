@@ -23,11 +23,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from devplug.core.checkpoint import rng, runlock
 from devplug.core.checkpoint.compiled import plain_module
 from devplug.core.checkpoint.format import CheckpointFormat, format_named
-from devplug.core.checkpoint.policy import RunCheckpoints
-from devplug.core.checkpoint.resume import Resumed
 from devplug.core.contract import hookspecs as spec
 from devplug.core.contract.records import (
     CompilePlan,
@@ -39,16 +36,8 @@ from devplug.core.contract.records import (
     PrecisionPlan,
     ShardingPlan,
 )
-from devplug.core.data.device_loader import (
-    DeviceLoader,
-    data_lost_reason,
-    is_dataset,
-    loader_options,
-    own_loader_choice,
-)
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed.launch import detect_launch, die_with_launcher
-from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce, gather
 from devplug.core.distributed.strategy import StrategyContext, build_strategy
 from devplug.core.errors import ConfigError, DataError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
@@ -64,16 +53,18 @@ from devplug.core.observe.loggers import build_loggers
 from devplug.core.observe.peaks import checked_peak
 from devplug.core.observe.profiling import StepProfiler
 from devplug.core.observe.reporter import Reporter
-from devplug.core.observe.summary import RunSummary
 from devplug.core.observe.tensorboard import evaluation_name
-from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
 from devplug.core.registry.bounded import call_with_limit
 from devplug.core.registry.devices import DeviceRegistry
 from devplug.core.registry.manager import FALLBACK_NAME, DevplugPluginManager, get_plugin_manager
 from devplug.core.registry.watchdog import watchdog
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what a feature needs is imported when the feature is first used
+    from devplug.core.checkpoint.resume import Resumed
+    from devplug.core.checkpoint.runlock import RunLock
+    from devplug.core.data.device_loader import DeviceLoader
     from devplug.core.distributed.combine import RankCombiner
+    from devplug.core.observe.summary import RunSummary
 
 log = logging.getLogger("devplug")
 
@@ -117,6 +108,8 @@ class Trainer:
         self._watched_thread: int | None = threading.get_ident()  # sampled by the hook watchdog: no cost per step
         watchdog().watch(self._watched_thread)
         if self._config.seed is not None:
+            from devplug.core.checkpoint import rng
+
             rng.seed_everything(self._config.seed)
         plan = call_with_limit(lambda: self._hooks(spec.devplug_precision, precision=self._config.precision),
                                "devplug_precision", before=current_index_carrier(self.device.torch_device.type))
@@ -141,8 +134,12 @@ class Trainer:
                                   optimizers=self._optimizers, loaders=self._loaders, position=self._position,
                                   world_size=self.world_size)
         policy = self._config.checkpoints  # one job at a time writes its folder: taken before anything is written
-        self._run_lock = runlock.hold_for_run(policy.directory if policy is not None else None,
-                                              main=self.is_main_process, combiner=self._combiner)
+        self._run_lock: RunLock | None = None
+        if policy is not None:
+            from devplug.core.checkpoint import runlock
+
+            self._run_lock = runlock.hold_for_run(policy.directory, main=self.is_main_process,
+                                                  combiner=self._combiner)
         loggers = build_loggers(self._config.logger_items, self._config.log_dir,
                                 default=self._config.loggers is None) if self.is_main_process else []
         self._reporter = Reporter(log_dir=self._config.log_dir, progress=self._config.progress,
@@ -162,9 +159,13 @@ class Trainer:
         self.profiler = StepProfiler(self._config.profile, self._config.log_dir, lambda: self._hooks(
             spec.devplug_profiler_activities), lambda: self._position.global_step, rank=self.rank)
         self._route = StepRoute(self._hooks, self.profiler, FALLBACK_NAME)
-        policy = self._config.checkpoints
+        runs = None
+        if policy is not None:
+            from devplug.core.checkpoint.policy import RunCheckpoints
+
+            runs = RunCheckpoints(policy)
         self._keeper = CheckpointKeeper(
-            self._state, RunCheckpoints(policy) if policy is not None else None,
+            self._state, runs,
             checkpoint_format=self._checkpoint_format(),
             combiner=self._combiner, is_main=self.is_main_process, nonfinite=self._config.nonfinite,
             stepped=self._stepped, policy_save=lambda path: self.save(path))
@@ -328,6 +329,8 @@ class Trainer:
         ``name`` keys its state in checkpoints (default: the set-up module whose parameters it holds);
         another optimizer class is built as it is. ``optimizer_implementation(opt)`` names what was built.
         """
+        from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
+
         params = list(params)
         algo, own_class = algorithm_name(algorithm)
         key = optimizer_key(params, self._modules, self._optimizers, algo, name)
@@ -368,6 +371,8 @@ class Trainer:
         plugin from the device and a measurement of the source (``loader.choice.reason`` says what and
         why); given, they are used exactly as given.
         """
+        from devplug.core.data.device_loader import DeviceLoader, is_dataset, loader_options, own_loader_choice
+
         base_seed = self._config.seed if seed is None and self._config.seed is not None else (seed or 0)
         if is_dataset(source) and not (batch_size is None and isinstance(source, (list, tuple))):
             if batch_size is None:
@@ -396,6 +401,8 @@ class Trainer:
     def _data_lost(self, exc: BaseException) -> DataError:
         # The training data failed between steps: save the last finished step first (the policy's checkpoint;
         # not under FSDP, where a save is a collective the other ranks may not reach), then stop in one line.
+        from devplug.core.data.device_loader import data_lost_reason
+
         step, saved = self._position.global_step, None
         if self._keeper.runs is not None and not self._keeper.format.collective and self._position.window_closed():
             try:
@@ -557,6 +564,8 @@ class Trainer:
         itself. ``correct = trainer.all_reduce(correct, op="sum")`` turns each rank's count of its own
         shard into the count over the whole evaluation set.
         """
+        from devplug.core.distributed.reduce import REDUCE_OPS, all_reduce
+
         if op not in REDUCE_OPS:
             raise ConfigError(f"all_reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
         if not self._launch.distributed:
@@ -573,6 +582,8 @@ class Trainer:
         """
         if not self._launch.distributed:
             return tensor
+        from devplug.core.distributed.reduce import gather
+
         return gather(tensor)
 
     # ---- coordination across ranks --------------------------------------------------------------------
@@ -775,6 +786,8 @@ class Trainer:
         (the peak MFU is computed against and where it comes from), ``mfu`` and ``samples_per_dollar``.
         A read-only mapping (``summary()["steps"]``) that prints as a table; ``to_dict()`` for JSON.
         """
+        from devplug.core.observe.summary import RunSummary
+
         return RunSummary({
             "device": str(self.device),
             "device_plugin": self.device.plugin_name,

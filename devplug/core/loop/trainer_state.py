@@ -14,21 +14,19 @@ import functools
 import os
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
-from devplug.core.checkpoint import file as ckpt
-from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.compiled import module_state, plain_key, plain_state
 from devplug.core.checkpoint.finite import nonfinite
-from devplug.core.checkpoint.validate import check_loaded_optimizers, check_matches, check_saved_optimizers
-from devplug.core.contract.records import Device, OptimizerChoice, PrecisionPlan
-from devplug.core.data.position import LoopPosition, ResumePoint
+from devplug.core.data.position import ResumePoint
 from devplug.core.errors import CheckpointError, NonFiniteLossError
-from devplug.core.optim.build import parameters_outside
-from devplug.core.optim.canonical import export_state, import_state
+
+if TYPE_CHECKING:  # the checkpoint file, RNG and optimizer-state modules load with the first save or load
+    from devplug.core.contract.records import Device, OptimizerChoice, PrecisionPlan
+    from devplug.core.data.position import LoopPosition
 
 
 class TrainerState:
@@ -50,6 +48,8 @@ class TrainerState:
         return [loader for loader in self.loaders if loader.train]
 
     def device_rng(self) -> Any:
+        from devplug.core.checkpoint import rng
+
         return rng.device_module(self.device.torch_device.type)
 
     def state_dict(self) -> dict[str, Any]:
@@ -58,12 +58,17 @@ class TrainerState:
         Saved inside an unfinished accumulation window, the position is that of the window's start: the
         partial gradients are not saved, so a resume recomputes the whole step.
         """
+        from devplug.core.optim.canonical import export_state
+
         return {**self.loop_state(),
                 "modules": {k: plain_state(m.state_dict()) for k, m in self.modules.items()},
                 "optimizers": {k: export_state(c) for k, c in self.optimizers.items()}}
 
     def loop_state(self) -> dict[str, Any]:
         """What a checkpoint holds besides module and optimizer tensors: counters, positions, scaler, RNG."""
+        from devplug.core.checkpoint import file as ckpt
+        from devplug.core.checkpoint import rng
+
         position, scaler = self.position, self.scaler
         open_window = 0 if position.window_closed() else position.in_window
         points = [(loader.seed, loader.resume_point(self.world_size)) for loader in self.training_loaders()]
@@ -88,6 +93,10 @@ class TrainerState:
         nothing, when a weight or an optimizer state tensor holds NaN or infinity, and `CheckpointError`
         when an optimizer's canonical state breaks its algorithm (a negative second moment from a converter).
         """
+        from devplug.core.checkpoint import file as ckpt
+        from devplug.core.checkpoint.validate import check_saved_optimizers
+        from devplug.core.optim.build import parameters_outside
+
         for key, count in parameters_outside(self.optimizers, self.modules).items():
             warnings.warn(f"optimizer {key!r} holds {count} parameter(s) of a module that was not passed to "
                           "trainer.setup(); the checkpoint has that optimizer's state but not those weights. "
@@ -122,6 +131,10 @@ class TrainerState:
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Check a checkpoint against the setup, then restore it (all or nothing); the author's ``extra`` state."""
+        from devplug.core.checkpoint import file as ckpt
+        from devplug.core.checkpoint.validate import check_loaded_optimizers, check_matches
+        from devplug.core.optim.canonical import import_state
+
         state = self.own_names(ckpt.read_checkpoint(path))
         check_matches(state, self.modules, self.optimizers, path)
         natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in self.optimizers.items()}
@@ -173,6 +186,8 @@ def restore(state: Mapping[str, Any], natives: Mapping[str, dict[str, Any]], *,
     All or nothing: if any part fails, the parts already restored are put back as they were and one
     `CheckpointError` says what failed.
     """
+    from devplug.core.checkpoint import rng
+
     undo: list[Callable[[], None]] = []
     try:
         for key, choice in optimizers.items():

@@ -35,7 +35,6 @@ from devplug.toolkit import (
     log_once,
     precision_plan,
     process_memory_stats,
-    torch_dataloader,
     torch_optimizer_class,
     torch_sharding_plan,
 )
@@ -187,6 +186,8 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
     one (decoding) by background workers that take only the CPU time the step leaves idle. The author's
     ``num_workers`` wins (see ``devplug.toolkit.tune_loader``).
     """
+    from devplug.toolkit import torch_dataloader  # the data pipeline: only when a loader is built
+
     return torch_dataloader(source, options, compute_competes=True)
 
 

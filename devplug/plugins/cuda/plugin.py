@@ -43,11 +43,9 @@ from devplug import (
     hookimpl,
 )
 from devplug.plugins.cuda import doctor, peaks
-from devplug.plugins.cuda.dali import build_dali_loader, dali_status
-from devplug.plugins.cuda.optimizers import build_optimizer
 from devplug.plugins.cuda.precision import configure_tf32, plan_precision
 from devplug.plugins.cuda.probe import compute_capability, device_count, probe
-from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_dataloader, torch_sharding_plan
+from devplug.toolkit import TORCH_OPTIMIZERS, log_once, move_to, torch_sharding_plan
 
 #: The contract these hooks implement: a built-in always speaks the contract of the devplug it ships in.
 DEVPLUG_CONTRACT = CONTRACT_VERSION
@@ -92,6 +90,8 @@ def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str,
     """
     if name.lower() not in TORCH_OPTIMIZERS:
         return None
+    from devplug.plugins.cuda.optimizers import build_optimizer  # apex is looked for when an optimizer is built
+
     return build_optimizer(name, params, options, use_apex=bool(device.options.get("apex", True)))
 
 
@@ -147,6 +147,9 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
     The torch DataLoader's workers, where the author left them out, are tuned by measuring the source
     (compute runs on the GPU, so workers do not compete with it); DALI's threads follow ``num_workers``.
     """
+    from devplug.plugins.cuda import dali  # the data pipeline: only when a loader is built
+    from devplug.toolkit import torch_dataloader
+
     if options.pin_memory is None:
         options = attrs.evolve(options, pin_memory=bool(device.options.get("pin_memory", True)))
     if not isinstance(source, ImageFolderSource):
@@ -154,14 +157,13 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
     if not device.options.get("dali", True):
         reason = "DALI disabled by the device option dali=False"
     else:
-        reason = dali_status()
+        reason = dali.dali_status()
         if not reason:
             device_id = device.index
             if device_id is None and torch.cuda.is_available():
                 device_id = torch.cuda.current_device()
             try:
-                return build_dali_loader(source, options, device_id,
-                                         channels_last=device.channels_last)
+                return dali.build_dali_loader(source, options, device_id, channels_last=device.channels_last)
             except DevplugError:  # a missing or empty folder: the torch loader would say the same
                 raise
             except Exception as exc:  # a DALI that imports but cannot run here must not stop training

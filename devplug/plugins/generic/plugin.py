@@ -16,7 +16,7 @@ worked.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -34,8 +34,10 @@ from devplug import (
 )
 from devplug.plugins.generic.catalog import declared_types, facts, priority, privateuse1_name
 from devplug.plugins.generic.probe import count, probe
-from devplug.plugins.generic.trial import Trial, trial
-from devplug.toolkit import log_once, probe_time_limit, torch_dataloader, torch_precision_plan, torch_sharding_plan
+from devplug.toolkit import log_once, probe_time_limit, torch_precision_plan, torch_sharding_plan
+
+if TYPE_CHECKING:
+    from devplug.plugins.generic.trial import Trial
 
 #: The contract these hooks implement: a built-in always speaks the contract of the devplug it ships in.
 DEVPLUG_CONTRACT = CONTRACT_VERSION
@@ -70,6 +72,8 @@ def devplug_device_setup(device: Device) -> None:
 
 def tried(device: Device) -> Trial | None:
     """The trial of an out-of-tree backend (`.trial`); ``None`` for the device types torch itself supports."""
+    from devplug.plugins.generic.trial import trial  # only an out-of-tree backend is tried
+
     kind = device.torch_device.type
     return trial(kind, probe_time_limit() * 0.9) if kind == privateuse1_name() else None
 
@@ -89,6 +93,8 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
         raise ConfigError(
             f"{attempt.who()} cannot pin host memory ({attempt.problem('pin_memory')}); "
             "load without pinned memory (pin_memory=False)")
+    from devplug.toolkit import torch_dataloader  # the data pipeline: only when a loader is built
+
     return torch_dataloader(source, options, compute_competes=False)
 
 

@@ -13,7 +13,6 @@ import torch
 
 from devplug import Availability
 from devplug.plugins.generic.catalog import facts, privateuse1_name
-from devplug.plugins.generic.trial import TIMED_OUT, trial
 from devplug.toolkit import device_available, device_count, device_module, probe_time_limit
 
 
@@ -55,6 +54,8 @@ def probe(device_type: str) -> Availability:
 
 def trained(device_type: str) -> Availability:
     """An out-of-tree backend is available only if a tiny training step ran on it (see `.trial`)."""
+    from devplug.plugins.generic.trial import TIMED_OUT, trial  # only an out-of-tree backend is tried
+
     tried = trial(device_type, probe_time_limit() * 0.9)
     if tried.ok("train"):
         return Availability.yes()

@@ -24,7 +24,7 @@ from devplug import (
     ShardingPlan,
     hookimpl,
 )
-from devplug.plugins.hpu import clipping, data, distributed, doctor, mode, optimizers, peaks, probe, sharding, stats
+from devplug.plugins.hpu import clipping, distributed, doctor, mode, peaks, probe, sharding, stats
 from devplug.plugins.hpu import precision as precision_plans
 
 #: The contract these hooks implement: a built-in always speaks the contract of the devplug it ships in.
@@ -54,6 +54,8 @@ def devplug_device_setup(device: Device) -> None:
 @hookimpl
 def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice | None:
     """``FusedAdamW`` for "adamw" and "adam", ``FusedSGD`` for "sgd"; torch's otherwise, with the reason."""
+    from devplug.plugins.hpu import optimizers  # with its state converters: only when an optimizer is built
+
     return optimizers.build_optimizer(device, name, params, options)
 
 
@@ -85,6 +87,8 @@ def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSe
 @hookimpl
 def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice:
     """``HabanaDataLoader`` for image folders when installed, else torch's loader; pinned memory by default."""
+    from devplug.plugins.hpu import data  # the data pipeline: only when a loader is built
+
     return data.build_loader(device, source, options)
 
 

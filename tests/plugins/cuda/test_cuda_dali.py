@@ -18,7 +18,7 @@ from PIL import Image
 from devplug.core.contract.records import Device, ImageFolderSource, LoaderOptions
 from devplug.core.data.torch_loader import ImageFolderDataset, list_images
 from devplug.core.errors import DataError
-from devplug.plugins.cuda import dali, plugin
+from devplug.plugins.cuda import dali
 from devplug.plugins.cuda import plugin as cuda_plugin
 from devplug.toolkit import forget_logged
 
@@ -253,7 +253,7 @@ def test_a_dali_pipeline_that_cannot_be_built_falls_back_with_the_reason(source,
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA driver version is insufficient")
 
-    monkeypatch.setattr(plugin, "build_dali_loader", broken)
+    monkeypatch.setattr(dali, "build_dali_loader", broken)
     choice = cuda_plugin.devplug_dataloader(device=cuda_device(), source=source, options=LoaderOptions(batch_size=4))
     assert choice.implementation.startswith("torch DataLoader")
     assert "could not be built" in choice.reason and "insufficient" in choice.reason
