@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -163,11 +164,12 @@ class Trainer:
             spec.devplug_profiler_activities), lambda: self._position.global_step, rank=self.rank)
         self._route = StepRoute(self._hooks, self.profiler, FALLBACK_NAME)
         policy = self._config.checkpoints
+        self._checkpoint_seconds = 0.0
         self._keeper = CheckpointKeeper(
             self._state, RunCheckpoints(policy) if policy is not None else None,
             checkpoint_format=self._checkpoint_format(),
             combiner=self._combiner, is_main=self.is_main_process, nonfinite=self._config.nonfinite,
-            stepped=self._stepped, policy_save=lambda path: self.save(path))
+            stepped=self._stepped, policy_save=self._save_by_policy)
         self._monitor = self._keeper.monitor  # log() hands the policy's monitored value to the keeper
 
     def _checkpoint_format(self) -> CheckpointFormat:
@@ -814,6 +816,27 @@ class Trainer:
         return reasons
 
     # ---- checkpoints -----------------------------------------------------------------------------------
+    @property
+    def checkpoint_seconds(self) -> float:
+        """Seconds this process spent writing the checkpoint policy's saves, left out of samples/s and MFU.
+
+        A throughput meter of your own (`devplug.ThroughputMeter`) can leave them out too:
+        ``meter.exclude(trainer.checkpoint_seconds)`` before reading its rate.
+        """
+        return self._checkpoint_seconds
+
+    def _save_by_policy(self, path: str | os.PathLike[str]) -> str | None:
+        # a policy save is not training time: the steps queued before it finish first (the save would wait for
+        # them anyway), then its time is taken out of the throughput clock
+        self.synchronize()
+        began = time.perf_counter()
+        try:
+            return self.save(path)
+        finally:
+            seconds = time.perf_counter() - began
+            self.throughput.exclude(seconds)
+            self._checkpoint_seconds += seconds
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: modules, optimizers, scaler, counters, RNG states."""
         return self._state.state_dict()
