@@ -1,4 +1,5 @@
-"""``"fp8-mixed"``: the linear layers multiply in fp8 (torchao's float8 training), the rest in bfloat16 autocast.
+"""``"fp8-mixed"``: the linear layers multiply in fp8 (torchao's float8 training; on Gaudi, Intel's Transformer
+Engine, built by the Gaudi plugin), the rest in bfloat16 autocast.
 
 A device plugin parameterises it: the recipe (``"tensorwise"`` or ``"rowwise"`` scaling), whether FSDP
 gathers weights in fp8, whether the fp8 matrix multiplies are emulated (in higher precision, for tests and
@@ -112,7 +113,8 @@ class Fp8Mixed(Precision):
     compute_dtype = torch.bfloat16
     needs_scaler = False
     scaler_reason = "fp8 scales each tensor itself (dynamic scaling); the rest runs in bfloat16, which needs none"
-    summary = "fp8 matrix multiplies in the linear layers (torchao float8 training), bfloat16 autocast elsewhere"
+    summary = ("fp8 matrix multiplies in the linear layers (torchao float8 training on NVIDIA GPUs, Intel's "
+               "Transformer Engine on Gaudi 2/3), bfloat16 autocast elsewhere")
 
     def plan(self, params: PrecisionParams) -> PrecisionPlan:
         """The plan with the device's fp8 conversion; `fp8_unavailable` when the device gives none."""
