@@ -19,15 +19,17 @@ import torch
 
 from habana_frameworks.torch.hpex.experimental.transformer_engine.recipe import DelayedScaling, Format
 
+#: The vendor's reason on first-generation Gaudi (its text, as the 1.19 tests' skip reason paraphrases it).
+NO_FP8_REASON = "FP8 not supported on Gaudi, Gaudi2 or higher required"
+
 
 def check_fp8_support() -> tuple[bool, str]:
     """``(False, reason)`` on first-generation Gaudi, whose name is ``"GAUDI"`` (the bridge's 1.19 tests skip every
     fp8 test there: test_hpu_fp8_te.py lines 48-50; message as fp8.py ``check_fp8_support`` at commit cb252c90)."""
-    from habana_frameworks.torch.hpu import get_device_name
+    from habana_frameworks.torch import hpu
 
-    if get_device_name() == "GAUDI":
-        return False, "FP8 not supported on Gaudi, Gaudi2 or higher required"
-    return True, ""
+    first_generation = hpu.get_device_name() == "GAUDI"
+    return (False, NO_FP8_REASON) if first_generation else (True, "")
 
 
 def is_fp8_available() -> tuple[bool, str]:
@@ -38,9 +40,8 @@ def is_fp8_available() -> tuple[bool, str]:
 def get_fp8_te_dtype(fp8_recipe: DelayedScaling, fprop_tensor: bool = True) -> torch.dtype:
     """E4M3 for forward tensors under HYBRID, E5M2 otherwise (test_hpu_fp8_te.py lines 651-688 run both formats;
     HYBRID = E4M3 forward, E5M2 backward, recipe.py lines 44-46 at commit cb252c90)."""
-    if fp8_recipe.fp8_format == Format.E4M3 or (fp8_recipe.fp8_format == Format.HYBRID and fprop_tensor):
-        return torch.float8_e4m3fn
-    return torch.float8_e5m2
+    e4m3 = (Format.E4M3, Format.HYBRID) if fprop_tensor else (Format.E4M3,)
+    return torch.float8_e4m3fn if fp8_recipe.fp8_format in e4m3 else torch.float8_e5m2
 
 
 class FP8GlobalStateManager:
