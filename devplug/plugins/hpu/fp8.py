@@ -31,6 +31,7 @@ state are untouched: TE keeps the weights as they are and makes fp8 copies per s
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -39,7 +40,7 @@ import torch
 
 from devplug import Device, PrecisionError, PrecisionPlan
 from devplug.plugins.hpu import data
-from devplug.toolkit import fp8_plan, fp8_unavailable, pays_off
+from devplug.toolkit import fp8_plan, fp8_unavailable, log_once, pays_off
 
 TE_MODULE = "habana_frameworks.torch.hpex.experimental.transformer_engine"
 #: Intel's ``DelayedScaling`` defaults, with the HYBRID format (E4M3 forward, E5M2 backward).
@@ -156,7 +157,16 @@ def plan_fp8(device: Device) -> PrecisionPlan:
                           head=bool(options.get("fp8_head", False)), skip=tuple(options.get("fp8_skip", ())))
 
     def convert(module: torch.nn.Module) -> torch.nn.Module:
-        swap_linears(module, te, choose(module))
+        linears = sum(type(m) is torch.nn.Linear for m in module.modules())
+        swapped = swap_linears(module, te, choose(module))
+        if linears and not swapped:
+            log_once(f"precision 'fp8-mixed': none of the {linears} linear layer(s) of {type(module).__name__} is "
+                     "large enough for fp8 to pay (or they are the output head), so it trains in bf16; "
+                     "device_options={'fp8_small_layers': True} swaps every layer with dimensions divisible by 16",
+                     logging.WARNING)
+        else:
+            log_once(f"precision 'fp8-mixed': {len(swapped)} of the {linears} linear layer(s) of "
+                     f"{type(module).__name__} run in fp8 (te.Linear)")
         return module
 
     def context() -> Any:

@@ -4,6 +4,8 @@ the canonical layout (fp8 to bf16 and back), and Gaudi 1 or a release without TE
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from standins import hpu_fixtures
@@ -13,6 +15,7 @@ from devplug.core.registry.manager import create_plugin_manager
 from devplug.plugins.hpu import fp8
 from devplug.testing import ConformanceError, open_device
 from devplug.testing.checks.precision import check_precision
+from devplug.toolkit import forget_logged
 
 from lm.models import LanguageModel, ModelSpec  # examples/lm
 
@@ -193,3 +196,17 @@ def test_the_kit_refuses_an_fp8_answer_that_saves_the_engines_scaling_state(hpu,
     dut = open_device("hpu", create_plugin_manager(autoload=False))
     with pytest.raises(ConformanceError, match=r"adds 0\._extra_state to the model's state_dict\(\)"):
         check_precision(dut, "fp8-mixed")
+
+
+def test_a_model_too_small_for_fp8_to_pay_is_told_it_trains_in_bf16(hpu, caplog):
+    forget_logged()
+    with caplog.at_level(logging.INFO, logger="devplug"):
+        _, _, model = train(hpu, "fp8-mixed", 1)
+    assert te_layers(model) == []
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "fp8" in r.getMessage()]
+    assert len(warned) == 1 and "none of the 5 linear layer(s) of LanguageModel" in warned[0]
+    assert "fp8_small_layers" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="devplug"):
+        train(hpu, "fp8-mixed", 1, options=SMALL)
+    assert "4 of the 5 linear layer(s) of LanguageModel run in fp8 (te.Linear)" in caplog.text
