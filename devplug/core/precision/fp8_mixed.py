@@ -112,7 +112,8 @@ class Fp8Mixed(Precision):
     name = NAME
     compute_dtype = torch.bfloat16
     needs_scaler = False
-    scaler_reason = "fp8 scales each tensor itself (dynamic scaling); the rest runs in bfloat16, which needs none"
+    scaler_reason = ("fp8 scales each tensor itself (dynamic or delayed scaling); the rest runs in bfloat16, which "
+                     "needs none")
     summary = ("fp8 matrix multiplies in the linear layers (torchao float8 training on NVIDIA GPUs, Intel's "
                "Transformer Engine on Gaudi 2/3), bfloat16 autocast elsewhere")
 
