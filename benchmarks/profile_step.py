@@ -7,7 +7,8 @@ activity) and one under ``cProfile``, and prints per step:
 
 - host time (wall clock of the profiled-free epoch that follows, divided by its steps);
 - Python function calls (cProfile's count) and the five functions with the most own time;
-- device runtime calls (``cuda*``/``hip*`` runtime events: launches, copies) and synchronisations
+- device runtime calls (``cuda*``/``hip*`` runtime events: launches, copies; the most frequent by name) and
+  synchronisations
   (``*Synchronize`` events, plus ``aten::item``/``aten::_local_scalar_dense``, which stall the host);
 - the ten operators with the most own CPU time.
 
@@ -22,6 +23,7 @@ import cProfile
 import pstats
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +39,14 @@ from peers import BEST_DTYPES, build  # noqa: E402
 import devplug  # noqa: E402
 
 
-def _runtime_counts(prof: profile) -> tuple[int, int]:
-    """(device runtime calls, synchronising calls) among the profiled events."""
-    calls = syncs = 0
+def _runtime_counts(prof: profile) -> tuple[Counter[str], int]:
+    """(device runtime calls by name, synchronising calls) among the profiled events."""
+    calls: Counter[str] = Counter()
+    syncs = 0
     for event in prof.events():
         name = event.name
         if name.startswith(("cuda", "hip")) and not name.startswith("cudaGetDevice"):
-            calls += 1
+            calls[name] += 1
             if "Synchronize" in name:
                 syncs += 1
         elif name in ("aten::_local_scalar_dense",):
@@ -83,8 +86,10 @@ def profile_adapter(name: str, args: argparse.Namespace, device: torch.device, b
     synchronize(device)
     host = (time.perf_counter() - started) / steps
     adapter.close()
+    by_name = ", ".join(f"{call} {count / steps:.1f}" for call, count in calls.most_common(6))
     return {"name": name, "us_per_step": host * 1e6, "python_calls": python_calls / steps,
-            "runtime_calls": calls / steps, "syncs": syncs / steps, "top": top_lines, "ops": ops}
+            "runtime_calls": sum(calls.values()) / steps, "runtime_by_name": by_name, "syncs": syncs / steps,
+            "top": top_lines, "ops": ops}
 
 
 def main() -> int:
@@ -117,7 +122,8 @@ def main() -> int:
         print(f"{r['name']:<11} {r['us_per_step']:>13.1f} {r['python_calls']:>13.1f} {r['runtime_calls']:>14.1f} "
               f"{r['syncs']:>7.2f}")
     for r in results:
-        print(f"\n== {r['name']}: functions with the most own time (cProfile)")
+        print(f"\n== {r['name']}: device runtime calls per step by name: {r['runtime_by_name'] or 'none'}")
+        print(f"== {r['name']}: functions with the most own time (cProfile)")
         print("\n".join(r["top"]))
         print(f"== {r['name']}: operators with the most own CPU time (torch.profiler, one epoch)")
         print(r["ops"])
