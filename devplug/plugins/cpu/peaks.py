@@ -114,7 +114,8 @@ def vector_units(flags: frozenset[str], vendor: str = "", family: int = 0) -> st
     return "fp32 units"
 
 
-def flops_per_cycle(flags: frozenset[str], dtype: torch.dtype, fp32: int, units: str | None = None) -> tuple[float, str]:
+def flops_per_cycle(flags: frozenset[str], dtype: torch.dtype, fp32: int,
+                    units: str | None = None) -> tuple[float, str]:
     """FLOP per cycle per core in ``dtype`` for a CPU doing ``fp32`` in FP32, and the feature that gives it.
 
     AMX tiles: 1024 (BF16, FP16); AVX-512 BF16/FP16 dot products: twice the FP32 rate; otherwise the
