@@ -177,4 +177,4 @@ def peak_flops(dtype: torch.dtype) -> PeakFlops:
     if computed is not None:
         return computed
     return PeakFlops(cached_matmul_flops("cpu", dtype, cpu_model()), "measured (cached)",
-                     f"best {dtype} matmul on {cpu_model()}, measured once on this machine")
+                     f"best {FORMAT_NAMES.get(dtype, dtype)} matmul on {cpu_model()}, measured once on this machine")

@@ -113,6 +113,16 @@ def test_a_runs_summary_prints_the_peak_line_and_rates_in_flop_per_second(fake_c
     assert "gemm_flops" not in summary and "gemm_fraction" not in summary  # not measured unless asked for
 
 
+def test_a_cpu_whose_peak_cannot_be_computed_names_the_measurement(monkeypatch, tmp_path):
+    monkeypatch.setenv("DEVPLUG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_peak, "computed_peak", lambda dtype: None)
+    FakeGemm(monkeypatch, 50e9)
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=0)
+    train_toy(trainer, steps=4)
+    assert trainer.summary()["peak"] == (f"50 GFLOP/s fp32, measured (cached): best fp32 matmul on "
+                                         f"{cpu_peak.cpu_model()}, measured once on this machine")
+
+
 def test_the_authors_peak_is_named_as_such():
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=0, peak_flops=2.5e11)
     train_toy(trainer, steps=4)
@@ -148,7 +158,13 @@ class FakeGemm:
         return self.figure
 
 
-def test_a_plain_gemms_rate_is_measured_once_per_machine_on_request(monkeypatch, tmp_path):
+@pytest.fixture
+def computed(monkeypatch):
+    """A CPU whose peak is computed (on any host), so the only matmul measured is the plain GEMM's."""
+    monkeypatch.setattr(cpu_peak, "computed_peak", lambda dtype: devplug.PeakFlops(1e12, "computed", "a test's"))
+
+
+def test_a_plain_gemms_rate_is_measured_once_per_machine_on_request(monkeypatch, tmp_path, computed):
     monkeypatch.setenv("DEVPLUG_CACHE_DIR", str(tmp_path))
     gemm = FakeGemm(monkeypatch, 80e9)
     default = devplug.Trainer(device="cpu", precision="bf16-mixed", progress=False, seed=0)
@@ -168,7 +184,7 @@ def test_a_plain_gemms_rate_is_measured_once_per_machine_on_request(monkeypatch,
     assert any(line.split()[:2] == ["gemm_flops", "80"] for line in str(runs[0]).splitlines())
 
 
-def test_a_failed_gemm_measurement_is_one_warning_and_the_run_goes_on(monkeypatch, tmp_path, caplog):
+def test_a_failed_gemm_measurement_is_one_warning_and_the_run_goes_on(monkeypatch, tmp_path, caplog, computed):
     monkeypatch.setenv("DEVPLUG_CACHE_DIR", str(tmp_path))
     FakeGemm(monkeypatch, RuntimeError("out of memory\nallocating 768 MiB"))
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=0, measure_gemm=True)
