@@ -273,7 +273,7 @@ def device_model(device: torch.device) -> str:
     from devplug.core.fallback.accelerator import device_module
 
     module = device_module(device.type)
-    name_of = getattr(module, "get_device_name", None) if device.type != "cpu" else None
+    name_of = getattr(module, "get_device_name", None)  # torch.cpu has none
     if callable(name_of):
         try:
             return str(name_of(device.index if device.index is not None else 0))
