@@ -12,6 +12,7 @@ import torch
 from toys import train_toy
 
 import devplug
+from devplug import toolkit
 from devplug.core.observe import flops as flops_module
 from devplug.core.observe.flops import FlopMeter
 from devplug.plugins.cpu import peaks as cpu_peak
@@ -225,3 +226,19 @@ def test_a_slow_format_is_measured_at_a_small_size(monkeypatch):
     sizes = _fake_matmuls(monkeypatch, 5e9)
     assert flops_module.measured_matmul_flops.__wrapped__("cpu", torch.bfloat16, seconds=0.0) == pytest.approx(5e9)
     assert max(sizes) == 512
+
+
+def test_an_fp32_gemm_measured_with_tf32_allowed_is_cached_apart(monkeypatch, tmp_path):
+    monkeypatch.setenv("DEVPLUG_CACHE_DIR", str(tmp_path))
+    gemm = FakeGemm(monkeypatch, 30e9)
+    before = torch.get_float32_matmul_precision()
+    try:
+        assert toolkit.plain_gemm_flops("cpu", torch.float32) == 30e9
+        torch.set_float32_matmul_precision("high")  # TF32 (or bf16 passes) allowed inside fp32 matmuls
+        gemm.figure = 60e9
+        assert toolkit.plain_gemm_flops("cpu", torch.float32) == 60e9
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert toolkit.plain_gemm_flops("cpu", torch.float32) == 30e9 and len(gemm.calls) == 2
+    keys = sorted(json.loads((tmp_path / "peaks.json").read_text()))
+    assert len(keys) == 2 and keys[1] == keys[0] + " | float32 matmul high"
