@@ -59,7 +59,7 @@ from devplug.core.loop.run_checkpoints import CheckpointKeeper
 from devplug.core.loop.signals import StopRequest
 from devplug.core.loop.step import NO_REGION, Regioned, StepRoute, parameters_with_grad
 from devplug.core.loop.trainer_state import TrainerState
-from devplug.core.observe.flops import FlopMeter
+from devplug.core.observe.flops import FlopMeter, format_name, plain_gemm_flops, precision_dtype
 from devplug.core.observe.hparams import flatten_hparams, run_tags
 from devplug.core.observe.loggers import build_loggers
 from devplug.core.observe.peaks import checked_peak
@@ -157,7 +157,9 @@ class Trainer:
             steps_done=lambda: self._position.global_step, samples_done=lambda: self.throughput.samples_total,
             peak=self._peak,
             exclude=self.throughput.exclude, price_per_hour=self._config.price_per_hour,
-            enabled=self._config.count_flops)
+            enabled=self._config.count_flops, number_format=format_name(precision_dtype(self.precision.name)),
+            gemm=(lambda: plain_gemm_flops(self.torch_device, precision_dtype(self.precision.name)))
+            if self._config.measure_gemm else None)
         self._reporter.log_run(self.global_step, hparams=flatten_hparams(self._config.hparams), tags=run_tags(
             device=str(self.device), device_plugin=self.device.plugin_name, precision=self.precision.name))
         self.profiler = StepProfiler(self._config.profile, self._config.log_dir, lambda: self._hooks(
