@@ -56,7 +56,7 @@ LATER_THAN_A_PLAIN_TRAINER = (
     "devplug.core.checkpoint.sharded", "devplug.core.checkpoint.tempfiles", "devplug.core.data.device_loader",
     "devplug.core.data.torch_loader", "devplug.core.optim.canonical", "devplug.core.optim.conversion",
     "devplug.core.distributed.reduce", "devplug.core.distributed.combine", "devplug.core.distributed.process_group",
-    "devplug.plugins.cuda.dali", "devplug.plugins.cuda.optimizers", "devplug.plugins.hpu.data",
+    "devplug.plugins.cuda.dali", "devplug.plugins.cuda.optimizers",
     "devplug.plugins.hpu.optimizers", "devplug.plugins.generic.trial", "torch.distributed.checkpoint",
     "torch.utils.tensorboard", "tensorboard", "torchvision", "PIL",
 )

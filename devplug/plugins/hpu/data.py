@@ -33,9 +33,10 @@ from typing import Any
 
 import attrs
 
-from devplug import Device, ImageFolderSource, LoaderChoice, LoaderOptions
+from devplug import Device, ImageFolderSource, LoaderChoice, LoaderOptions, toolkit
 from devplug.plugins.hpu import runtime
-from devplug.toolkit import IMAGE_EXTENSIONS, image_transform, torch_dataloader
+
+# toolkit's image pipeline is looked up when a loader is built, so importing this module stays cheap
 
 
 def image_folder_dataset(source: ImageFolderSource) -> Any:
@@ -45,7 +46,7 @@ def image_folder_dataset(source: ImageFolderSource) -> Any:
     """
     from torchvision import datasets, transforms
 
-    transform = image_transform(source)
+    transform = toolkit.image_transform(source)
     steps = [transforms.Normalize(list(t.mean), list(t.std)) if isinstance(t, transforms.Normalize) else t
              for t in transform.transforms]
     return datasets.ImageFolder(source.root, transform=transforms.Compose(steps))
@@ -57,7 +58,8 @@ def habana_dataset(source: Any, options: LoaderOptions) -> tuple[Any, str]:
         return None, "HabanaDataLoader does not take a custom collate_fn"
     if isinstance(source, ImageFolderSource):
         root = Path(source.root)
-        loose = root.is_dir() and any(p.suffix.lower() in IMAGE_EXTENSIONS for p in root.iterdir() if p.is_file())
+        extensions = toolkit.IMAGE_EXTENSIONS
+        loose = root.is_dir() and any(p.suffix.lower() in extensions for p in root.iterdir() if p.is_file())
         classes = root.is_dir() and any(p.is_dir() and not p.name.startswith(".") for p in root.iterdir())
         if loose or not classes:
             return None, (f"HabanaDataLoader needs an ImageFolder layout (one sub-folder per class) and "
@@ -181,7 +183,7 @@ def build_loader(device: Device, source: Any, options: LoaderOptions) -> LoaderC
         path = HabanaPath("torch", "device option habana_dataloader=False")
     if loader_class is None or path.kind == "torch":
         runtime.log_once(f"data loader: {path.why}; using torch DataLoader", logging.INFO)
-        return torch_dataloader(source, options, reason=path.why, compute_competes=False)
+        return toolkit.torch_dataloader(source, options, reason=path.why, compute_competes=False)
     kwargs: dict[str, Any] = {"batch_size": options.batch_size, "drop_last": options.drop_last}
     if path.kind == "aeon":
         kwargs.update(num_workers=AEON_WORKERS, pin_memory=True)
@@ -198,7 +200,7 @@ def build_loader(device: Device, source: Any, options: LoaderOptions) -> LoaderC
         why = ("HabanaDataLoader could not start its Gaudi pipeline for these settings (it prints why) and "
                "would run torch's DataLoader")
         runtime.log_once(f"data loader: {why}; using torch DataLoader", logging.INFO)
-        return torch_dataloader(source, options, reason=why, compute_competes=False)
+        return toolkit.torch_dataloader(source, options, reason=why, compute_competes=False)
     lost = _lost_guarantees(path, options)
     runtime.log_once(f"data loader: {lost}: a resumed run does not replay the interrupted epoch's order. "
                      "Pass device option habana_dataloader=False for torch's DataLoader, which keeps it",
