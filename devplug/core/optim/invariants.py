@@ -19,12 +19,10 @@ where it has a gradient, so unequal counts are a state torch itself writes, not 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
-
-from devplug.core.checkpoint.finite import nonfinite
 
 #: Per-parameter state entries that each algorithm keeps non-negative (sums and averages of squares, maxima).
 NON_NEGATIVE: dict[str, tuple[str, ...]] = {
@@ -39,10 +37,13 @@ NON_NEGATIVE: dict[str, tuple[str, ...]] = {
 }
 
 
-def invariant_problems(algorithm: str, state: Mapping[str, Any]) -> list[str]:
+def invariant_problems(algorithm: str, state: Mapping[str, Any],
+                       nonfinite: Callable[[Iterable[tuple[str, torch.Tensor]]], list[str]]) -> list[str]:
     """What in ``state`` (an optimizer ``state_dict``) no run of ``algorithm`` can produce; ``[]`` when nothing.
 
     One line per parameter at most (the first problem found), and one per group whose parameters disagree.
+    ``nonfinite`` names the tensors among ``(name, tensor)`` pairs that hold NaN or infinity, all at once (the
+    checkpoint layer's fused check).
     """
     per_param = state.get("state")
     if not isinstance(per_param, Mapping):
