@@ -6,6 +6,7 @@ Steps are training iterations (one per optimizer-step round); evaluation loaders
 from __future__ import annotations
 
 import math
+import multiprocessing
 import warnings
 
 import pytest
@@ -131,6 +132,25 @@ def test_a_resume_after_a_mid_epoch_eval_ends_bitwise_equal(tmp_path, workers):
     assert resumed.trainer.global_step == full.trainer.global_step == 12
     for a, b in zip(full.weights(), resumed.weights(), strict=True):
         assert torch.equal(a, b)
+
+
+def _new_workers(before: set[int]) -> int:
+    """Live child processes started since ``before`` (the loaders' workers)."""
+    return sum(1 for child in multiprocessing.active_children() if child.pid not in before)
+
+
+def test_the_loaders_workers_are_gone_when_the_loop_ends_even_when_it_leaves_mid_epoch(tmp_path):
+    before = {child.pid for child in multiprocessing.active_children()}
+    run = Run(workers=2)
+    run.folder = tmp_path
+    assert run.train(3, stop_after_eval_at=6) is True  # returns from inside both loops, mid-epoch
+    # persistent workers (2 per loader) would live until the Trainer is garbage collected: as part of a
+    # reference cycle, torch's clean-up then cannot reach them and waits 5 s per worker before killing it
+    assert _new_workers(before) == 0
+    run.evaluate()  # a loader used after the loop starts new workers, and still yields everything
+    assert run.eval_sizes[-1] == EVAL and _new_workers(before) == 2
+    run.trainer.close()
+    assert _new_workers(before) == 0
 
 
 def test_the_loop_is_bitwise_equal_to_plain_pytorch():
