@@ -104,20 +104,25 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+#: What `run_ranks` imports once, in the server its ranks are forked from.
+RANK_PRELOAD = ("torch", "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.checkpoint",
+                "devplug", "devplug.core.loop.trainer")
+
+
 def run_ranks(script: str | Path, args: Sequence[str], *, world_size: int = 2, timeout: float = 60.0,
               extra_env: Mapping[str, str] | None = None, expect_code: int = 0,
-              preload: Sequence[str] = ()) -> list[subprocess.CompletedProcess[str]]:
+              preload: Sequence[str] = RANK_PRELOAD) -> list[subprocess.CompletedProcess[str]]:
     """Start ``world_size`` processes of ``script`` with torchrun-style variables; wait for all.
 
     Each process gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
     a free ``MASTER_PORT``. On timeout every process started here is killed. Raises ``RuntimeError``
     with each rank's output when one exits with another code than ``expect_code``.
 
-    With ``preload`` (module names), each rank is forked from a server process that imported them once
-    (multiprocessing's forkserver) rather than started as a fresh interpreter: an interpreter's start with
-    torch is most of a short run's time. The rank still runs ``script`` as ``__main__`` in its own process,
-    with only the environment given here. The server is the test process's one forkserver: the first
-    caller's ``preload`` is the one imported.
+    Each rank is forked from a server process that imported ``preload`` once (multiprocessing's forkserver)
+    rather than started as a fresh interpreter: an interpreter's start with torch is most of a short run's
+    time. The rank still runs ``script`` as ``__main__`` in a process of its own, with only the environment
+    given here. The server is the test process's one forkserver: the first caller's ``preload`` is the one
+    imported. ``preload=()`` starts each rank as a fresh ``python script``.
     """
     port = free_port()
     procs: list[Any] = []

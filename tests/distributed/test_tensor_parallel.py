@@ -29,13 +29,8 @@ STEPS, SAVE = 20, 10
 FT_STEPS, FT_SAVE = 6, 3
 
 
-#: What the ranks import before they start (each rank is forked from a process that has it).
-PRELOAD = ("torch", "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.checkpoint",
-           "devplug", "devplug.core.loop.trainer", "dist_scripts.train_tp")
-
-
 def _launch(out, world: int, *args: str) -> None:
-    run_ranks(HERE / "train_tp.py", ["--out", str(out), *args], world_size=world, timeout=400, preload=PRELOAD)
+    run_ranks(HERE / "train_tp.py", ["--out", str(out), *args], world_size=world, timeout=400)
 
 
 @pytest.fixture(scope="module")
