@@ -153,6 +153,33 @@ def test_the_loaders_workers_are_gone_when_the_loop_ends_even_when_it_leaves_mid
     assert _new_workers(before) == 0
 
 
+class FailsAt(torch.utils.data.Dataset):
+    """Eight samples; reading sample ``bad`` raises (in a loader worker: torch re-raises it in the loop)."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.bad:
+            raise ValueError(f"sample {index} is broken")
+        return torch.full((2,), float(index))
+
+
+def test_a_pass_that_fails_in_a_worker_stops_its_workers_although_the_error_is_kept():
+    before = {child.pid for child in multiprocessing.active_children()}
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
+    loader = trainer.dataloader(FailsAt(bad=5), 2, num_workers=2, persistent_workers=False)
+    with pytest.raises(ValueError, match="sample 5 is broken") as caught:
+        for _epoch in trainer.epochs(1):
+            for _batch in loader:
+                pass
+    # the kept error's traceback holds torch's iterator: its workers would live as long as the error does
+    assert caught.value is not None and _new_workers(before) == 0
+
+
 def test_the_loop_is_bitwise_equal_to_plain_pytorch():
     run = Run()
     run.train(2)
