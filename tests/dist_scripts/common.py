@@ -104,9 +104,10 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-#: What `run_ranks` imports once, in the server its ranks are forked from.
-RANK_PRELOAD = ("torch", "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.checkpoint",
-                "devplug", "devplug.core.loop.trainer")
+#: What `run_ranks` imports once, in the server its ranks are forked from (torch._dynamo: building any torch
+#: optimizer imports it, a third of torch's own import time).
+RANK_PRELOAD = ("torch", "torch._dynamo", "torch.distributed.tensor.parallel", "torch.distributed.fsdp",
+                "torch.distributed.checkpoint", "devplug", "devplug.core.loop.trainer")
 
 
 def run_ranks(script: str | Path, args: Sequence[str], *, world_size: int = 2, timeout: float = 60.0,
