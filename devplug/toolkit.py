@@ -30,7 +30,9 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
 - `process_memory_stats` — the host process's memory figure;
 - `measured_matmul_flops` — a device's measured matmul FLOP/s, a peak for MFU where none is published;
   `cached_matmul_flops` — the same, measured once per machine and cached (never on every run's
-  critical path); `cache_dir` — devplug's cache folder (``$DEVPLUG_CACHE_DIR`` relocates it);
+  critical path); `plain_gemm_flops` — a plain GEMM's rate in a format on a device (cached per
+  machine): the achievable rate to put a run's achieved FLOP/s against, next to MFU's peak;
+  `cache_dir` — devplug's cache folder (``$DEVPLUG_CACHE_DIR`` relocates it);
   `probe_time_limit` — the seconds a probe may take (``DEVPLUG_PROBE_TIMEOUT``);
 - PyTorch's device-generic API, as the core fallback uses it for any device type:
   `device_module`, `current_accelerator_type`, `device_available`, `device_count`,
@@ -101,7 +103,7 @@ from devplug.core.fallback.accelerator import (
 from devplug.core.fallback.precision import autocast_plan, fp8_plan, precision_plan, torch_precision_plan
 from devplug.core.fallback.sharding import torch_sharding_plan
 from devplug.core.log_once import forget_logged, log_once
-from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops
+from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops, plain_gemm_flops
 from devplug.core.observe.host_memory import available_host_memory, check_model_fits, human_bytes
 from devplug.core.observe.peak_cache import cache_dir
 from devplug.core.optim.conversion import (
@@ -194,6 +196,7 @@ __all__ = [
     "native_bf16",
     "native_groups",
     "pays_off",
+    "plain_gemm_flops",
     "precision_named",
     "precision_names",
     "precision_plan",

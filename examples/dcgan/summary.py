@@ -63,6 +63,7 @@ def build_summary(
         "flops_per_image": trainer_summary.get("flops_per_sample"),
         "peak_flops": trainer_summary.get("peak_flops"),  # what MFU is measured against, and where it came from
         "peak_source": trainer_summary.get("peak_source"),
+        "peak": trainer_summary.get("peak"),  # the same in one line: value, format and how it was obtained
         "input_bound": trainer_summary.get("input_bound"),
         "cache": str(cache.path) if cache is not None else None,
         "cache_built": bool(cache is not None and cache.built),
@@ -102,6 +103,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         against = (f"of a {peak / 1e9:.4g} GFLOP/s peak ({summary.get('peak_source') or 'plugin'})" if peak
                    else "of the device's peak")
         rows.append(("MFU", f"{100 * summary['mfu']:.2f} % {against}{per_image}"))
+        if summary.get("peak"):
+            rows.append(("peak", str(summary["peak"])))
     if summary.get("input_bound"):
         rows.append(("input", str(summary["input_bound"])))
     if summary["cache"] is not None:

@@ -220,6 +220,7 @@ def train_loop(run: Run) -> Progress:
         # The same Ctrl-C also stopped a loader worker while the next batch was being fetched.
     progress.interrupted = progress.interrupted or trainer.exit_code != 0
     trainer.synchronize()
+    meter.exclude(trainer.checkpoint_seconds)  # writing checkpoints is not training
     meter.stop()
     return progress
 

@@ -38,6 +38,9 @@ def format_summary(summary: dict[str, Any]) -> str:
                   "this run"),
         ("tokens/s", f"{summary['tokens_per_sec']:,.0f} (training, steady state, all processes)"),
     ]
+    if summary.get("mfu") is not None:
+        rows.append(("MFU", f"{summary['mfu']:.1%} of {summary['peak_flops'] / 1e12:,.4g} TFLOP/s per process "
+                            f"({summary['peak_source']}; {summary['flops_per_token'] / 1e6:,.1f} MFLOP per token)"))
     if final is not None:
         start = f" (from {first:.3f}, perplexity {perplexity(first):.1f})" if first is not None else ""
         rows.append(("held-out loss", f"{final:.3f} nats/byte, perplexity {perplexity(final):.2f}{start}"))

@@ -264,6 +264,7 @@ def train_loop(run: Run) -> None:
         run.say("\nlm: interrupted", file=sys.stderr)
     run.interrupted = run.interrupted or trainer.exit_code != 0
     trainer.synchronize()
+    meter.exclude(trainer.checkpoint_seconds)  # writing checkpoints is not training
     meter.stop()
 
 
@@ -344,6 +345,22 @@ def consolidate(run: Run) -> None:
     run.say(f"lm: final weights in one file: {target}")
 
 
+def efficiency(values: Any, tokens_per_sec: float, context: int, world: int) -> dict[str, Any]:
+    """FLOPs per token (counted by the Trainer on one step), the device's peak and its source, and MFU.
+
+    MFU here is the steady-state tokens/s of one process times the FLOPs per token, over the peak of the
+    precision in use that the device plugin reports; empty where the device has no known peak.
+    """
+    per_sample, peak = values.get("flops_per_sample"), values.get("peak_flops")
+    if not per_sample:
+        return {}
+    out: dict[str, Any] = {"flops_per_token": per_sample / context}
+    if peak:
+        out.update(peak_flops=peak, peak_source=values.get("peak_source"),
+                   mfu=out["flops_per_token"] * tokens_per_sec / world / peak)
+    return out
+
+
 def summarize(run: Run) -> dict[str, Any]:
     """Everything the summary shows, as plain values (also written to ``summary.json``)."""
     trainer, meter = run.trainer, run.meter
@@ -373,6 +390,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "tokens_this_run": meter.total,
         "wall_seconds": round(meter.wall_seconds, 3),
         "tokens_per_sec": meter.per_second,
+        **efficiency(values, meter.per_second, run.settings.spec.context, trainer.world_size),
         "first_eval_loss": run.history.first,
         "final_eval_loss": run.history.last,
         "final_eval_perplexity": perplexity(run.history.last),

@@ -114,3 +114,27 @@ def test_import_cost_rejects_no_rounds_in_one_line():
     proc = run_script("import_cost.py", "--rounds", "0")
     assert proc.returncode == 2 and "--rounds must be at least 1" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_mfu_prints_one_table_with_both_views_for_each_step_and_precision():
+    proc = run_script("mfu.py", "--batch-size", "4", "--lm-batch", "2", "--lm-width", "16", "--lm-layers", "1",
+                      "--lm-heads", "2", "--lm-context", "8", "--gemm-size", "128", "--rounds", "2",
+                      "--block-seconds", "0.02")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert re.search(r"^MFU two ways on cpu: .+ 2 interleaved rounds", out, re.MULTILINE), out
+    rows = re.findall(r"^(32-true|bf16-mixed)\s+(DCGAN tiny-32, batch 4|LM 16x1, ctx 8, batch 2)\s+([\d.]+)\s+"
+                      r"([\d.]+ [MGT]?FLOP/s)\s+([\d.]+ [GT]FLOP/s)\s+(computed|measured \(cached\))\s+([\d.]+)%\s+"
+                      r"([\d.]+ [MGT]?FLOP/s)\s+([\d.]+)%$", out, re.MULTILINE)
+    assert {(r[0], r[1].split()[0]) for r in rows} == {(p, w) for p in ("32-true", "bf16-mixed")
+                                                      for w in ("DCGAN", "LM")}, out
+    assert re.search(r"^peak: [\d.]+ GFLOP/s fp32, computed: \d+ cores × [\d.]+ GHz", out, re.MULTILINE) or \
+        "measured (cached)" in out, out
+    assert re.search(r"^peak: [\d.]+ [GT]FLOP/s bf16, ", out, re.MULTILINE), out
+
+
+def test_mfu_rejects_an_unknown_workload_in_one_line():
+    proc = run_script("mfu.py", "--workloads", "dcgan,resnet")
+    assert proc.returncode == 2 and "unknown workload 'resnet'" in proc.stderr
+    assert "Traceback" not in proc.stderr

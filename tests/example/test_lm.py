@@ -48,6 +48,14 @@ def test_a_tiny_run_learns_and_reports_held_out_perplexity(tmp_path, capsys):
     assert summary["final_eval_perplexity"] == pytest.approx(2.718281828 ** summary["final_eval_loss"], rel=1e-6)
     assert summary["steps"] == 30 and summary["tokens_this_run"] == 30 * 8 * 16 and summary["tokens_per_sec"] > 0
     assert summary["strategy"] == "none" and summary["optimizer"].startswith("torch.optim.AdamW")
+    # FLOPs per token as counted on one step: 6 per weight of the 12·width² block and the 256·width head, plus
+    # the attention scores (torch counts the causal product in full)
+    width, context = 32, 16
+    assert summary["flops_per_token"] == pytest.approx(6 * (12 * width * width + 256 * width)
+                                                       + 12 * context * width, rel=0.05)
+    assert summary["mfu"] == pytest.approx(summary["flops_per_token"] * summary["tokens_per_sec"]
+                                           / summary["peak_flops"]) and summary["peak_source"]
+    assert "MFU " in printed
     assert "step 30/30  loss" in printed and "LM run summary" in printed and "perplexity" in printed
     assert summary["sample"][:4] == "def " and (out / "checkpoints" / "step_0000030.pt").is_file()
 

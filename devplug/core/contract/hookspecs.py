@@ -292,7 +292,10 @@ def devplug_peak_flops(device: Device, precision: str) -> PeakFlops | float | No
     plan computes in (``"bf16-mixed"``: BF16; ``"32-true"``: FP32, or TF32 where matmuls use it) as a
     `PeakFlops` naming its source (contract 1.4): ``"datasheet"`` (a published figure), ``"computed"``
     (cores × clock × FLOP per cycle) or ``"measured (cached)"`` (measured once per machine,
-    ``devplug.toolkit.cached_matmul_flops``); a plain float is still accepted (source ``"plugin"``);
+    ``devplug.toolkit.cached_matmul_flops``), with a ``detail`` line saying how it was obtained, which the
+    run's summary prints next to the value and format (``summary()["peak"]``: ``"166.2 GFLOP/s fp32,
+    computed: 2 cores × 2.6 GHz × 32 FLOP/cycle (avx2+fma, fp32)"``); a plain float is still accepted
+    (source ``"plugin"``);
     ``None`` when unknown (MFU is then not reported). A figure that is not positive and finite (zero,
     negative, infinite, NaN) is refused with a ``PluginError`` naming the plugin, which the Trainer logs as
     one warning: MFU is then not reported, and training goes on. Must be cheap: never measure on every

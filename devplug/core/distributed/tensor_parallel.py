@@ -58,12 +58,37 @@ def default_plan(module: torch.nn.Module) -> dict[str, str]:
     return plan
 
 
+def sequence_parallel() -> Any:
+    """The plan's ``"sequence"``: torch's ``SequenceParallel`` for a norm that receives the whole sequence.
+
+    Between the layers of a plan a plain tensor is the whole value, the same on every ``tp`` rank (what a
+    replicated layer and a rowwise layer give); torch's ``SequenceParallel`` takes a plain input for this
+    rank's share of the sequence instead, which would make the sequence ``tp`` times as long. This style
+    first marks a plain input as replicated, so ``SequenceParallel`` keeps this rank's share of it (a local
+    slice, no communication); a DTensor input goes straight to ``SequenceParallel``. The output is a DTensor
+    split along the sequence (dimension 1), for a neighbour that expects that layout (``ColwiseParallel(
+    input_layouts=Shard(1))``, ``PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())``).
+    Pass torch's ``SequenceParallel()`` itself where the input is already each rank's share.
+    """
+    from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
+
+    class SequenceParallelFromWhole(ParallelStyle):
+        def _apply(self, module: torch.nn.Module, device_mesh: Any) -> torch.nn.Module:
+            module.register_forward_pre_hook(_inputs_to_dtensor(device_mesh), with_kwargs=True)
+            return SequenceParallel()._apply(module, device_mesh)
+
+        def __repr__(self) -> str:
+            return "SequenceParallelFromWhole()"
+
+    return SequenceParallelFromWhole()
+
+
 def _style(name: str, value: Any) -> Any:
-    from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
     if isinstance(value, ParallelStyle):
         return value
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel, "sequence": SequenceParallel}
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel, "sequence": sequence_parallel}
     if value not in styles:
         raise ConfigError(f"tp_plan[{name!r}] = {value!r}: use one of {', '.join(STYLES)} or a torch ParallelStyle")
     return styles[value]()
@@ -117,8 +142,11 @@ def _inputs_to_dtensor(tp_mesh: Any) -> Any:
 
 
 def _output_to_local(_module: torch.nn.Module, _args: Any, output: Any) -> Any:
-    to_local = getattr(output, "to_local", None)
-    return to_local() if callable(to_local) else output
+    # an isinstance test, not getattr(output, "to_local"): torch.compile traces this one (the other leaves a
+    # DTensor in the graph, which then meets operators DTensor has no rule for)
+    from torch.distributed.tensor import DTensor
+
+    return output.to_local() if isinstance(output, DTensor) else output
 
 
 class TPStrategy(Strategy):

@@ -71,6 +71,13 @@ def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:
 
 
 def fp8_plan(device: Device, convert: Callable[[torch.nn.Module], torch.nn.Module],
-             description: str) -> PrecisionPlan:
-    """The ``"fp8-mixed"`` plan: ``convert`` applied to each module, the rest of the model in bfloat16 autocast."""
-    return precision_plan(device, "fp8-mixed", convert_module=convert, description=description)
+             description: str, *,
+             context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> PrecisionPlan:
+    """The ``"fp8-mixed"`` plan: ``convert`` applied to each module, the rest of the model in bfloat16 autocast.
+
+    ``context``: the device's own fp8 context, entered inside the bfloat16 autocast around forward and loss
+    (Intel Gaudi's ``te.fp8_autocast(enabled=True, fp8_recipe=...)``).
+    """
+    params = PrecisionParams(device_type=device.torch_device.type, convert_module=convert, forward_context=context,
+                             description=description)
+    return registry.get("fp8-mixed").plan(params)

@@ -98,6 +98,8 @@ class TrainerConfig:
     - ``count_flops``: count one step's FLOPs (``FlopCounterMode``, step 2) for MFU; False skips it.
     - ``peak_flops``: the device's peak FLOP/s for MFU, given by the author (source ``"author"``); the device
       plugin is then not asked.
+    - ``measure_gemm``: also measure a plain GEMM in the run's number format on the device (once per
+      machine, then cached), so the summary gives the achieved share of it (``gemm_fraction``) next to MFU.
     - ``log_every``: steps between log points, the only places values are read back from the device.
     - ``accumulate_grad_batches``: micro-batches per optimizer step (gradient accumulation; one step each).
     - ``progress``: show a tqdm progress bar (rank 0 only), refreshed at log points.
@@ -137,6 +139,7 @@ class TrainerConfig:
     price_per_hour: float | None = attrs.field(default=None, validator=_optional(lambda _i, a, v: _positive(a, v)))
     count_flops: bool = attrs.field(default=True, validator=_bool)
     peak_flops: float | None = attrs.field(default=None, validator=_optional(lambda _i, a, v: _positive(a, v)))
+    measure_gemm: bool = attrs.field(default=False, validator=_bool)
     log_every: int = attrs.field(default=50, validator=positive_int)
     accumulate_grad_batches: int = attrs.field(default=1, validator=positive_int)
     progress: bool = attrs.field(default=True, validator=_bool)

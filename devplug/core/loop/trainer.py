@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -58,7 +59,7 @@ from devplug.core.loop.run_checkpoints import CheckpointKeeper
 from devplug.core.loop.signals import StopRequest
 from devplug.core.loop.step import NO_REGION, Regioned, StepRoute, parameters_with_grad
 from devplug.core.loop.trainer_state import TrainerState
-from devplug.core.observe.flops import FlopMeter
+from devplug.core.observe.flops import FlopMeter, format_name, plain_gemm_flops, precision_dtype
 from devplug.core.observe.hparams import flatten_hparams, run_tags
 from devplug.core.observe.loggers import build_loggers
 from devplug.core.observe.peaks import checked_peak
@@ -156,18 +157,21 @@ class Trainer:
             steps_done=lambda: self._position.global_step, samples_done=lambda: self.throughput.samples_total,
             peak=self._peak,
             exclude=self.throughput.exclude, price_per_hour=self._config.price_per_hour,
-            enabled=self._config.count_flops)
+            enabled=self._config.count_flops, number_format=format_name(precision_dtype(self.precision.name)),
+            gemm=(lambda: plain_gemm_flops(self.torch_device, precision_dtype(self.precision.name)))
+            if self._config.measure_gemm else None)
         self._reporter.log_run(self.global_step, hparams=flatten_hparams(self._config.hparams), tags=run_tags(
             device=str(self.device), device_plugin=self.device.plugin_name, precision=self.precision.name))
         self.profiler = StepProfiler(self._config.profile, self._config.log_dir, lambda: self._hooks(
             spec.devplug_profiler_activities), lambda: self._position.global_step, rank=self.rank)
         self._route = StepRoute(self._hooks, self.profiler, FALLBACK_NAME)
         policy = self._config.checkpoints
+        self._checkpoint_seconds = 0.0
         self._keeper = CheckpointKeeper(
             self._state, RunCheckpoints(policy) if policy is not None else None,
             checkpoint_format=self._checkpoint_format(),
             combiner=self._combiner, is_main=self.is_main_process, nonfinite=self._config.nonfinite,
-            stepped=self._stepped, policy_save=lambda path: self.save(path))
+            stepped=self._stepped, policy_save=self._save_by_policy)
         self._monitor = self._keeper.monitor  # log() hands the policy's monitored value to the keeper
 
     def _checkpoint_format(self) -> CheckpointFormat:
@@ -820,6 +824,27 @@ class Trainer:
         return reasons
 
     # ---- checkpoints -----------------------------------------------------------------------------------
+    @property
+    def checkpoint_seconds(self) -> float:
+        """Seconds this process spent writing the checkpoint policy's saves, left out of samples/s and MFU.
+
+        A throughput meter of your own (`devplug.ThroughputMeter`) can leave them out too:
+        ``meter.exclude(trainer.checkpoint_seconds)`` before reading its rate.
+        """
+        return self._checkpoint_seconds
+
+    def _save_by_policy(self, path: str | os.PathLike[str]) -> str | None:
+        # a policy save is not training time: the steps queued before it finish first (the save would wait for
+        # them anyway), then its time is taken out of the throughput clock
+        self.synchronize()
+        began = time.perf_counter()
+        try:
+            return self.save(path)
+        finally:
+            seconds = time.perf_counter() - began
+            self.throughput.exclude(seconds)
+            self._checkpoint_seconds += seconds
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: modules, optimizers, scaler, counters, RNG states."""
         return self._state.state_dict()

@@ -228,15 +228,17 @@ class Reporter:
         """Mean throughput of the whole job so far: ``samples_per_sec``, ``samples_per_hour``, ``data_wait``
         (this rank's share of wall time spent waiting for the loader), ``input_bound`` (a hint, or None), and
         where known ``flops_per_sample``, ``peak_flops`` and ``peak_source`` (the peak MFU is computed against,
-        and where it comes from), ``mfu`` (one device's achieved FLOP/s over its peak) and
-        ``samples_per_dollar`` (with ``price_per_hour``)."""
+        and where it comes from), ``mfu`` (one device's achieved FLOP/s over its peak),
+        ``samples_per_dollar`` (with ``price_per_hour``), ``achieved_flops`` (one device's), ``peak`` (the
+        peak in one line: value, format, source, how it was obtained) and, when a plain GEMM's rate was
+        measured, ``gemm_flops`` and ``gemm_fraction`` (achieved over it)."""
         rate = self.throughput.mean_rate * self.world_size
         wait = self.throughput.mean_wait_share
         out = {"samples_per_sec": rate, "samples_per_hour": rate * 3600, "data_wait": wait,
                "input_bound": input_bound_hint(rate, wait), **self.flops.figures(self.throughput.mean_rate, rate)}
         if "peak_flops" in out and self.flops.peak_record is not None:
             out["peak_source"] = self.flops.peak_record.source
-        return out
+        return {**out, **self.flops.efficiency(self.throughput.mean_rate)}
 
     @property
     def closed(self) -> bool:

@@ -79,13 +79,23 @@ def format_table(values: Mapping[str, Any]) -> str:
     return "\n".join(f"{name:<{width}}  {text}" for name, text in rows)
 
 
+def format_flops(value: float) -> str:
+    """``value`` FLOP/s with a unit people read: ``"166.2 GFLOP/s"``, ``"989.4 TFLOP/s"``."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.4g} {prefix}FLOP/s"
+    return f"{value:.4g} FLOP/s"
+
+
 def _cell(key: str, value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
-    if key in ("mfu", "data_wait"):
+    if key in ("mfu", "data_wait", "gemm_fraction"):
         return f"{value * 100:.3g}%"
+    if key.endswith("_flops") and key != "flops_per_sample":  # rates: peak, achieved, a plain GEMM's
+        return format_flops(value)
     if key == "memory" or "bytes" in key:
         return f"{value / 2**20:,.1f} MiB"
     if isinstance(value, int):

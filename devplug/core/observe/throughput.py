@@ -66,6 +66,12 @@ class ThroughputMeter:
             self.paused_seconds += max(self._clock() - max(self._pause_start, self.steady_start), 0.0)
         self._pause_start = None
 
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` of the steady state out of the rate (time measured elsewhere, e.g. the Trainer's
+        `checkpoint_seconds`); before the first step it changes nothing."""
+        if self.steady_start is not None:
+            self.paused_seconds += max(seconds, 0.0)
+
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """``with meter.paused():`` — `pause` on entry, `resume` on exit (an exception included)."""

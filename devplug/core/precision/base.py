@@ -81,6 +81,8 @@ class PrecisionParams:
     - ``autocast``: False when the device casts by other means (a module conversion, e.g. Habana HMP):
       the plan then enters no autocast context.
     - ``convert_module``, ``optimizer_step_context``: passed into the plan as they are (see `PrecisionPlan`).
+    - ``forward_context``: a device's own context, entered inside the precision's autocast around forward and
+      loss (Intel Gaudi's ``te.fp8_autocast``); only a precision that says it takes one uses it (``"fp8-mixed"``).
     - ``description``: replaces the precision's own description of the plan; ``notes``: what the
       plugin decided and why, appended in parentheses (``"TF32 on Ampere and newer"``).
     """
@@ -92,6 +94,7 @@ class PrecisionParams:
     autocast: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     convert_module: Callable[[torch.nn.Module], torch.nn.Module] | None = None
     optimizer_step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    forward_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     description: str | None = None
     notes: tuple[str, ...] = attrs.field(default=(), validator=_notes)
 

@@ -1,4 +1,5 @@
-"""``"fp8-mixed"``: the linear layers multiply in fp8 (torchao's float8 training), the rest in bfloat16 autocast.
+"""``"fp8-mixed"``: the linear layers multiply in fp8 (torchao's float8 training; on Gaudi, Intel's Transformer
+Engine, built by the Gaudi plugin), the rest in bfloat16 autocast.
 
 A device plugin parameterises it: the recipe (``"tensorwise"`` or ``"rowwise"`` scaling), whether FSDP
 gathers weights in fp8, whether the fp8 matrix multiplies are emulated (in higher precision, for tests and
@@ -12,7 +13,9 @@ imported only when a plan converts a module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -101,22 +104,37 @@ class Fp8Mixed(Precision):
     """fp8 matrix multiplies in the layers a device plugin's ``convert_module`` swaps, bfloat16 autocast elsewhere.
 
     The plan needs the device's conversion (``PrecisionParams.convert_module``, e.g. `float8_conversion`): a
-    device that gives none has no fp8 path, and the plan is the one-line refusal of `fp8_unavailable`.
+    device that gives none has no fp8 path, and the plan is the one-line refusal of `fp8_unavailable`. A
+    device whose fp8 layers also need a context around the forward (``PrecisionParams.forward_context``, e.g.
+    Intel Gaudi's ``te.fp8_autocast``) gets it entered inside the bfloat16 autocast.
     """
 
     name = NAME
     compute_dtype = torch.bfloat16
     needs_scaler = False
-    scaler_reason = "fp8 scales each tensor itself (dynamic scaling); the rest runs in bfloat16, which needs none"
-    summary = "fp8 matrix multiplies in the linear layers (torchao float8 training), bfloat16 autocast elsewhere"
+    scaler_reason = ("fp8 scales each tensor itself (dynamic or delayed scaling); the rest runs in bfloat16, which "
+                     "needs none")
+    summary = ("fp8 matrix multiplies in the linear layers (torchao float8 training on NVIDIA GPUs, Intel's "
+               "Transformer Engine on Gaudi 2/3), bfloat16 autocast elsewhere")
 
     def plan(self, params: PrecisionParams) -> PrecisionPlan:
         """The plan with the device's fp8 conversion; `fp8_unavailable` when the device gives none."""
         if params.convert_module is None:
             raise fp8_unavailable(f"device type {params.device_type!r}")
-        kind = params.device_type
-        return PrecisionPlan(name=self.name, autocast=lambda: torch.autocast(device_type=kind, dtype=torch.bfloat16),
-                             convert_module=params.convert_module, description=self.describe(self.summary, params))
+        kind, inner = params.device_type, params.forward_context
+
+        def autocast() -> contextlib.AbstractContextManager[None]:
+            return torch.autocast(device_type=kind, dtype=torch.bfloat16) if inner is None else _nested(kind, inner)
+
+        return PrecisionPlan(name=self.name, autocast=autocast, convert_module=params.convert_module,
+                             description=self.describe(self.summary, params))
+
+
+@contextlib.contextmanager
+def _nested(kind: str, inner: Callable[[], contextlib.AbstractContextManager[Any]]) -> Iterator[None]:
+    """bfloat16 autocast with the device's fp8 context inside it (as optimum-habana enters Intel's)."""
+    with torch.autocast(device_type=kind, dtype=torch.bfloat16), inner():
+        yield
 
 
 PRECISION = Fp8Mixed()

@@ -98,11 +98,29 @@ def fp32_flops_per_cycle(flags: frozenset[str], vendor: str, family: int, model:
     return None
 
 
-def flops_per_cycle(flags: frozenset[str], dtype: torch.dtype, fp32: int) -> tuple[float, str]:
+#: Short names of the number formats a peak is given for.
+FORMAT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def vector_units(flags: frozenset[str], vendor: str = "", family: int = 0) -> str:
+    """The FP32 vector units `fp32_flops_per_cycle` counts, as the feature that gives them (``"avx2+fma"``)."""
+    if "avx512f" in flags:
+        return "avx512f on 256-bit pipes" if vendor == "AuthenticAMD" and family <= 25 else "avx512f"
+    if "avx2" in flags and "fma" in flags:
+        return "avx2+fma"
+    for feature in ("avx", "sse2"):
+        if feature in flags:
+            return feature
+    return "fp32 units"
+
+
+def flops_per_cycle(flags: frozenset[str], dtype: torch.dtype, fp32: int,
+                    units: str | None = None) -> tuple[float, str]:
     """FLOP per cycle per core in ``dtype`` for a CPU doing ``fp32`` in FP32, and the feature that gives it.
 
     AMX tiles: 1024 (BF16, FP16); AVX-512 BF16/FP16 dot products: twice the FP32 rate; otherwise the
-    format is computed on the FP32 units.
+    format is computed on the FP32 units (``units``: their name, `vector_units`; by default read from
+    ``flags``), said as such for a reduced format (``"avx2+fma, bf16 at the fp32 rate"``).
     """
     native = {torch.bfloat16: ("amx_bf16", "avx512_bf16"), torch.float16: ("amx_fp16", "avx512_fp16")}
     amx, vector = native.get(dtype, (None, None))
@@ -110,7 +128,10 @@ def flops_per_cycle(flags: frozenset[str], dtype: torch.dtype, fp32: int) -> tup
         return 1024.0, str(amx)
     if vector in flags:
         return 2.0 * fp32, str(vector)
-    return float(fp32), "fma" if "fma" in flags else "fp32 units"
+    units = units if units is not None else vector_units(flags)
+    if dtype in native:
+        return float(fp32), f"{units}, {FORMAT_NAMES[dtype]} at the fp32 rate"
+    return float(fp32), units
 
 
 def computed_peak(dtype: torch.dtype) -> PeakFlops | None:
@@ -128,13 +149,19 @@ def computed_peak(dtype: torch.dtype) -> PeakFlops | None:
         model: int | None = int(first.get("model", ""))
     except ValueError:
         model = None
-    per_cycle = fp32_flops_per_cycle(flags, first.get("vendor_id", ""), family, model)
+    vendor = first.get("vendor_id", "")
+    per_cycle = fp32_flops_per_cycle(flags, vendor, family, model)
     ghz = clock_ghz()
     if per_cycle is None or ghz is None:
         return None
-    per_cycle_here, feature = flops_per_cycle(flags, dtype, per_cycle)
+    units = vector_units(flags, vendor, family)
+    per_cycle_here, feature = flops_per_cycle(flags, dtype, per_cycle, units)
+    if feature.startswith("avx512_") and units.endswith("256-bit pipes"):  # Zen 4's dot products, half width
+        feature += " on 256-bit pipes"
     cores = min(physical_cores(), torch.get_num_threads())
-    detail = f"{cores} cores × {ghz:.3g} GHz × {per_cycle_here:g} FLOP/cycle ({feature}, {dtype})"
+    name = FORMAT_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    described = feature if feature.endswith("fp32 rate") else f"{feature}, {name}"
+    detail = f"{cores} cores × {ghz:.3g} GHz × {per_cycle_here:g} FLOP/cycle ({described})"
     return PeakFlops(cores * ghz * 1e9 * per_cycle_here, "computed", detail)
 
 
@@ -150,4 +177,4 @@ def peak_flops(dtype: torch.dtype) -> PeakFlops:
     if computed is not None:
         return computed
     return PeakFlops(cached_matmul_flops("cpu", dtype, cpu_model()), "measured (cached)",
-                     f"best {dtype} matmul on {cpu_model()}, measured once on this machine")
+                     f"best {FORMAT_NAMES.get(dtype, dtype)} matmul on {cpu_model()}, measured once on this machine")

@@ -69,8 +69,13 @@ def precision_kind(precision: str, tf32: bool) -> str:
     return "tf32" if tf32 else "fp32"
 
 
-def peak_flops(name: str, precision: str, *, tf32: bool | None = None) -> float | None:
-    """Dense peak FLOP/s of the GPU called ``name`` for ``precision``; ``None`` when not in the table."""
+def peak_row(name: str, precision: str, *, tf32: bool | None = None) -> tuple[str, str, float] | None:
+    """The datasheet figure for the GPU called ``name`` and ``precision``: (the table's row, the number format
+    read, dense peak FLOP/s); ``None`` when not in the table.
+
+    ``tf32``: whether fp32 matmuls use TF32 (by default torch's current setting); a GPU without TF32 gives
+    its FP32 figure, and says so.
+    """
     if tf32 is None:
         tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
     kind = precision_kind(precision, tf32)
@@ -78,6 +83,21 @@ def peak_flops(name: str, precision: str, *, tf32: bool | None = None) -> float 
         if key.lower() in name.lower():
             if figures is None:
                 return None
-            value = figures.get(kind, figures.get("fp32") if kind == "tf32" else None)
-            return value * TERA if value is not None else None
+            if kind not in figures and kind == "tf32":
+                kind = "fp32"
+            value = figures.get(kind)
+            return (key, kind, value * TERA) if value is not None else None
     return None
+
+
+def peak_flops(name: str, precision: str, *, tf32: bool | None = None) -> float | None:
+    """Dense peak FLOP/s of the GPU called ``name`` for ``precision``; ``None`` when not in the table."""
+    row = peak_row(name, precision, tf32=tf32)
+    return row[2] if row is not None else None
+
+
+def peak_detail(name: str, row: str, kind: str) -> str:
+    """How the figure was obtained, in one line: ``"NVIDIA's published H100 figure, bf16 dense tensor core
+    (NVIDIA H100 80GB HBM3)"``."""
+    units = "fp32 on the CUDA cores" if kind == "fp32" else f"{kind} dense tensor core"
+    return f"NVIDIA's published {row} figure, {units} ({name})"

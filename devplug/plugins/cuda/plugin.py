@@ -217,8 +217,8 @@ def devplug_doctor() -> DoctorReport:
 def devplug_peak_flops(device: Device, precision: str) -> PeakFlops | None:
     """Dense peak of this GPU model for the plan's number format, from NVIDIA's datasheets (`.peaks`)."""
     name = torch.cuda.get_device_name(device.index or 0)
-    value = peaks.peak_flops(name, precision)
-    return None if value is None else PeakFlops(value, "datasheet", f"{name}, {precision}")
+    row = peaks.peak_row(name, precision)
+    return None if row is None else PeakFlops(row[2], "datasheet", peaks.peak_detail(name, row[0], row[1]))
 
 
 @hookimpl

@@ -13,6 +13,8 @@
   HMP reads the op lists at ``O1`` only, so lists with ``O2`` are a `PrecisionError` rather than
   silently unused.
 - ``"32-true"``: fp32. ``"16-mixed"``: a `PrecisionError` (fp16 with loss scaling is a GPU recipe).
+- ``"fp8-mixed"``: Intel's Gaudi Transformer Engine on Gaudi 2 and 3 (`devplug.plugins.hpu.fp8`); refused on
+  first-generation Gaudi.
 
 Every plan, HMP's included, is built through the precision layer (``devplug.toolkit.precision_plan``);
 another registered precision that does not compute in fp16 is planned the same way.
@@ -32,7 +34,7 @@ import attrs
 import torch
 
 from devplug import Device, PrecisionError, PrecisionPlan
-from devplug.plugins.hpu import runtime
+from devplug.plugins.hpu import fp8, runtime
 from devplug.toolkit import find_precision, precision_named, precision_names, precision_plan
 
 HMP_MODULE = "habana_frameworks.torch.hpex.hmp"
@@ -125,11 +127,10 @@ def plan_precision(device: Device, precision: str) -> PrecisionPlan:
     """The precision plan for ``precision`` on a Gaudi device (see the module docstring)."""
     hmp_option = device.options.get("hmp")
     if precision == "fp8-mixed":
-        # Intel's fp8 training path is the Gaudi Transformer Engine: te.Linear modules inside te.fp8_autocast
-        # with a DelayedScaling recipe (https://docs.habana.ai/en/latest/PyTorch/PyTorch_FP8_Training/index.html).
-        raise PrecisionError(
-            "precision='fp8-mixed' on Gaudi trains through the Intel Gaudi Transformer Engine (te.Linear inside "
-            "te.fp8_autocast), which this devplug does not drive yet: use precision='bf16-mixed' (or 'auto')")
+        if hmp_option not in (None, False):
+            raise PrecisionError(f"device option hmp={hmp_option!r} needs precision 'auto', 'bf16-mixed' or 'hmp', "
+                                 "not 'fp8-mixed'")
+        return fp8.plan_fp8(device)
     known = find_precision(precision)
     if known is not None and known.compute_dtype == torch.float16:
         raise PrecisionError(

@@ -86,15 +86,24 @@ def check_precision(dut: DeviceUnderTest, precision: str) -> str:
 
 def check_fp8(dut: DeviceUnderTest, plan: PrecisionPlan) -> None:
     """An ``"fp8-mixed"`` plan converts the linear layers of a model large enough for fp8 to pay (built on the meta
-    device: nothing is allocated) and keeps its parameter names, so checkpoints stay canonical."""
+    device: nothing is allocated) and keeps its parameter names and state-dict entries, so checkpoints stay
+    canonical (an fp8 checkpoint loads into a bf16 run and back).
+
+    A plan may keep the model's last layer (its output head) as it was; the first layer must change type.
+    """
     if plan.convert_module is None:
         raise dut.fail("the fp8-mixed plan converts no module: fp8 training needs its linear layers replaced")
     width = 4096  # above the sizes where fp8 pays, whatever the recipe (see devplug.toolkit.pays_off)
     with torch.device("meta"):
         model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, 2 * width))
     names = [name for name, _ in model.named_parameters()]
+    entries = list(model.state_dict())
     converted = plan.convert_module(model) or model
     if [name for name, _ in converted.named_parameters()] != names:
         raise dut.fail("the fp8-mixed plan's conversion renamed parameters, so checkpoints leave the canonical layout")
-    if all(type(m) is torch.nn.Linear for m in converted.modules() if isinstance(m, torch.nn.Linear)):
-        raise dut.fail(f"the fp8-mixed plan left every {width}x{width} linear layer as it was: nothing runs in fp8")
+    added = [key for key in converted.state_dict() if key not in entries]
+    if added:
+        raise dut.fail(f"the fp8-mixed plan's conversion adds {', '.join(added)} to the model's state_dict(), so a "
+                       "bf16 run cannot load its checkpoints: leave fp8 scaling state out of the saved layout")
+    if type(dict(converted.named_modules()).get("0")) is torch.nn.Linear:
+        raise dut.fail(f"the fp8-mixed plan left a {width}x{width} linear layer as it was: nothing runs in fp8")

@@ -373,7 +373,8 @@ def test_the_cpu_peak_follows_the_number_format_features():
     avx512_bf16 = frozenset({"avx2", "fma", "avx512f", "avx512_bf16"})
     assert cpu_peak.flops_per_cycle(avx512_bf16, torch.bfloat16, 64) == (128.0, "avx512_bf16")
     assert cpu_peak.flops_per_cycle(avx512_bf16 | {"amx_bf16"}, torch.bfloat16, 64) == (1024.0, "amx_bf16")
-    assert cpu_peak.flops_per_cycle(frozenset({"avx2", "fma"}), torch.bfloat16, 32) == (32.0, "fma")
+    assert cpu_peak.flops_per_cycle(frozenset({"avx2", "fma"}), torch.bfloat16, 32) == (
+        32.0, "avx2+fma, bf16 at the fp32 rate")
     assert cpu_peak.fp32_flops_per_cycle(frozenset({"avx2", "fma"}), "GenuineIntel", 6) == 32
     assert cpu_peak.fp32_flops_per_cycle(avx512_bf16, "GenuineIntel", 6) == 64
     assert cpu_peak.fp32_flops_per_cycle(avx512_bf16, "AuthenticAMD", 25) == 32  # Zen 4: 256-bit pipes
@@ -406,5 +407,5 @@ def test_the_cpu_peak_of_a_zen_2_guest_without_cpufreq(monkeypatch, tmp_path):
     finally:
         cpu_peak.cpuinfo_records.cache_clear()
     assert fp32 is not None and fp32.value == pytest.approx(2 * 2.249998e9 * 32)
-    assert "32 FLOP/cycle (fma" in fp32.detail
+    assert "32 FLOP/cycle (avx2+fma, fp32)" in fp32.detail
     assert bf16 is not None and bf16.value == fp32.value  # no native bf16: no bf16 peak above fp32

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import torch
 
 import devplug
 
@@ -80,3 +83,42 @@ def test_the_trainers_own_meter_leaves_a_paused_evaluation_out_of_samples_per_se
     meter.add(8)
     assert meter.lap() == pytest.approx(24 / 2.0)  # not 24 / 11
     assert meter.seconds_total == pytest.approx(2.0)
+
+
+def test_time_measured_elsewhere_is_left_out_of_the_steady_state_only():
+    clock = Clock()
+    meter = devplug.ThroughputMeter(clock=clock)
+    meter.exclude(7.0)  # before the first step: nothing to leave out
+    clock.now += 2.0
+    meter.add(10)
+    meter.first_step_done()
+    clock.now += 12.0  # two steps of 1 s and a 10 s checkpoint write
+    meter.add(20)
+    meter.exclude(10.0)
+    meter.stop()
+    assert meter.per_second == pytest.approx(20 / 2.0)  # not 20 / 12
+
+
+def test_the_checkpoint_policys_saves_are_not_training_time(tmp_path):
+    class SlowSavingTrainer(devplug.Trainer):
+        def save(self, path, **kwargs):
+            time.sleep(0.4)  # a large model's checkpoint
+            return super().save(path, **kwargs)
+
+    trainer = SlowSavingTrainer(device="cpu", progress=False, log_every=1,
+                                checkpoints=devplug.CheckpointPolicy(directory=tmp_path, every_n_steps=2))
+    model = trainer.setup(torch.nn.Linear(4, 1))
+    optimizer = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(48, 4)), batch_size=8)
+    began = time.perf_counter()
+    for _ in trainer.epochs(1):
+        for (x,) in loader:
+            trainer.backward(model(x).square().mean())
+            trainer.step(optimizer)
+            trainer.log(loss=0.0)
+    wall = time.perf_counter() - began
+    saves = len(list(tmp_path.glob("step_*.pt")))
+    assert saves == 3  # steps 2, 4 and 6
+    assert trainer.checkpoint_seconds >= 0.4 * saves
+    # the Trainer's clock runs from the first batch; without the saves it is a fraction of the wall time
+    assert trainer.throughput.seconds_total < wall - 0.4 * (saves - 1)

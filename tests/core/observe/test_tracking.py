@@ -269,8 +269,9 @@ def test_summary_is_a_read_only_mapping_that_prints_a_table_and_converts_to_json
     assert data["steps"] == 4 and isinstance(data["memory"], (dict, type(None)))
     lines = str(summary).splitlines()
     assert not str(summary).startswith("{") and len(lines) >= 8
-    # the loaders and the input-bound hint (shown when the loop waited for data) are sentences, not figures
-    sentences = ("precision_detail", "loaders", "input_bound")
+    # the loaders, the input-bound hint (shown when the loop waited for data) and how the peak was obtained
+    # are sentences, not figures
+    sentences = ("precision_detail", "loaders", "input_bound", "peak ")
     assert all(len(line) <= 100 for line in lines if not line.startswith(sentences))
     columns = {len(line) - len(line.split("  ", 1)[1].lstrip()) for line in lines}
     assert len(columns) == 1, lines  # every value starts in the same column

@@ -71,8 +71,8 @@ def test_the_kit_checks_the_cpu_plugins_fp8_answer_emulated_and_refused():
 
 
 def train_lm(precision: str, steps: int, *, options: dict | None = None, resume: object = None,
-             save: object = None) -> tuple[list[float], devplug.Trainer, torch.nn.Module]:
-    trainer = devplug.Trainer(device="cpu", precision=precision, device_options=options or {}, seed=0,
+             save: object = None, device: str = "cpu") -> tuple[list[float], devplug.Trainer, torch.nn.Module]:
+    trainer = devplug.Trainer(device=device, precision=precision, device_options=options or {}, seed=0,
                               progress=False)
     model = trainer.setup(LanguageModel(SPEC), name="lm")
     opt = trainer.optimizer("adamw", model.parameters(), lr=3e-3)
@@ -84,6 +84,7 @@ def train_lm(precision: str, steps: int, *, options: dict | None = None, resume:
     for _ in range(steps):
         starts = torch.randint(0, len(text) - SPEC.context - 1, (16,), generator=generator)
         window = torch.stack([text[s:s + SPEC.context + 1] for s in starts.tolist()])
+        window = trainer.to_device(window)
         with trainer.autocast():
             logits = model(window[:, :-1])
             loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten())
@@ -115,4 +116,23 @@ def test_an_fp8_checkpoint_resumes_in_bf16_and_back(tmp_path):
     _, _, back = train_lm("fp8-mixed", 0, options=EMULATE, resume=tmp_path / "bf16.pt")
     assert float8_layers(back) == 5
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), bf16_model.state_dict().values(),
+                                                 strict=True))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)),
+                    reason="needs an NVIDIA GPU with fp8 matrix multiplies (compute capability 8.9 or newer)")
+def test_gpu_fp8_trains_with_real_fp8_matmuls_within_two_percent_of_bf16_and_resumes_in_bf16(tmp_path):
+    # this model's layers are below the sizes where fp8 pays: the device option converts them all the same
+    fp8, trainer, model = train_lm("fp8-mixed", 200, device="cuda", options={"fp8_small_layers": True},
+                                   save=tmp_path / "fp8.pt")
+    bf16, _, _ = train_lm("bf16-mixed", 200, device="cuda")
+    assert float8_layers(model) == 5
+    assert "emulat" not in trainer.summary()["precision_detail"]
+    end_fp8, end_bf16 = sum(fp8[-20:]) / 20, sum(bf16[-20:]) / 20
+    assert end_fp8 < fp8[0] - 0.5
+    assert end_fp8 == pytest.approx(end_bf16, rel=0.02)
+    _, _, resumed = train_lm("bf16-mixed", 0, device="cuda", resume=tmp_path / "fp8.pt")
+    assert float8_layers(resumed) == 0
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), resumed.state_dict().values(),
                                                  strict=True))

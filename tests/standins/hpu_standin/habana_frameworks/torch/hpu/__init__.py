@@ -26,6 +26,12 @@ def device_count() -> int:
     return int(os.environ.get("HPU_STANDIN_DEVICES", "1"))
 
 
+def get_device_name(device: Any = None) -> str:
+    """The card's name, e.g. ``"GAUDI2"`` (hpu/__init__.py lines 121-142); Intel's Transformer Engine refuses fp8
+    when it is ``"GAUDI"`` (first generation). From ``$HPU_STANDIN_DEVICE_TYPE`` (default ``gaudi2``)."""
+    return os.environ.get("HPU_STANDIN_DEVICE_TYPE", "gaudi2").upper()
+
+
 def synchronize() -> None:
     """Wait for all queued work on the device (hpu/__init__.py line 151; stand-in: record the call)."""
     hpu_standin_calls.record("hpu.synchronize")

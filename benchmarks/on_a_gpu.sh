@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The checks to run when an NVIDIA GPU is at hand, in one go: the cuda-marked tests, both examples on the GPU
+# (16-mixed and bf16-mixed), the peers' step side by side and its profile, and the LM at a width where fp8 pays
+# (bf16 vs fp8, eager and compiled) with tokens/s and MFU.
+#
+#   bash benchmarks/on_a_gpu.sh [PART ...]     PART: setup tests examples peers profile lm (default: all)
+#
+# Each part writes one log under $OUT (default: ./gpu-results) and prints its tail; a part that fails does not
+# stop the next one. A machine without network access can bring torchao (for fp8) as a wheel in .whl/: it is
+# installed into a scratch folder first. devplug runs from this checkout (no install): it puts the checkout on
+# PYTHONPATH and a `devplug` command on PATH.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu with small LM_* sizes tries the script out on a machine without a GPU
+LM_WIDTH=${LM_WIDTH:-2048} LM_LAYERS=${LM_LAYERS:-8} LM_HEADS=${LM_HEADS:-16} LM_CONTEXT=${LM_CONTEXT:-1024}
+LM_BATCH=${LM_BATCH:-8} LM_STEPS=${LM_STEPS:-120}
+parts=${*:-setup tests examples peers profile lm}
+
+part() {  # part NAME LIMIT_S COMMAND...: run with a time limit, log to $OUT/NAME.log (appended), print the tail
+  local name=$1 limit=$2 started=$SECONDS rc
+  shift 2
+  echo "== $(date +%T) $name: $*" | tee -a "$OUT/$name.log"
+  timeout "$limit" "$@" >"$OUT/.last" 2>&1
+  rc=$?
+  cat "$OUT/.last" >>"$OUT/$name.log"
+  tail -n "${TAIL:-12}" "$OUT/.last"
+  rm -f "$OUT/.last"
+  echo "== $name: exit $rc after $((SECONDS - started)) s" | tee -a "$OUT/$name.log"
+}
+
+setup() {
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  fi
+  mkdir -p /tmp/devplug-bin
+  printf '#!/bin/sh\nexec %s -m devplug "$@"\n' "$PY" >/tmp/devplug-bin/devplug
+  chmod +x /tmp/devplug-bin/devplug
+  export PATH="/tmp/devplug-bin:$PATH"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee -a "$OUT/setup.log"
+  part setup 120 "$PY" -c "
+import torch, devplug, platform
+print('torch', torch.__version__, 'python', platform.python_version(), torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU',
+      'cc', torch.cuda.get_device_capability() if torch.cuda.is_available() else None, 'cpus', __import__('os').cpu_count())
+try:
+    import torchao; print('torchao', torchao.__version__)
+except Exception as exc: print('torchao: not importable', exc)
+for name in ('lightning', 'accelerate'):
+    try: print(name, __import__(name).__version__)
+    except Exception as exc: print(name, 'not importable', exc)
+print('devplug', devplug.__version__)"
+  part setup 60 devplug devices
+}
+
+case " $parts " in *" setup "*) setup ;; *) export PATH="/tmp/devplug-bin:$PATH" PYTHONPATH="$PYTHONPATH:/tmp/site" ;; esac
+for p in $parts; do
+  case $p in
+    setup) ;;
+    tests) part tests 240 "$PY" -m pytest -q -rs -p no:cacheprovider -m cuda tests/ ;;
+    examples)
+      for precision in 16-mixed bf16-mixed; do
+        part examples 120 "$PY" examples/dcgan.py --device "$DEVICE" --precision "$precision" --epochs 2 --no-progress \
+          --log-every 50 --out "/tmp/dcgan-$precision"
+        "$PY" -c "import json, sys; s = json.load(open(sys.argv[1])); print('RESULT dcgan', sys.argv[2],
+              {k: s.get(k) for k in ('precision', 'images_per_sec', 'mfu', 'steps', 'wall_seconds')})" \
+          "/tmp/dcgan-$precision/summary.json" "$precision" 2>&1 | tee -a "$OUT/examples.log"
+      done ;;
+    peers) part peers 240 "$PY" benchmarks/peers.py --device "$DEVICE" --rounds "${PEERS_ROUNDS:-11}" \
+             --json "$OUT/peers.json" ;;
+    profile)
+      for workload in ${PROFILE_WORKLOADS:-mlp dcgan}; do
+        TAIL=60 part profile 120 "$PY" benchmarks/profile_step.py --device "$DEVICE" --workload "$workload" --steps 50 \
+          --adapters raw,fabric,devplug
+      done ;;
+    lm)
+      for compile in --no-compile --compile; do
+        for precision in bf16-mixed fp8-mixed; do
+          limit=${LM_LIMIT:-150}; [ "$compile" = --compile ] && limit=${LM_COMPILE_LIMIT:-240}
+          part lm "$limit" "$PY" examples/lm.py --device "$DEVICE" --precision "$precision" "$compile" --width "$LM_WIDTH" \
+            --layers "$LM_LAYERS" --heads "$LM_HEADS" --context "$LM_CONTEXT" --batch-size "$LM_BATCH" \
+            --steps "$LM_STEPS" --warmup 10 --eval-every 0 --eval-batches 1 --sample-bytes 0 --log-every 40 \
+            --save-every 100000 --out "/tmp/lm-$precision$compile"
+          "$PY" - "/tmp/lm-$precision$compile/summary.json" <<'EOF' | tee -a "$OUT/lm.log"
+import json, sys
+s = json.load(open(sys.argv[1]))
+mfu = f"{s['mfu']:.1%}" if s.get("mfu") is not None else "n/a"
+print(f"RESULT {s['precision']:<10} compile={s['compiled'] or 'off':<30} tokens/s={s['tokens_per_sec']:>10,.0f} "
+      f"MFU={mfu} peak={s.get('peak_flops', 0) / 1e12:.1f} TFLOP/s ({s.get('peak_source')}) "
+      f"flops/token={s.get('flops_per_token', 0) / 1e9:.3f} G loss={s['final_eval_loss']:.3f}")
+EOF
+        done
+      done ;;
+    *) echo "unknown part: $p (setup tests examples peers profile lm)"; exit 2 ;;
+  esac
+done
