@@ -216,7 +216,7 @@ class DeviceLoader:
 
     def __iter__(self) -> Iterator[Any]:
         # one generator, no delegation: the loop resumes it once per batch
-        batches: Any = None
+        started: Any = None  # the loader's iterator for this pass, once made
         try:
             position = self.position
             if self.train and self._epoch != position.epoch:
@@ -227,7 +227,7 @@ class DeviceLoader:
                 position.epoch_batches = None if length is math.inf else int(length)
             skip = self._skip()
             indexed = self._skip_by_index(skip)
-            batches = iter(self.choice.loader)
+            batches = started = iter(self.choice.loader)
             if batches is self.choice.loader:  # an iterator (a generator): it has one pass in it
                 batches = self._one_pass(batches)
             for _ in range(0 if indexed else skip):
@@ -261,8 +261,8 @@ class DeviceLoader:
                 on_batch(batch_size(batch), clock() - asked)
                 yield batch
         finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
-            if batches is not None and batches is not getattr(self.choice.loader, "_iterator", None):
-                stop_workers(batches)  # this pass's own workers (not persistent ones): now, not at GC
+            if started is not None and started is not getattr(self.choice.loader, "_iterator", None):
+                stop_workers(started)  # this pass's own workers (not persistent ones): now, not at GC
             if self.primary:
                 self.position.drawing = False
                 if self._after_batches is not None:
