@@ -39,7 +39,9 @@ what the example's ``summary.json`` reports as ``images_per_sec``), and a third 
 (outside the training loop: interpreter, imports, models, data set or cache build, final save, exit) and how
 long each took from its launch to the end of its first training step (start-up: the launch's ``time.time()``
 noted here, the first step's in the reference's last line and the example's ``summary.json``
-``first_step_unix_time``).
+``first_step_unix_time``). A fourth table gives each process's CPU seconds (user + system, its loader workers
+included, from ``getrusage(RUSAGE_CHILDREN)``): on a machine other jobs load, wall time measures the load as much
+as the program, CPU time much less so (threads spinning while they wait still count).
 
 The demo folder: ``--images`` photo-like 480x360 JPEGs (``_photos.make_demo_folder``; the size of the photos
 in a typical DCGAN image folder) in one class sub-folder (``ImageFolder`` needs one); ``--images`` is
@@ -61,6 +63,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -317,6 +320,7 @@ class Variant:
         self._out: Path = self._next_out()
         self._proc: subprocess.CompletedProcess[str] | None = None
         self._launched = 0.0
+        self._cpu = 0.0
         if before_each is not None:
             before_each()
 
@@ -328,8 +332,11 @@ class Variant:
     def run(self) -> None:
         """The timed part: the whole process, nothing else (the launch's wall-clock time is noted first)."""
         self._launched = time.time()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         self._proc = subprocess.run(self.command(self._out), capture_output=True, text=True, env=self.env,
                                     cwd=REPO, check=False)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the process and its (waited-for) loader workers
+        self._cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
     def after(self) -> None:
         """Untimed: check the exit status, parse the results, remove the run's outputs, prepare the next run."""
@@ -341,6 +348,7 @@ class Variant:
                              f"--- stderr (tail) ---\n{tail(proc.stderr)}")
         result = self.parse(self, proc, out)
         result["first_step_s"] = result.pop("first_step_unix_time") - self._launched  # process start -> 1st step
+        result["cpu_s"] = self._cpu
         if self.warmup_left > 0:
             self.warmup_left -= 1
         else:
@@ -470,6 +478,10 @@ def compare(argv: Sequence[str]) -> int:
         loop = statistics.median(r["loop_s"] for r in variant.results)
         first = statistics.median(r["first_step_s"] for r in variant.results)
         print(f"{name:<40} {medians[name]:>10.2f} {loop:>16.2f} {medians[name] - loop:>15.2f} {first:>20.2f}")
+    cpu = {name: statistics.median(r["cpu_s"] for r in v.results) for name, v in variants.items()}
+    print(report("CPU seconds of each whole process and its loader workers (user + system; steadier than wall time "
+                 "on a loaded machine, though idle-spinning threads count too)", cpu, "reference", unit="s",
+                 items=total))
     warm_ratio = medians["reference"] / medians["example (warm cache)"]
     cold_ratio = medians["reference"] / medians["example (cold cache)"]
     aa = medians["example (warm cache)"] / medians["example (warm cache, A/A)"]

@@ -5,9 +5,15 @@ The example is the folder ``examples/dcgan/`` (see its README.md); this launcher
 ``python examples/dcgan.py`` (and ``torchrun ... examples/dcgan.py``) that the docs and the Makefile use.
 """
 
-import devplug
+import gc
 
-from dcgan.train import main  # examples/ is on sys.path when this file runs: dcgan is the folder
+gc.disable()  # no collections while torch is imported: its millions of objects live as long as the process (below)
+
+import devplug  # noqa: E402
+
+from dcgan.train import main  # noqa: E402  (examples/ is on sys.path when this file runs: dcgan is the folder)
+
+gc.enable()  # run_as_script has the collector leave what the imports made alone (gc.freeze)
 
 if __name__ == "__main__":
     devplug.ConfigParser.run_as_script(main)

@@ -93,6 +93,27 @@ def test_reference_compare_derives_each_process_s_time_to_its_first_step(tmp_pat
     assert 0.3 <= first < wall - 0.25, (first, wall)  # after the first sleep, before the second one ended
 
 
+def test_reference_compare_counts_each_process_s_cpu_seconds(tmp_path):
+    # the CPU table: what the process and its children ran, not the time it spent waiting (a loaded machine)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import reference_dcgan
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    child = ("import time; t = time.time(); time.sleep(0.4); end = time.process_time() + 0.3\n"
+             "while time.process_time() < end: pass\n"
+             "print('reference: device cpu, fake')\n"
+             "print('reference: 4 images in 0.3 s = 13.3 images/s (training loop)')\n"
+             "print('reference steady state: 2 images in 0.2 s = 10.0 images/s')\n"
+             "print(f'reference first step: done at Unix time {t:.6f} (time.time())')\n")
+    variant = reference_dcgan.Variant("reference", lambda _out: [sys.executable, "-c", child], tmp_path,
+                                      bench_env(), 0, reference_dcgan.parse_reference)
+    variant.run()
+    variant.after()
+    cpu = variant.results[0]["cpu_s"]
+    assert 0.3 <= cpu < 0.3 + 5.0, cpu  # the busy loop and the interpreter's start, not the sleep's wait
+
+
 def test_import_cost_children_read_cached_bytecode_and_this_checkout(monkeypatch):
     sys.path.insert(0, str(BENCHMARKS))
     try:

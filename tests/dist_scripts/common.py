@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, DistributedSampler
@@ -103,23 +104,38 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+#: What `run_ranks` imports once, in the server its ranks are forked from (torch._dynamo: building any torch
+#: optimizer imports it, a third of torch's own import time).
+RANK_PRELOAD = ("torch", "torch._dynamo", "torch.distributed.tensor.parallel", "torch.distributed.fsdp",
+                "torch.distributed.checkpoint", "devplug", "devplug.core.loop.trainer")
+
+
 def run_ranks(script: str | Path, args: Sequence[str], *, world_size: int = 2, timeout: float = 60.0,
-              extra_env: Mapping[str, str] | None = None,
-              expect_code: int = 0) -> list[subprocess.CompletedProcess[str]]:
+              extra_env: Mapping[str, str] | None = None, expect_code: int = 0,
+              preload: Sequence[str] = RANK_PRELOAD) -> list[subprocess.CompletedProcess[str]]:
     """Start ``world_size`` processes of ``script`` with torchrun-style variables; wait for all.
 
     Each process gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
     a free ``MASTER_PORT``. On timeout every process started here is killed. Raises ``RuntimeError``
     with each rank's output when one exits with another code than ``expect_code``.
+
+    Each rank is forked from a server process that imported ``preload`` once (multiprocessing's forkserver)
+    rather than started as a fresh interpreter: an interpreter's start with torch is most of a short run's
+    time. The rank still runs ``script`` as ``__main__`` in a process of its own, with only the environment
+    given here. The server is the test process's one forkserver: the first caller's ``preload`` is the one
+    imported. ``preload=()`` starts each rank as a fresh ``python script``.
     """
     port = free_port()
-    procs = []
+    procs: list[Any] = []
     for rank in range(world_size):
         env = clean_env(extra_env)
         env.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        if preload:
+            procs.append(_ForkedRank(script, args, env, preload))
+        else:
+            procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, cwd=REPO,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     deadline = time.monotonic() + timeout
     results = []
     try:
@@ -135,6 +151,60 @@ def run_ranks(script: str | Path, args: Sequence[str], *, world_size: int = 2, t
         raise RuntimeError("a rank failed:\n" + _describe([(r.stdout, r.stderr) for r in results],
                                                          [r.returncode for r in results]))
     return results
+
+
+class _ForkedRank:
+    """A rank forked from the forkserver, with `subprocess.Popen`'s ``communicate``, ``kill``, ``args`` and
+    ``returncode`` (its output goes to files until it ends)."""
+
+    def __init__(self, script: str | Path, args: Sequence[str], env: dict[str, str], preload: Sequence[str]) -> None:
+        import multiprocessing
+        import tempfile
+
+        forks = multiprocessing.get_context("forkserver")
+        forks.set_forkserver_preload([*preload, __name__])  # no effect once the server runs
+        self.args = [sys.executable, str(script), *args]
+        self._output = tempfile.TemporaryDirectory(prefix="rank-output-")
+        self._paths = (os.path.join(self._output.name, "stdout"), os.path.join(self._output.name, "stderr"))
+        self._process = forks.Process(target=_run_script, args=(str(script), list(args), env, *self._paths))
+        self._process.start()
+        self.returncode: int | None = None
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        self.returncode = self._process.exitcode
+        outputs = tuple(Path(path).read_text(errors="replace") if os.path.exists(path) else ""
+                        for path in self._paths)
+        self._output.cleanup()
+        return outputs  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        self._process.kill()
+
+
+def _run_script(script: str, args: list[str], env: dict[str, str], stdout: str, stderr: str) -> None:
+    """In a forked rank: ``script`` as ``__main__`` with ``args`` and only ``env``, as a fresh interpreter runs it."""
+    import atexit
+    import runpy
+
+    for fd, path in ((1, stdout), (2, stderr)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(REPO)
+    threads = env.get("OMP_NUM_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))  # torch read the variable when the server imported it
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(script))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        atexit._run_exitfuncs()  # a forked process ends with os._exit: run what an interpreter's exit would
 
 
 def _describe(outputs: Sequence[tuple[str, str]], codes: Sequence[int] | None = None) -> str:

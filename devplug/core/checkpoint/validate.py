@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from devplug.core.checkpoint.finite import nonfinite
 from devplug.core.contract.records import OptimizerChoice
 from devplug.core.errors import CheckpointError, CheckpointMismatchError
 from devplug.core.optim.canonical import CANONICAL, state_problems
@@ -130,7 +131,7 @@ def check_matches(state: Mapping[str, Any], modules: Mapping[str, torch.nn.Modul
 
 def impossible_state(key: str, algorithm: str, state: Mapping[str, Any], producer: str) -> str:
     """One line saying why ``state`` cannot be ``algorithm``'s and who produced it (``""`` when it can be)."""
-    problems = invariant_problems(algorithm, state)
+    problems = invariant_problems(algorithm, state, nonfinite)
     if not problems:
         return ""
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -216,6 +216,7 @@ class DeviceLoader:
 
     def __iter__(self) -> Iterator[Any]:
         # one generator, no delegation: the loop resumes it once per batch
+        started: Any = None  # the loader's iterator for this pass, once made
         try:
             position = self.position
             if self.train and self._epoch != position.epoch:
@@ -226,7 +227,7 @@ class DeviceLoader:
                 position.epoch_batches = None if length is math.inf else int(length)
             skip = self._skip()
             indexed = self._skip_by_index(skip)
-            batches = iter(self.choice.loader)
+            batches = started = iter(self.choice.loader)
             if batches is self.choice.loader:  # an iterator (a generator): it has one pass in it
                 batches = self._one_pass(batches)
             for _ in range(0 if indexed else skip):
@@ -260,10 +261,23 @@ class DeviceLoader:
                 on_batch(batch_size(batch), clock() - asked)
                 yield batch
         finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
+            if started is not None and started is not getattr(self.choice.loader, "_iterator", None):
+                stop_workers(started)  # this pass's own workers (not persistent ones): now, not at GC
             if self.primary:
                 self.position.drawing = False
                 if self._after_batches is not None:
                     self._after_batches()
+
+    def stop_workers(self) -> None:
+        """Shut down the worker processes a torch DataLoader keeps between passes (``persistent_workers``).
+
+        The Trainer calls it when its epochs end and on ``close()``; iterating the loader again starts new
+        workers. Loaders other than torch's are left alone.
+        """
+        loader = self.choice.loader
+        if isinstance(loader, DataLoader) and getattr(loader, "_iterator", None) is not None:
+            iterator, loader._iterator = loader._iterator, None
+            stop_workers(iterator)
 
     def _one_pass(self, batches: Iterator[Any]) -> Iterator[Any]:
         if self._used_up:
@@ -297,6 +311,21 @@ class DeviceLoader:
         self.drawn += 1
         position.advance(closes_epoch=lookahead and pending is _END)
         return (self._move(batch) if self._move is not None else batch), pending
+
+
+def stop_workers(iterator: Any) -> None:
+    """Shut down the worker processes of a torch DataLoader iterator now, and wait until they are gone.
+
+    torch's own clean-up runs when the iterator is garbage collected; when a Trainer holding it is collected
+    as part of a reference cycle, its queues are finalized first and the workers never hear that they should
+    stop, so each costs torch's join timeout (5 s) before it is terminated. Anything else is left alone.
+    """
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is None:  # a single-process iterator, another loader's, or none
+        return
+    shutdown()
+    for process in getattr(iterator, "_workers", ()):  # a worker torch terminated may still be exiting
+        process.join(timeout=10)
 
 
 def data_lost_reason(exc: BaseException) -> str:

@@ -641,7 +641,8 @@ class Trainer:
 
         Sets loader sampler epochs and shows progress on rank 0. A stop signal (``stop_signals``) ends it at
         the next step boundary (then save, and exit with ``exit_code``). Leaving it, however, reports the
-        values logged since the last log point.
+        values logged since the last log point and shuts down the loaders' worker processes (a loader
+        iterated afterwards starts new ones).
         """
         if max_steps is not None and max_steps < 1:
             raise ConfigError(f"max_steps must be a positive integer, got {max_steps!r}")
@@ -677,6 +678,11 @@ class Trainer:
                 self._reporter.close_progress()
                 self.profiler.stop()
                 self._flops.stop()
+                self._stop_loader_workers()  # the loop is over: its loaders' worker processes end now, not at GC
+
+    def _stop_loader_workers(self) -> None:
+        for loader in self._loaders:
+            loader.stop_workers()
 
     def _before_batch(self) -> None:
         # a training loader is about to ask for a batch: the profiler window and the FLOP count start here,
@@ -923,7 +929,8 @@ class Trainer:
         self._stop.request_stop(reason)
 
     def close(self) -> None:
-        """Flush and close the loggers (their final point, with the run's summary) and the progress bar.
+        """Flush and close the loggers (their final point, with the run's summary) and the progress bar, and
+        shut down the data loaders' worker processes.
 
         The process group stays joined (other trainers in the process may use it); call
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
@@ -932,6 +939,7 @@ class Trainer:
             watchdog().unwatch(self._watched_thread)
             self._watched_thread = None
         self.profiler.stop()
+        self._stop_loader_workers()
         self._keeper.writer.wait()
         summary: dict[str, Any] = {}
         if self.is_main_process and not self._reporter.closed:

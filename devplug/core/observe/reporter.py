@@ -94,12 +94,12 @@ class Reporter:
         """Write a grid of images (N×C×H×W in [-1, 1]) to TensorBoard and optionally a PNG file (rank 0)."""
         if not self.is_main:
             return
-        from torchvision.utils import make_grid, save_image
+        from devplug.core.observe.grid import image_grid, write_png  # torchvision's grid, without importing it
 
-        grid = make_grid(images.detach().float().cpu(), nrow=nrow, normalize=True, value_range=(-1, 1))
+        grid = image_grid(images.detach().float().cpu(), nrow=nrow, value_range=(-1, 1))
         if path is not None:
             try:  # atomically: a PNG is there whole or not at all
-                write_atomically(path, lambda handle: save_image(grid, handle, format="png"))
+                write_atomically(path, lambda handle: write_png(grid, handle))
             except OSError as exc:
                 self._write_failed("images", f"the image {path}", exc)
                 path = None

@@ -19,7 +19,7 @@ where it has a gradient, so unequal counts are a state torch itself writes, not 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -37,25 +37,33 @@ NON_NEGATIVE: dict[str, tuple[str, ...]] = {
 }
 
 
-def invariant_problems(algorithm: str, state: Mapping[str, Any]) -> list[str]:
+def invariant_problems(algorithm: str, state: Mapping[str, Any],
+                       nonfinite: Callable[[Iterable[tuple[str, torch.Tensor]]], list[str]]) -> list[str]:
     """What in ``state`` (an optimizer ``state_dict``) no run of ``algorithm`` can produce; ``[]`` when nothing.
 
     One line per parameter at most (the first problem found), and one per group whose parameters disagree.
+    ``nonfinite`` names the tensors among ``(name, tensor)`` pairs that hold NaN or infinity, all at once (the
+    checkpoint layer's fused check).
     """
     per_param = state.get("state")
     if not isinstance(per_param, Mapping):
         return []
     non_negative = NON_NEGATIVE.get(algorithm, ())
+    entries = {index: values for index, values in per_param.items() if isinstance(values, Mapping)}
+    # one fused reduction over every tensor (not one check and host read per tensor): checkpoints of large
+    # models hold thousands of state tensors
+    unfinished = set(nonfinite((f"{number}/{key}", value) for number, values in enumerate(entries.values())
+                               for key, value in values.items()
+                               if key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point()))
     problems = []
-    for index, values in per_param.items():
-        if isinstance(values, Mapping):
-            problem = _entry_problem(values, non_negative)
-            if problem:
-                problems.append(f"parameter {index}: {problem}")
+    for number, (index, values) in enumerate(entries.items()):
+        problem = _entry_problem(values, non_negative, {key for key in values if f"{number}/{key}" in unfinished})
+        if problem:
+            problems.append(f"parameter {index}: {problem}")
     return problems + _group_problems(state)
 
 
-def _entry_problem(values: Mapping[str, Any], non_negative: tuple[str, ...]) -> str:
+def _entry_problem(values: Mapping[str, Any], non_negative: tuple[str, ...], nonfinite_keys: set[Any]) -> str:
     for key, value in values.items():
         if key == "step":
             problem = _step_problem(value)
@@ -64,7 +72,7 @@ def _entry_problem(values: Mapping[str, Any], non_negative: tuple[str, ...]) -> 
             continue
         if not isinstance(value, torch.Tensor) or not (value.is_floating_point() and value.numel()):
             continue
-        if not bool(torch.isfinite(value).all()):
+        if key in nonfinite_keys:
             return f"{key} holds NaN or infinity"
         if key in non_negative:
             lowest = float(value.min())

@@ -177,3 +177,20 @@ def test_saves_killed_at_random_moments_leave_at_most_one_temp_file(tmp_path):
         read_checkpoint(tmp_path / "ck.pt")
     build()[0].save(tmp_path / "ck.pt")
     assert temp_files(tmp_path) == []
+
+
+# ---- the checks before a save read the state back once, not once per tensor ---------------------------------------
+def test_a_save_checks_the_optimizer_state_in_fused_reductions(tmp_path, monkeypatch):
+    # the finiteness of every weight and optimizer state tensor is read back in one fused reduction per
+    # device and dtype: a check and a host read per state tensor made a final checkpoint slower than its write
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
+    model = trainer.setup(torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(10))), "net")
+    opt = trainer.optimizer("adam", model.parameters(), lr=1e-2)
+    trainer.backward(model(torch.randn(2, 4)).sum())
+    trainer.step(opt)
+    calls = []
+    isfinite = torch.isfinite
+    monkeypatch.setattr(torch, "isfinite", lambda t: calls.append(t.numel()) or isfinite(t))
+    trainer.save(tmp_path / "step_1.pt")
+    assert len(calls) <= 2, calls  # the weights' check and the optimizer state's (20 parameters, 40 moments)
+    read_checkpoint(tmp_path / "step_1.pt")

@@ -6,6 +6,7 @@ Steps are training iterations (one per optimizer-step round); evaluation loaders
 from __future__ import annotations
 
 import math
+import multiprocessing
 import warnings
 
 import pytest
@@ -131,6 +132,52 @@ def test_a_resume_after_a_mid_epoch_eval_ends_bitwise_equal(tmp_path, workers):
     assert resumed.trainer.global_step == full.trainer.global_step == 12
     for a, b in zip(full.weights(), resumed.weights(), strict=True):
         assert torch.equal(a, b)
+
+
+def _new_workers(before: set[int]) -> int:
+    """Live child processes started since ``before`` (the loaders' workers)."""
+    return sum(1 for child in multiprocessing.active_children() if child.pid not in before)
+
+
+def test_the_loaders_workers_are_gone_when_the_loop_ends_even_when_it_leaves_mid_epoch(tmp_path):
+    before = {child.pid for child in multiprocessing.active_children()}
+    run = Run(workers=2)
+    run.folder = tmp_path
+    assert run.train(3, stop_after_eval_at=6) is True  # returns from inside both loops, mid-epoch
+    # persistent workers (2 per loader) would live until the Trainer is garbage collected: as part of a
+    # reference cycle, torch's clean-up then cannot reach them and waits 5 s per worker before killing it
+    assert _new_workers(before) == 0
+    run.evaluate()  # a loader used after the loop starts new workers, and still yields everything
+    assert run.eval_sizes[-1] == EVAL and _new_workers(before) == 2
+    run.trainer.close()
+    assert _new_workers(before) == 0
+
+
+class FailsAt(torch.utils.data.Dataset):
+    """Eight samples; reading sample ``bad`` raises (in a loader worker: torch re-raises it in the loop)."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.bad:
+            raise ValueError(f"sample {index} is broken")
+        return torch.full((2,), float(index))
+
+
+def test_a_pass_that_fails_in_a_worker_stops_its_workers_although_the_error_is_kept():
+    before = {child.pid for child in multiprocessing.active_children()}
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
+    loader = trainer.dataloader(FailsAt(bad=5), 2, num_workers=2, persistent_workers=False)
+    with pytest.raises(ValueError, match="sample 5 is broken") as caught:
+        for _epoch in trainer.epochs(1):
+            for _batch in loader:
+                pass
+    # the kept error's traceback holds torch's iterator: its workers would live as long as the error does
+    assert caught.value is not None and _new_workers(before) == 0
 
 
 def test_the_loop_is_bitwise_equal_to_plain_pytorch():

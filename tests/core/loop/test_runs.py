@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_scripts.common import HERE, clean_env, run_ranks
+from dist_scripts.common import HERE, RANK_PRELOAD, clean_env, run_ranks
 
 import devplug
 
@@ -282,7 +282,7 @@ def test_auto_resume_after_sigkill_at_ten_points_ends_equal_to_the_uninterrupted
     import kill_resume
 
     forks = multiprocessing.get_context("forkserver")
-    forks.set_forkserver_preload(["torch", "devplug", "kill_resume"])
+    forks.set_forkserver_preload([*RANK_PRELOAD, "kill_resume"])  # the rank tests' server may be this one
     env = clean_env()
 
     def run(folder: Path, *args: str) -> int | None:

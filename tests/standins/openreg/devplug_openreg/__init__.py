@@ -67,8 +67,20 @@ def _load() -> ModuleType:
         raise BuildUnavailable(why)
     from torch.utils.cpp_extension import load
 
-    return load(name="devplug_openreg_backend", sources=[str(SOURCE)], build_directory=str(build_dir()),
-                extra_cflags=["-O1"], verbose=False)
+    return load(name="devplug_openreg_backend", sources=[str(_source_in(build_dir()))],
+                build_directory=str(build_dir()), extra_cflags=["-O1"], verbose=False)
+
+
+def _source_in(folder: Path) -> Path:
+    """A copy of the source in the build folder: ninja rebuilds when a command changes, and the command names
+    the source's path, so checkouts at other paths (worktrees, CI folders) would each rebuild the shared build."""
+    copy = folder / SOURCE.name
+    text = SOURCE.read_bytes()
+    if not copy.is_file() or copy.read_bytes() != text:
+        staged = folder / f".{SOURCE.name}.{os.getpid()}.tmp"
+        staged.write_bytes(text)
+        os.replace(staged, copy)  # atomic: a concurrent build reads one whole file
+    return copy
 
 
 _backend = _load()
