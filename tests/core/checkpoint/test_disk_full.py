@@ -171,7 +171,7 @@ class _FullDiskLogger:
 
 
 def test_a_logger_or_image_on_a_full_disk_is_one_warning_and_training_goes_on(tmp_path, monkeypatch, caplog):
-    import torchvision.utils
+    from devplug.core.observe import grid
 
     full = _FullDiskLogger()
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, loggers=[full], log_every=1)
@@ -179,11 +179,11 @@ def test_a_logger_or_image_on_a_full_disk_is_one_warning_and_training_goes_on(tm
     opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
     loader = trainer.dataloader([torch.ones(4) for _ in range(8)], 2)
 
-    def half_a_png(tensor, fp, format=None, **kwargs):
-        fp.write(b"\x89PNG half")
+    def half_a_png(tensor, handle):
+        handle.write(b"\x89PNG half")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(torchvision.utils, "save_image", half_a_png)
+    monkeypatch.setattr(grid, "write_png", half_a_png)
     with caplog.at_level(logging.WARNING, logger="devplug"):
         for _ in trainer.epochs(2):
             for x in loader:
