@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import pytest
 import torch
 from torch.utils.data import TensorDataset
@@ -47,3 +49,44 @@ class SyncCounter:
                 return _original(tensor, *args, **kwargs)
 
             monkeypatch.setattr(torch.Tensor, name, counting)
+
+
+def byte_windows(steps: int, context: int, *, batch: int = 16) -> Iterator[torch.Tensor]:
+    """``steps`` batches of ``batch`` windows of ``context + 1`` bytes, cut at seeded random places from a seeded
+    random text over a small alphabet (learnable in a few steps)."""
+    generator = torch.Generator().manual_seed(1)
+    text = torch.randint(0, 64, (4096,), generator=generator)
+    for _ in range(steps):
+        starts = torch.randint(0, len(text) - context - 1, (batch,), generator=generator)
+        yield torch.stack([text[s:s + context + 1] for s in starts.tolist()])
+
+
+def train_next_byte(trainer: devplug.Trainer, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    windows: Iterable[torch.Tensor]) -> list[float]:
+    """One step of next-byte prediction per batch of ``windows`` (moved to the trainer's device); the losses."""
+    losses = []
+    for window in windows:
+        window = trainer.to_device(window)
+        with trainer.autocast():
+            logits = model(window[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten())
+        trainer.backward(loss)
+        trainer.step(optimizer)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def train_byte_lm(trainer: devplug.Trainer, spec: object, steps: int, *, resume: object = None,
+                  save: object = None) -> tuple[list[float], torch.nn.Module]:
+    """The LM example's ``LanguageModel(spec)`` set up on ``trainer`` with AdamW, resumed from ``resume`` if given,
+    trained ``steps`` steps on `byte_windows`, saved to ``save`` if given: the losses and the model."""
+    from lm.models import LanguageModel  # examples/lm
+
+    model = trainer.setup(LanguageModel(spec), name="lm")
+    optimizer = trainer.optimizer("adamw", model.parameters(), lr=3e-3)
+    if resume is not None:
+        trainer.load(resume)
+    losses = train_next_byte(trainer, model, optimizer, byte_windows(steps, spec.context))  # type: ignore[attr-defined]
+    if save is not None:
+        trainer.save(save)
+    return losses, model

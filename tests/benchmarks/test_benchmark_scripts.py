@@ -72,19 +72,24 @@ def test_reference_train_prints_when_its_first_step_ended(tmp_path):
     assert launched < float(match[1]) < ended
 
 
-def test_reference_compare_derives_each_process_s_time_to_its_first_step(tmp_path):
+def reference_variant(tmp_path, start: str):
+    """A `reference_dcgan.Variant` whose process runs ``start`` (which sets ``t``, the first step's end) and then
+    prints what the reference prints."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import reference_dcgan
     finally:
         sys.path.remove(str(BENCHMARKS))
-    child = ("import time; time.sleep(0.3); t = time.time(); time.sleep(0.3)\n"
-             "print('reference: device cpu, fake')\n"
+    child = (start + "print('reference: device cpu, fake')\n"
              "print('reference: 4 images in 0.3 s = 13.3 images/s (training loop)')\n"
              "print('reference steady state: 2 images in 0.2 s = 10.0 images/s')\n"
              "print(f'reference first step: done at Unix time {t:.6f} (time.time())')\n")
-    variant = reference_dcgan.Variant("reference", lambda _out: [sys.executable, "-c", child], tmp_path,
-                                      bench_env(), 0, reference_dcgan.parse_reference)
+    return reference_dcgan.Variant("reference", lambda _out: [sys.executable, "-c", child], tmp_path, bench_env(), 0,
+                                   reference_dcgan.parse_reference)
+
+
+def test_reference_compare_derives_each_process_s_time_to_its_first_step(tmp_path):
+    variant = reference_variant(tmp_path, "import time; time.sleep(0.3); t = time.time(); time.sleep(0.3)\n")
     start = time.perf_counter()
     variant.run()
     wall = time.perf_counter() - start
@@ -95,19 +100,9 @@ def test_reference_compare_derives_each_process_s_time_to_its_first_step(tmp_pat
 
 def test_reference_compare_counts_each_process_s_cpu_seconds(tmp_path):
     # the CPU table: what the process and its children ran, not the time it spent waiting (a loaded machine)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import reference_dcgan
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    child = ("import time; t = time.time(); time.sleep(0.4); end = time.process_time() + 0.3\n"
-             "while time.process_time() < end: pass\n"
-             "print('reference: device cpu, fake')\n"
-             "print('reference: 4 images in 0.3 s = 13.3 images/s (training loop)')\n"
-             "print('reference steady state: 2 images in 0.2 s = 10.0 images/s')\n"
-             "print(f'reference first step: done at Unix time {t:.6f} (time.time())')\n")
-    variant = reference_dcgan.Variant("reference", lambda _out: [sys.executable, "-c", child], tmp_path,
-                                      bench_env(), 0, reference_dcgan.parse_reference)
+    variant = reference_variant(tmp_path, "import time; t = time.time(); time.sleep(0.4)\n"
+                                          "end = time.process_time() + 0.3\n"
+                                          "while time.process_time() < end: pass\n")
     variant.run()
     variant.after()
     cpu = variant.results[0]["cpu_s"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from toys import train_byte_lm
 
 import devplug
 from devplug import PrecisionError
@@ -16,7 +17,7 @@ from devplug.testing import open_device
 from devplug.testing.checks.precision import check_precision
 from devplug.toolkit import pays_off
 
-from lm.models import LanguageModel, ModelSpec  # examples/lm
+from lm.models import ModelSpec  # examples/lm
 
 pytest.importorskip("torchao")
 
@@ -74,25 +75,7 @@ def train_lm(precision: str, steps: int, *, options: dict | None = None, resume:
              save: object = None, device: str = "cpu") -> tuple[list[float], devplug.Trainer, torch.nn.Module]:
     trainer = devplug.Trainer(device=device, precision=precision, device_options=options or {}, seed=0,
                               progress=False)
-    model = trainer.setup(LanguageModel(SPEC), name="lm")
-    opt = trainer.optimizer("adamw", model.parameters(), lr=3e-3)
-    if resume is not None:
-        trainer.load(resume)
-    generator = torch.Generator().manual_seed(1)
-    text = torch.randint(0, 64, (4096,), generator=generator)  # a small alphabet: learnable in a few steps
-    losses = []
-    for _ in range(steps):
-        starts = torch.randint(0, len(text) - SPEC.context - 1, (16,), generator=generator)
-        window = torch.stack([text[s:s + SPEC.context + 1] for s in starts.tolist()])
-        window = trainer.to_device(window)
-        with trainer.autocast():
-            logits = model(window[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten())
-        trainer.backward(loss)
-        trainer.step(opt)
-        losses.append(float(loss.detach()))
-    if save is not None:
-        trainer.save(save)
+    losses, model = train_byte_lm(trainer, SPEC, steps, resume=resume, save=save)
     return losses, trainer, model
 
 

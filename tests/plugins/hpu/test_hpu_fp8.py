@@ -9,6 +9,7 @@ import logging
 import pytest
 import torch
 from standins import hpu_fixtures
+from toys import train_byte_lm
 
 import devplug
 from devplug.core.registry.manager import create_plugin_manager
@@ -36,34 +37,11 @@ def te_layers(module: torch.nn.Module) -> list[str]:
     return [name for name, m in module.named_modules() if type(m).__name__ == "Linear" and TE in type(m).__module__]
 
 
-def batches(steps: int) -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(1)
-    text = torch.randint(0, 64, (4096,), generator=generator)
-    out = []
-    for _ in range(steps):
-        starts = torch.randint(0, len(text) - SPEC.context - 1, (16,), generator=generator)
-        out.append(torch.stack([text[s:s + SPEC.context + 1] for s in starts.tolist()]))
-    return out
-
-
 def train(hpu, precision: str, steps: int, *, options: dict | None = None, resume=None, save=None):
     trainer = devplug.Trainer(device="hpu", precision=precision, device_options=options or {}, seed=0, progress=False,
                               plugin_manager=hpu.plugin_manager())
     hpu.reset()  # the calls of the loop alone (devplug enters a plan's autocast once to check its dtype)
-    model = trainer.setup(LanguageModel(SPEC), name="lm")
-    opt = trainer.optimizer("adamw", model.parameters(), lr=3e-3)
-    if resume is not None:
-        trainer.load(resume)
-    losses = []
-    for window in batches(steps):
-        with trainer.autocast():
-            logits = model(window[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten())
-        trainer.backward(loss)
-        trainer.step(opt)
-        losses.append(float(loss.detach()))
-    if save is not None:
-        trainer.save(save)
+    losses, model = train_byte_lm(trainer, SPEC, steps, resume=resume, save=save)
     return losses, trainer, model
 
 
