@@ -7,7 +7,7 @@ The example is the folder ``examples/dcgan/`` (see its README.md); this launcher
 
 import gc
 
-gc.disable()  # no collections while torch is imported: its millions of objects live as long as the process (below)
+gc.disable()  # no collections while torch is imported: its ~180,000 objects live as long as the process (below)
 
 import devplug  # noqa: E402
 
