@@ -25,6 +25,8 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   (``LoaderOptions.automatic``), chosen from the device (does compute share the host's cores?) and a
   measurement of the source; ``torch_dataloader(..., compute_competes=...)`` calls it;
   `available_cpus` — the cores this process may run on (its affinity mask), what it counts with;
+  `stop_workers` — shut a torch DataLoader iterator's worker processes down now and wait until they are
+  gone (torch's own clean-up waits for garbage collection);
 - `display_path`, `printable` — file names and messages shown readably (names that are not
   UTF-8 included);
 - `process_memory_stats` — the host process's memory figure;
@@ -32,7 +34,8 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   `cached_matmul_flops` — the same, measured once per machine and cached (never on every run's
   critical path); `plain_gemm_flops` — a plain GEMM's rate in a format on a device (cached per
   machine): the achievable rate to put a run's achieved FLOP/s against, next to MFU's peak;
-  `cache_dir` — devplug's cache folder (``$DEVPLUG_CACHE_DIR`` relocates it);
+  `cache_dir` — devplug's cache folder (``$DEVPLUG_CACHE_DIR`` relocates it); `read_json_object`,
+  `write_json_object` — a JSON file there read (empty when missing or damaged) and written atomically;
   `probe_time_limit` — the seconds a probe may take (``DEVPLUG_PROBE_TIMEOUT``);
 - PyTorch's device-generic API, as the core fallback uses it for any device type:
   `device_module`, `current_accelerator_type`, `device_available`, `device_count`,
@@ -78,6 +81,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from devplug.core.checkpoint.format import register_format as register_checkpoint_format
     from devplug.core.checkpoint.sharded import consolidate_checkpoint
     from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
+    from devplug.core.data.device_loader import stop_workers
     from devplug.core.data.evaluation import EvaluationSampler, evaluation_shard
     from devplug.core.data.images import display_path, load_rgb, printable
     from devplug.core.data.torch_loader import (
@@ -107,7 +111,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from devplug.core.log_once import forget_logged, log_once
     from devplug.core.observe.flops import cached_matmul_flops, measured_matmul_flops, plain_gemm_flops
     from devplug.core.observe.host_memory import available_host_memory, check_model_fits, human_bytes
-    from devplug.core.observe.peak_cache import cache_dir
+    from devplug.core.observe.peak_cache import cache_dir, read_json_object, write_json_object
     from devplug.core.optim.conversion import (
         bias_corrected_to_canonical,
         momentum_from_canonical,
@@ -143,6 +147,8 @@ _WHERE: dict[str, str | tuple[str, str]] = {
     "available_host_memory": "devplug.core.observe.host_memory",
     "bias_corrected_to_canonical": "devplug.core.optim.conversion",
     "cache_dir": "devplug.core.observe.peak_cache",
+    "read_json_object": "devplug.core.observe.peak_cache",
+    "write_json_object": "devplug.core.observe.peak_cache",
     "cached_matmul_flops": "devplug.core.observe.flops",
     "check_model_fits": "devplug.core.observe.host_memory",
     "CheckpointFormat": "devplug.core.checkpoint.format",
@@ -205,6 +211,7 @@ _WHERE: dict[str, str | tuple[str, str]] = {
     "TORCH_OPTIMIZERS": "devplug.core.optim.torch_optimizers",
     "torch_precision_plan": "devplug.core.fallback.precision",
     "torch_sharding_plan": "devplug.core.fallback.sharding",
+    "stop_workers": "devplug.core.data.device_loader",
     "tune_loader": "devplug.core.data.tuning",
     "unregister_precision": ("devplug.core.precision.registry", "unregister"),
     "write_atomically": "devplug.core.checkpoint.diskfull",
@@ -297,6 +304,7 @@ __all__ = [
     "printable",
     "probe_time_limit",
     "process_memory_stats",
+    "read_json_object",
     "register_checkpoint_format",
     "register_precision",
     "register_strategy",
@@ -304,6 +312,7 @@ __all__ = [
     "select_device",
     "steps_to_groups",
     "steps_to_params",
+    "stop_workers",
     "synchronize",
     "torch_dataloader",
     "torch_kernel",
@@ -314,4 +323,5 @@ __all__ = [
     "tune_loader",
     "unregister_precision",
     "write_atomically",
+    "write_json_object",
 ]

@@ -16,8 +16,9 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("devplug")
 
@@ -39,29 +40,38 @@ def _usable(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def read_peaks(path: Path) -> dict[str, float]:
-    """The cached peaks in ``path``; empty when it is missing or damaged (unusable entries are dropped)."""
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; empty when the file is missing, damaged or holds something else."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict):
-        return {}
-    return {str(k): float(v) for k, v in data.items() if _usable(v)}
+    return data if isinstance(data, dict) else {}
 
 
-def write_peaks(path: Path, peaks: dict[str, float]) -> None:
-    """Write ``peaks`` to ``path`` atomically (a reader sees the old file or the new one, never half)."""
+def write_json_object(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` to ``path`` as JSON, atomically (a reader sees the old file or the new one, never half);
+    no temporary file is left behind on an error."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(peaks, handle, indent=1, sort_keys=True)
+            json.dump(data, handle, indent=1, sort_keys=True)
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+
+
+def read_peaks(path: Path) -> dict[str, float]:
+    """The cached peaks in ``path``; empty when it is missing or damaged (unusable entries are dropped)."""
+    return {str(k): float(v) for k, v in read_json_object(path).items() if _usable(v)}
+
+
+def write_peaks(path: Path, peaks: dict[str, float]) -> None:
+    """Write ``peaks`` to ``path`` atomically (a reader sees the old file or the new one, never half)."""
+    write_json_object(path, peaks)
 
 
 def cached_peak(key: str, measure: Callable[[], float], *, folder: Path | None = None) -> float:

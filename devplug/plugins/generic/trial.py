@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from devplug.toolkit import cache_dir, device_module
+from devplug.toolkit import cache_dir, device_module, read_json_object, write_json_object
 
 #: The items tried, in the order the child tries them (pinning last: it is the one that can crash).
 ITEMS = ("train", "autocast[bfloat16]", "autocast[float16]", "pin_memory")
@@ -165,26 +164,15 @@ def _signal_name(number: int) -> str:
 
 
 def _read(path: Path) -> dict[str, dict[str, str]]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {str(k): {str(i): str(p) for i, p in v.items()} for k, v in data.items() if isinstance(v, dict)}
+    return {str(k): {str(i): str(p) for i, p in v.items()} for k, v in read_json_object(path).items()
+            if isinstance(v, dict)}
 
 
 def _write(path: Path, key: str, outcomes: dict[str, str]) -> None:
     data = _read(path)
     data[key] = outcomes
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=1, sort_keys=True)
-        os.replace(temp, path)
-    except OSError:
-        pass  # not cached: the next process tries again
+    with contextlib.suppress(OSError):  # not cached: the next process tries again
+        write_json_object(path, data)
 
 
 # ---- the child ----------------------------------------------------------------------------------------

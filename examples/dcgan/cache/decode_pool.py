@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from devplug.toolkit import load_rgb, printable
+from devplug.toolkit import load_rgb, printable, stop_workers
 
 PR_SET_PDEATHSIG = 1
 
@@ -98,12 +98,6 @@ def decode_files(
     try:
         yield from iterator
     finally:
-        shutdown = getattr(iterator, "_shutdown_workers", None)  # torch's own clean-up, now rather than at GC
-        if shutdown is not None:
-            shutdown()
-        # torch terminates a worker that did not exit in time but does not wait for it: on a loaded machine it
-        # is still alive when control returns; wait for it, so the workers are gone when this returns
-        for process in getattr(iterator, "_workers", ()):
-            process.join(timeout=10)
+        stop_workers(iterator)  # now, not at GC: the workers are gone when this returns
         del iterator
 
