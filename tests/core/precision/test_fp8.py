@@ -16,7 +16,7 @@ from devplug.plugins.cuda.precision import plan_fp8
 from devplug.plugins.hpu import peaks as hpu_peaks
 from devplug.testing import open_device
 from devplug.testing.checks.precision import check_precision
-from devplug.toolkit import pays_off
+from devplug.toolkit import float8_conversion, pays_off
 
 from lm.models import ModelSpec  # examples/lm
 
@@ -80,6 +80,15 @@ def test_an_explicit_fp8_all_gather_is_obeyed_and_a_bad_one_refused_in_one_line(
     with pytest.raises(PrecisionError, match=r"^device option fp8_all_gather='yes' is not one of 'auto', true, "
                                              r"false$"):
         cuda_fp8_weights("fsdp", fp8_all_gather="yes")
+
+
+def test_the_toolkit_conversion_leaves_weights_plain_unless_asked_to_gather_them_in_fp8():
+    def weights(**options: object) -> list[str]:
+        model = float8_conversion(small_layers=True, **options)(torch.nn.Sequential(torch.nn.Linear(32, 32)))
+        return [type(p).__name__ for p in model.parameters() if p.dim() == 2]
+
+    assert weights() == ["Parameter"]
+    assert weights(fp8_all_gather=True) == ["WeightWithDynamicFloat8CastTensor"]
 
 
 class StrategySeen:
