@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The checks to run when an NVIDIA GPU is at hand, in one go: the cuda-marked tests, both examples on the GPU
-# (16-mixed and bf16-mixed), the peers' step side by side and its profile, and the LM at a width where fp8 pays
-# (bf16 vs fp8, eager and compiled) with tokens/s and MFU.
+# (16-mixed and bf16-mixed), the peers' step side by side and its profile, fp8 against bf16 layer by layer at the
+# LM's shapes (benchmarks/fp8_layers.py: times, a kernel profile, graph breaks and recompiles), and the LM at a
+# width where fp8 pays (bf16 vs fp8, eager and compiled; fp8 eager once more with the weights wrapped for FSDP's
+# fp8 all-gather, as every run was before that became FSDP-only; the compiled fp8 run with
+# TORCH_LOGS=recompiles,graph_breaks, its log in $OUT/lm-fp8-compiled.log) with tokens/s and MFU.
 #
-#   bash benchmarks/on_a_gpu.sh [PART ...]     PART: setup tests examples peers profile lm (default: all)
+#   bash benchmarks/on_a_gpu.sh [PART ...]     PART: setup tests examples peers profile fp8 lm (default: all)
+#   DEVICE=cpu LM_WIDTH=64 LM_LAYERS=1 LM_HEADS=2 LM_CONTEXT=32 LM_BATCH=4 LM_STEPS=3 \
+#     bash benchmarks/on_a_gpu.sh fp8 lm       # tries the fp8 and lm parts out on a CPU (fp8 emulated, tiny)
 #
 # Each part writes one log under $OUT (default: ./gpu-results) and prints its tail; a part that fails does not
 # stop the next one. A machine without network access can bring torchao (for fp8) as a wheel in .whl/: it is
@@ -18,7 +23,11 @@ PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu with small LM_* sizes tries the script out on a machine without a GPU
 LM_WIDTH=${LM_WIDTH:-2048} LM_LAYERS=${LM_LAYERS:-8} LM_HEADS=${LM_HEADS:-16} LM_CONTEXT=${LM_CONTEXT:-1024}
 LM_BATCH=${LM_BATCH:-8} LM_STEPS=${LM_STEPS:-120}
-parts=${*:-setup tests examples peers profile lm}
+parts=${*:-setup tests examples peers profile fp8 lm}
+if [ "$DEVICE" = cpu ]; then  # no fp8 units on a CPU: torchao's emulation, at tiny sizes
+  FP8_ARGS=${FP8_ARGS:---emulate --tokens 256 --width 64 --rounds 3 --iters 2}
+  LM_FP8_OPTIONS=${LM_FP8_OPTIONS:---device-option fp8=emulate}
+fi
 
 part() {  # part NAME LIMIT_S COMMAND...: run with a time limit, log to $OUT/NAME.log (appended), print the tail
   local name=$1 limit=$2 started=$SECONDS rc
@@ -56,6 +65,25 @@ print('devplug', devplug.__version__)"
   part setup 60 devplug devices
 }
 
+lm_run() {  # lm_run LOG LIMIT TAG LM-FLAGS...: the LM at the LM_* sizes (environment: $LM_ENV), then its RESULT line
+  local log=$1 limit=$2 tag=$3
+  shift 3
+  # shellcheck disable=SC2086  # LM_ENV: VAR=VALUE words for env
+  part "$log" "$limit" env ${LM_ENV:-} "$PY" examples/lm.py --device "$DEVICE" --width "$LM_WIDTH" \
+    --layers "$LM_LAYERS" --heads "$LM_HEADS" --context "$LM_CONTEXT" --batch-size "$LM_BATCH" --steps "$LM_STEPS" \
+    --warmup 10 --eval-every 0 --eval-batches 1 --sample-bytes 0 --log-every 40 --save-every 100000 \
+    --out "/tmp/lm-$tag" "$@"
+  "$PY" - "/tmp/lm-$tag/summary.json" "$tag" <<'EOF' | tee -a "$OUT/$log.log"
+import json, sys
+s = json.load(open(sys.argv[1]))
+mfu = f"{s['mfu']:.1%}" if s.get("mfu") is not None else "n/a"
+print(f"RESULT {sys.argv[2]:<24} {s['precision']:<10} compile={s['compiled'] or 'off':<30} "
+      f"tokens/s={s['tokens_per_sec']:>10,.0f} MFU={mfu} peak={(s.get('peak_flops') or 0) / 1e12:.1f} TFLOP/s "
+      f"({s.get('peak_source')}) flops/token={(s.get('flops_per_token') or 0) / 1e9:.3f} G "
+      f"loss={s['final_eval_loss']:.3f} | {s['precision_detail']}")
+EOF
+}
+
 case " $parts " in *" setup "*) setup ;; *) export PATH="/tmp/devplug-bin:$PATH" PYTHONPATH="$PYTHONPATH:/tmp/site" ;; esac
 for p in $parts; do
   case $p in
@@ -76,24 +104,21 @@ for p in $parts; do
         TAIL=60 part profile 120 "$PY" benchmarks/profile_step.py --device "$DEVICE" --workload "$workload" --steps 50 \
           --adapters raw,fabric,devplug
       done ;;
+    fp8)  # shellcheck disable=SC2086  # FP8_ARGS: flags
+      TAIL=80 part fp8 "${FP8_LIMIT:-300}" "$PY" benchmarks/fp8_layers.py --device "$DEVICE" --rounds 5 --iters 10 \
+        ${FP8_ARGS:-} ;;
     lm)
-      for compile in --no-compile --compile; do
-        for precision in bf16-mixed fp8-mixed; do
-          limit=${LM_LIMIT:-150}; [ "$compile" = --compile ] && limit=${LM_COMPILE_LIMIT:-240}
-          part lm "$limit" "$PY" examples/lm.py --device "$DEVICE" --precision "$precision" "$compile" --width "$LM_WIDTH" \
-            --layers "$LM_LAYERS" --heads "$LM_HEADS" --context "$LM_CONTEXT" --batch-size "$LM_BATCH" \
-            --steps "$LM_STEPS" --warmup 10 --eval-every 0 --eval-batches 1 --sample-bytes 0 --log-every 40 \
-            --save-every 100000 --out "/tmp/lm-$precision$compile"
-          "$PY" - "/tmp/lm-$precision$compile/summary.json" <<'EOF' | tee -a "$OUT/lm.log"
-import json, sys
-s = json.load(open(sys.argv[1]))
-mfu = f"{s['mfu']:.1%}" if s.get("mfu") is not None else "n/a"
-print(f"RESULT {s['precision']:<10} compile={s['compiled'] or 'off':<30} tokens/s={s['tokens_per_sec']:>10,.0f} "
-      f"MFU={mfu} peak={s.get('peak_flops', 0) / 1e12:.1f} TFLOP/s ({s.get('peak_source')}) "
-      f"flops/token={s.get('flops_per_token', 0) / 1e9:.3f} G loss={s['final_eval_loss']:.3f}")
-EOF
-        done
-      done ;;
-    *) echo "unknown part: $p (setup tests examples peers profile lm)"; exit 2 ;;
+      limit=${LM_LIMIT:-150} compile_limit=${LM_COMPILE_LIMIT:-240}
+      # shellcheck disable=SC2086  # LM_FP8_OPTIONS: flags
+      {
+        lm_run lm "$limit" bf16-mixed --precision bf16-mixed --no-compile
+        lm_run lm "$limit" fp8-mixed --precision fp8-mixed --no-compile ${LM_FP8_OPTIONS:-}
+        lm_run lm "$limit" fp8-mixed-gather-wrapped --precision fp8-mixed --no-compile ${LM_FP8_OPTIONS:-} \
+          --device-option fp8_all_gather=true
+        lm_run lm "$compile_limit" bf16-mixed-compile --precision bf16-mixed --compile
+        LM_ENV="TORCH_LOGS=recompiles,graph_breaks" lm_run lm-fp8-compiled "$compile_limit" fp8-mixed-compile \
+          --precision fp8-mixed --compile ${LM_FP8_OPTIONS:-}
+      } ;;
+    *) echo "unknown part: $p (setup tests examples peers profile fp8 lm)"; exit 2 ;;
   esac
 done

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -62,6 +64,11 @@ def build_parser() -> ConfigParser:
                   "(default: auto)"),
         Flag("tp", help="ranks that split each layer under --strategy tp or fsdp+tp (default: all of them)"),
     ], group=device)
+    device.add_argument("--device-option", dest="device_options", action="append", type=device_option,
+                        default=None, metavar="KEY=VALUE",
+                        help="an option for the device plugin, repeatable; VALUE is read as JSON where it parses "
+                             "(true, 3, \"x\", [\"head\"]), else as a string: fp8_recipe=rowwise, "
+                             "fp8_all_gather=false on cuda, fp8=emulate on cpu (each plugin's docs list its options)")
     device.add_argument("--recompute", action="store_true",
                         help="activation checkpointing of every transformer block: keep only each block's input "
                              "and recompute the rest in backward (less memory, about a third more compute)")
@@ -132,6 +139,29 @@ def build_parser() -> ConfigParser:
     return parser
 
 
+def device_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` as ``(KEY, VALUE)``: VALUE parsed as JSON where it parses, else the string itself."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. fp8_recipe=rowwise), got {text!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key, value
+
+
+def device_options(pairs: Iterable[tuple[str, Any]] | tuple[str, Any] | None) -> dict[str, Any]:
+    """The ``--device-option`` pairs as the Trainer's ``device_options`` (a later KEY wins); a config file's single
+    ``device-option = "KEY=VALUE"`` arrives as one pair."""
+    if pairs is None:
+        return {}
+    if isinstance(pairs, tuple) and len(pairs) == 2 and isinstance(pairs[0], str):
+        return {pairs[0]: pairs[1]}
+    return dict(pairs)  # type: ignore[arg-type]
+
+
 @attrs.frozen
 class Settings:
     """The parsed flags plus what they resolve to: the model, the run folder, the Trainer's config."""
@@ -156,7 +186,7 @@ def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -
         raise ConfigError(f"--consolidate {str(args.consolidate)!r} is a folder; name the file to write")
     policy = parser.build(CheckpointPolicy, args, directory=run.out / "checkpoints", at_end=True)
     config = parser.build(TrainerConfig, args, log_dir=str(run.out / "tensorboard"), progress=False,
-                          checkpoints=policy)
+                          checkpoints=policy, device_options=device_options(args.device_options))
     return Settings(args=args, spec=spec, out=run.out, resume=run.resume, trainer=config,
                     auto_resume=run.auto_resume)
 

@@ -152,3 +152,42 @@ def test_mfu_rejects_an_unknown_workload_in_one_line():
     proc = run_script("mfu.py", "--workloads", "dcgan,resnet")
     assert proc.returncode == 2 and "unknown workload 'resnet'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])  # compiling: 20-30 s
+def test_fp8_layers_times_profiles_and_counts_compiles_tiny_and_emulated_on_the_cpu(compiled):
+    pytest.importorskip("torchao")
+    proc = run_script("fp8_layers.py", "--device", "cpu", "--emulate", "--tokens", "64", "--width", "32",
+                      "--rounds", "2", "--iters", "1", "--warmup", "1", "--shapes", "square", "--recipes", "tensorwise",
+                      "--top", "5", "--compile" if compiled else "--no-compile")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "emulated fp8; bf16 autocast, fp32 weights; tokens 64, width 32" in out
+    assert "square: Linear(32, 32) on 64 tokens, forward+backward, 2 rounds x 1 passes" in out
+    eager = ["bf16 eager", "bf16 eager (A/A)", "fp8 tensorwise eager", "fp8 tensorwise+gather eager"]
+    rows = re.findall(r"^(bf16 eager|bf16 eager \(A/A\)|fp8 tensorwise eager|fp8 tensorwise\+gather eager|"
+                      r"bf16 compiled|fp8 tensorwise compiled)\s+[\d.]+\s+[\d.e+-]+\s+[\d.]+$", out, re.MULTILINE)
+    assert rows == eager + (["bf16 compiled", "fp8 tensorwise compiled"] if compiled else []), out
+    assert re.search(r"^A/A floor: bf16 eager \(A/A\)/bf16 eager per round [\d.]+-[\d.]+ -> floor [\d.]+%$", out,
+                     re.MULTILINE), out
+    verdicts = re.findall(r"^square: (fp8 [\w+]+ \w+) [\d.]+x the time of (bf16 \w+) -> (faster|slower|within noise)$",
+                          out, re.MULTILINE)
+    assert [(v, against) for v, against, _ in verdicts] == [
+        ("fp8 tensorwise eager", "bf16 eager"), ("fp8 tensorwise+gather eager", "bf16 eager"),
+        *([("fp8 tensorwise compiled", "bf16 compiled")] if compiled else [])], out
+    counts = re.findall(r"^square: (bf16 compiled|fp8 tensorwise compiled): graph breaks (\d+), recompiles after the "
+                        r"first call (\d+), frames (\d+), graphs (\d+); break reasons: ", out, re.MULTILINE)
+    assert [name for name, *_ in counts] == (["bf16 compiled", "fp8 tensorwise compiled"] if compiled else []), out
+    if compiled:
+        assert counts[0][1:3] == ("0", "0")  # plain bf16 layers compile in one graph, once
+    profile = out.split("profile: fp8 tensorwise eager, square, one forward+backward on 64 tokens: top 5 CPU ops", 1)
+    assert len(profile) == 2 and "Self CPU time total" in profile[1], out
+    assert len(re.findall(r"^\s+(aten::|matmul_with_hp_or_float8|PythonSubclass|_ToFloat8)", profile[1],
+                          re.MULTILINE)) >= 3, profile[1]
+
+
+def test_fp8_layers_without_the_hardware_says_so_in_one_line():
+    proc = run_script("fp8_layers.py", "--device", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "fp8_layers: error: cpu has no fp8 matrix units: pass --emulate to run torchao's " \
+                                  "emulation"

@@ -80,6 +80,35 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, expected):
     assert not list(tmp_path.iterdir())
 
 
+def test_device_options_are_parsed_as_json_where_they_parse_and_repeat():
+    args = cli.parse(["--device-option", "fp8_recipe=rowwise", "--device-option", "fp8_all_gather=false",
+                      "--device-option", "fp8_skip=[\"head\"]", "--device-option", "n=3",
+                      "--device-option", "text=\"3\"", "--device-option", "url=a=b"])
+    assert cli.device_options(args.device_options) == {
+        "fp8_recipe": "rowwise", "fp8_all_gather": False, "fp8_skip": ["head"], "n": 3, "text": "3", "url": "a=b"}
+    assert cli.device_options(cli.parse([]).device_options) == {}
+
+
+@pytest.mark.parametrize("bad", ["fp8", "=true"])
+def test_a_device_option_without_key_and_value_is_one_line_and_status_2(tmp_path, capsys, bad):
+    with pytest.raises(SystemExit) as caught:
+        run("--device-option", bad, "--out", str(tmp_path / "run"))
+    err = capsys.readouterr().err
+    assert caught.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("lm: error: argument --device-option: expected KEY=VALUE"), err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_device_option_reaches_the_device_plugin(tmp_path, capsys):
+    # the CPU plugin refuses fp8-mixed unless its device option fp8=emulate asks for torchao's emulation
+    pytest.importorskip("torchao")
+    out = tmp_path / "run"
+    assert run("--precision", "fp8-mixed", "--device-option", "fp8=emulate", "--steps", "2", "--eval-every", "0",
+               "--sample-bytes", "0", "--out", str(out)) == 0
+    summary = summary_of(out)
+    assert summary["precision"] == "fp8-mixed" and "emulated on the CPU" in summary["precision_detail"]
+
+
 def test_the_corpus_is_deterministic_and_holds_out_whole_files():
     first, again = corpus.load_corpus(200_000), corpus.load_corpus(200_000)
     assert torch.equal(first.train, again.train) and torch.equal(first.eval, again.eval)
@@ -182,7 +211,7 @@ def test_help_documents_every_flag():
     for flag in ("--device", "--precision", "--strategy", "--steps", "--batch-size", "--context", "--width",
                  "--layers", "--heads", "--lr", "--warmup", "--min-lr", "--accumulate", "--clip", "--eval-every",
                  "--eval-batches", "--out", "--save-every", "--auto-resume", "--resume", "--recompute",
-                 "--consolidate", "--seed", "--compile"):
+                 "--consolidate", "--seed", "--compile", "--device-option"):
         assert flag in text
 
 

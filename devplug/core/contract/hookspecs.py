@@ -127,10 +127,14 @@ def devplug_optimizer(
 
 
 @hookspec(firstresult=True)
-def devplug_precision(device: Device, precision: str) -> PrecisionPlan | None:
+def devplug_precision(device: Device, precision: str, strategy: str) -> PrecisionPlan | None:
     """Plan mixed precision for ``precision`` (``"auto"``, a registered precision, or the plugin's own) on ``device``.
 
-    Called once per Trainer. ``"auto"`` must be resolved to the best setting the device supports.
+    Called once per Trainer, before its strategy is built. ``"auto"`` must be resolved to the best setting the
+    device supports. ``strategy`` (contract 1.8) is the run's resolved strategy name: ``"none"`` (one process,
+    nothing wrapped), ``"ddp"``, ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` or a registered one's; a plan whose module
+    conversion depends on how the weights are spread (fp8 weights gathered by FSDP, say) reads it, any other
+    implementation leaves it out of its arguments.
     Return a `PrecisionPlan` (autocast context factory, grad scaler or ``None``, optional module
     conversion and optimizer-step context; a ``"16-mixed"`` plan has a grad scaler or says in
     ``no_scaler_reason`` why it needs none), built for a registered precision with

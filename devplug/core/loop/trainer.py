@@ -40,6 +40,7 @@ from devplug.core.contract.records import (
 from devplug.core.data.position import LoopPosition
 from devplug.core.distributed.launch import detect_launch, die_with_launcher
 from devplug.core.distributed.strategy import StrategyContext, build_strategy
+from devplug.core.distributed.strategy import resolve as resolve_strategy
 from devplug.core.errors import ConfigError, DataError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.log_once import log_once
@@ -112,7 +113,9 @@ class Trainer:
             from devplug.core.checkpoint import rng
 
             rng.seed_everything(self._config.seed)
-        plan = call_with_limit(lambda: self._hooks(spec.devplug_precision, precision=self._config.precision),
+        strategy = resolve_strategy(self._config.strategy, self._launch)  # fp8 plans depend on how weights spread
+        plan = call_with_limit(lambda: self._hooks(spec.devplug_precision, precision=self._config.precision,
+                                                   strategy=strategy),
                                "devplug_precision", before=current_index_carrier(self.device.torch_device.type))
         assert plan is not None  # the core fallback always answers
         self.precision: PrecisionPlan = plan

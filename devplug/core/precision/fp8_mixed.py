@@ -55,13 +55,15 @@ def pays_off(module: torch.nn.Module, fqn: str, recipe: str, skip: Sequence[str]
     return not (k <= 4096 and n <= 1024)
 
 
-def float8_conversion(*, recipe: str = "tensorwise", emulate: bool = False, fp8_all_gather: bool = True,
+def float8_conversion(*, recipe: str = "tensorwise", emulate: bool = False, fp8_all_gather: bool = False,
                       small_layers: bool = False, skip: Sequence[str] = ()) -> Callable[[torch.nn.Module],
                                                                                             torch.nn.Module]:
     """A ``convert_module`` that swaps a model's linear layers for torchao's ``Float8Linear``, in place.
 
     ``recipe``: torchao's scaling recipe; ``emulate``: fp8 matrix multiplies computed in higher precision
-    (any device, no speed-up); ``fp8_all_gather``: FSDP2 gathers the weights in fp8 (tensorwise only);
+    (any device, no speed-up); ``fp8_all_gather``: FSDP2 gathers the weights in fp8 (tensorwise only; pass it
+    only where FSDP shards the weights: elsewhere torchao's gathering wrapper only puts every op on the weights,
+    the optimizer's included, through its ``__torch_dispatch__``);
     ``small_layers``: convert every layer with dimensions divisible by 16, not only those where fp8 pays
     (`pays_off`); ``skip``: names of layers never converted. torchao missing is a one-line ``PrecisionError``.
     """

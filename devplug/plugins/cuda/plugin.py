@@ -96,9 +96,10 @@ def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str,
 
 
 @hookimpl
-def devplug_precision(device: Device, precision: str) -> PrecisionPlan:
-    """fp16 autocast + GradScaler("cuda"), bf16 autocast, or fp32; ``auto`` → bf16 where native."""
-    return plan_precision(device, precision)
+def devplug_precision(device: Device, precision: str, strategy: str) -> PrecisionPlan:
+    """fp16 autocast + GradScaler("cuda"), bf16 autocast, fp32, or fp8 (weights gathered in fp8 only when
+    ``strategy`` shards them with FSDP); ``auto`` → bf16 where native."""
+    return plan_precision(device, precision, strategy=strategy)
 
 
 @hookimpl

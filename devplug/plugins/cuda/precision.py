@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from devplug import Device, PrecisionPlan
+from devplug import Device, PrecisionError, PrecisionPlan
 from devplug.toolkit import find_precision, float8_conversion, fp8_plan, fp8_unavailable, precision_plan
 
 #: First compute capability with TF32 and native bf16 tensor cores (Ampere).
@@ -41,37 +41,68 @@ def resolve_precision(precision: str, *, bf16: bool | None = None) -> str:
 FP8_CAPABILITY = (8, 9)
 
 
-def plan_fp8(device: Device, capability: tuple[int, int]) -> PrecisionPlan:
+def fsdp_shards(strategy: str) -> bool:
+    """Whether the strategy named ``strategy`` shards parameters with FSDP (``"fsdp"``, ``"fsdp+tp"``, any name
+    with an ``fsdp`` part)."""
+    return "fsdp" in strategy.split("+")
+
+
+def fp8_all_gather(device: Device, strategy: str) -> bool:
+    """The device option ``fp8_all_gather``: ``"auto"`` (the default) is on only when ``strategy`` shards with
+    FSDP, as torchtitan's float8 converter decides (pytorch/torchtitan, torchtitan/components/quantization/
+    float8.py, ``Float8Converter.__init__``: ``parallel_dims.dp_shard_enabled and ...``); ``True``/``False``
+    are obeyed. Without FSDP the fp8-gathering weight wrapper only adds a ``__torch_dispatch__`` to every op
+    on the weights, the optimizer's included."""
+    value = device.options.get("fp8_all_gather", "auto")
+    if value == "auto":
+        return fsdp_shards(strategy)
+    if isinstance(value, bool):
+        return value
+    raise PrecisionError(f"device option fp8_all_gather={value!r} is not one of 'auto', true, false")
+
+
+def plan_fp8(device: Device, capability: tuple[int, int], strategy: str = "none") -> PrecisionPlan:
     """``"fp8-mixed"``: torchao's float8 training on compute capability 8.9 and newer, refused on older GPUs.
 
     Device options: ``fp8_recipe`` (``"tensorwise"``, the default, or ``"rowwise"``); ``fp8_all_gather``
-    (default True: FSDP2 gathers tensorwise-scaled weights in fp8, half the bytes of bf16); ``fp8_small_layers``
-    (default False: layers below the sizes where fp8 pays stay in bf16); ``fp8_skip`` (names of layers to keep
-    in bf16, e.g. ``["head"]``).
+    (`fp8_all_gather`: by default on only where ``strategy`` shards with FSDP, which then gathers the
+    tensorwise-scaled weights in fp8, half the bytes of bf16); ``fp8_small_layers`` (default False: layers
+    below the sizes where fp8 pays stay in bf16); ``fp8_skip`` (names of layers to keep in bf16, e.g.
+    ``["head"]``).
     """
     if tuple(capability) < FP8_CAPABILITY:
         raise fp8_unavailable(f"this GPU (compute capability {capability[0]}.{capability[1]})")
     recipe = str(device.options.get("fp8_recipe", "tensorwise"))
-    gather = bool(device.options.get("fp8_all_gather", True))
-    convert = float8_conversion(recipe=recipe, fp8_all_gather=gather,
-                                small_layers=bool(device.options.get("fp8_small_layers", False)),
+    gather = fp8_all_gather(device, strategy) and recipe == "tensorwise"
+    small = bool(device.options.get("fp8_small_layers", False))
+    convert = float8_conversion(recipe=recipe, fp8_all_gather=gather, small_layers=small,
                                 skip=tuple(device.options.get("fp8_skip", ())))
-    gathered = "; FSDP gathers weights in fp8" if gather and recipe == "tensorwise" else ""
-    return fp8_plan(device, convert, f"torchao float8 training ({recipe} scaling{gathered}; layers too small for "
-                                     "fp8 to pay stay in bf16), bfloat16 autocast elsewhere")
+    if gather and not fsdp_shards(strategy):
+        gathered = f"weights wrapped for FSDP's fp8 gathering (device option fp8_all_gather) under {strategy!r}"
+    elif gather:
+        gathered = "FSDP gathers the weights in fp8"
+    elif fsdp_shards(strategy):
+        gathered = "FSDP gathers the weights in its parameter dtype, not fp8"
+    else:
+        gathered = f"weights not gathered in fp8: strategy {strategy!r} does not shard them"
+    layers = ("every layer with dimensions divisible by 16 converted (device option fp8_small_layers)" if small
+              else "layers too small for fp8 to pay stay in bf16")
+    return fp8_plan(device, convert, f"torchao float8 training ({recipe} scaling; {gathered}; {layers}), "
+                                     "bfloat16 autocast elsewhere")
 
 
-def plan_precision(device: Device, precision: str, *, bf16: bool | None = None) -> PrecisionPlan:
+def plan_precision(device: Device, precision: str, *, bf16: bool | None = None,
+                   strategy: str = "none") -> PrecisionPlan:
     """The CUDA precision plan for ``precision`` (``"auto"`` resolved as `resolve_precision` says).
 
     Any registered precision is planned by the precision layer for ``cuda`` (16-mixed with its
     ``GradScaler("cuda")``); the plugin adds what it knows about the GPU as notes. ``"fp8-mixed"`` is
-    `plan_fp8`'s.
+    `plan_fp8`'s, for the run's ``strategy``.
     """
     if precision == "fp8-mixed":
         from devplug.plugins.cuda.probe import compute_capability
 
-        return plan_fp8(device, compute_capability(device.torch_device.index))
+        return plan_fp8(device, compute_capability(device.torch_device.index), strategy)
     requested = precision
     name = resolve_precision(precision, bf16=bf16)
     notes = []

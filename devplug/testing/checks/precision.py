@@ -24,7 +24,7 @@ def check_precision(dut: DeviceUnderTest, precision: str) -> str:
     """
     hooks = dut.hooks
     try:
-        plan = hooks(hookspecs.devplug_precision, precision=precision)
+        plan = hooks(hookspecs.devplug_precision, precision=precision, strategy="none")
     except PrecisionError as exc:
         if precision in ("auto", "32-true"):
             raise dut.fail(f"refused precision {precision!r} ({exc}); every device must run it") from exc

@@ -22,7 +22,7 @@ def check_sharding(dut: DeviceUnderTest, precision: str) -> str:
     """
     hooks = dut.hooks
     try:
-        resolved = hooks(hookspecs.devplug_precision, precision=precision)
+        resolved = hooks(hookspecs.devplug_precision, precision=precision, strategy="fsdp")
     except PrecisionError:
         return f"{precision} refused by devplug_precision: nothing to shard at it"
     if resolved is None:

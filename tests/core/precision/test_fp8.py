@@ -11,11 +11,12 @@ import devplug
 from devplug import PrecisionError
 from devplug.core.registry.manager import create_plugin_manager
 from devplug.plugins.cuda import peaks as cuda_peaks
+from devplug.plugins.cuda import plugin as cuda_plugin
 from devplug.plugins.cuda.precision import plan_fp8
 from devplug.plugins.hpu import peaks as hpu_peaks
 from devplug.testing import open_device
 from devplug.testing.checks.precision import check_precision
-from devplug.toolkit import pays_off
+from devplug.toolkit import float8_conversion, pays_off
 
 from lm.models import ModelSpec  # examples/lm
 
@@ -41,6 +42,75 @@ def test_a_gpu_older_than_ada_refuses_fp8_naming_its_compute_capability():
     device = devplug.Device.__new__(devplug.Device)  # plan_fp8 reads nothing from it before refusing
     with pytest.raises(PrecisionError, match=r"this GPU \(compute capability 8\.0\) lacks: .*H100"):
         plan_fp8(device, (8, 0))
+
+
+def cuda_fp8_weights(strategy: str, **options: object) -> tuple[list[str], str]:
+    """The CUDA plugin's fp8 plan for ``strategy`` (on a Hopper-class capability, no GPU needed to convert):
+    the type names of a converted model's weights, and the plan's description."""
+    device = devplug.Device(spec=cuda_plugin.devplug_register_devices(), index=None, plugin_name="cuda",
+                            options={"fp8_small_layers": True, **options})
+    plan = plan_fp8(device, (9, 0), strategy)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    assert plan.convert_module is not None
+    model = plan.convert_module(model) or model
+    assert float8_layers(model) == 2
+    return [type(p).__name__ for p in model.parameters() if p.dim() == 2], plan.description
+
+
+@pytest.mark.parametrize("strategy", ["none", "ddp", "tp"])
+def test_cuda_fp8_keeps_plain_weights_where_nothing_shards_them(strategy):
+    # the fp8-gathering wrapper would put every op on the weights (the optimizer's too) through __torch_dispatch__
+    weights, description = cuda_fp8_weights(strategy)
+    assert weights == ["Parameter", "Parameter"]
+    assert "not gathered in fp8" in description
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp+tp"])
+def test_cuda_fp8_gathers_weights_in_fp8_under_fsdp(strategy):
+    weights, description = cuda_fp8_weights(strategy)
+    assert weights == ["WeightWithDynamicFloat8CastTensor"] * 2
+    assert "FSDP gathers the weights in fp8" in description
+
+
+def test_an_explicit_fp8_all_gather_is_obeyed_and_a_bad_one_refused_in_one_line():
+    assert cuda_fp8_weights("none", fp8_all_gather=True)[0] == ["WeightWithDynamicFloat8CastTensor"] * 2
+    weights, description = cuda_fp8_weights("fsdp", fp8_all_gather=False)
+    assert weights == ["Parameter", "Parameter"] and "not fp8" in description
+    assert cuda_fp8_weights("fsdp", fp8_recipe="rowwise")[0] == ["Parameter", "Parameter"]  # tensorwise only
+    with pytest.raises(PrecisionError, match=r"^device option fp8_all_gather='yes' is not one of 'auto', true, "
+                                             r"false$"):
+        cuda_fp8_weights("fsdp", fp8_all_gather="yes")
+
+
+def test_the_toolkit_conversion_leaves_weights_plain_unless_asked_to_gather_them_in_fp8():
+    def weights(**options: object) -> list[str]:
+        model = float8_conversion(small_layers=True, **options)(torch.nn.Sequential(torch.nn.Linear(32, 32)))
+        return [type(p).__name__ for p in model.parameters() if p.dim() == 2]
+
+    assert weights() == ["Parameter"]
+    assert weights(fp8_all_gather=True) == ["WeightWithDynamicFloat8CastTensor"]
+
+
+class StrategySeen:
+    """A device-neutral plugin that records the strategy the precision hook is told, and plans nothing."""
+
+    DEVPLUG_CONTRACT = devplug.CONTRACT_VERSION
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @devplug.hookimpl
+    def devplug_precision(self, strategy: str) -> None:
+        self.seen.append(strategy)
+
+
+@pytest.mark.parametrize(("asked", "told"), [("auto", "none"), ("ddp", "none"), ("fsdp", "fsdp")])
+def test_the_trainer_tells_the_precision_hook_its_resolved_strategy(asked, told):
+    seen = StrategySeen()
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("strategy-seen", seen)])
+    trainer = devplug.Trainer(device="cpu", strategy=asked, progress=False, plugin_manager=pm)
+    assert seen.seen == [told] and trainer.strategy == told
+    trainer.close()
 
 
 def test_fp8_converts_only_layers_where_it_pays():

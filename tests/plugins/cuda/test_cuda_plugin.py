@@ -338,7 +338,7 @@ def _autocast_of(plan) -> torch.autocast:
 def test_16_mixed_is_fp16_autocast_with_a_cuda_grad_scaler():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan = cuda_plugin.devplug_precision(device=cuda_device(), precision="16-mixed")
+        plan = cuda_plugin.devplug_precision(device=cuda_device(), precision="16-mixed", strategy="none")
     assert plan.name == "16-mixed"
     assert isinstance(plan.scaler, torch.amp.GradScaler) and plan.scaler._device == "cuda"
     ctx = _autocast_of(plan)
@@ -351,14 +351,14 @@ def test_16_mixed_is_fp16_autocast_with_a_cuda_grad_scaler():
 
 
 def test_bf16_mixed_is_bf16_autocast_without_a_scaler():
-    plan = cuda_plugin.devplug_precision(device=cuda_device(), precision="bf16-mixed")
+    plan = cuda_plugin.devplug_precision(device=cuda_device(), precision="bf16-mixed", strategy="none")
     assert plan.name == "bf16-mixed" and plan.scaler is None
     ctx = _autocast_of(plan)
     assert (ctx.device, ctx.fast_dtype) == ("cuda", torch.bfloat16)
 
 
 def test_32_true_is_plain_fp32():
-    plan = cuda_plugin.devplug_precision(device=cuda_device(), precision="32-true")
+    plan = cuda_plugin.devplug_precision(device=cuda_device(), precision="32-true", strategy="none")
     assert plan.name == "32-true" and plan.scaler is None
     assert isinstance(plan.autocast(), contextlib.nullcontext)
     assert "TF32" in plan.description
@@ -368,7 +368,7 @@ def test_32_true_is_plain_fp32():
 @pytest.mark.parametrize(("native_bf16", "expected"), [(True, "bf16-mixed"), (False, "16-mixed")])
 def test_auto_is_bf16_where_the_gpu_has_it_else_fp16(monkeypatch, native_bf16, expected):
     monkeypatch.setattr(precision, "native_bf16", lambda: native_bf16)
-    plan = cuda_plugin.devplug_precision(device=cuda_device(), precision="auto")
+    plan = cuda_plugin.devplug_precision(device=cuda_device(), precision="auto", strategy="none")
     assert plan.name == expected
     assert (plan.scaler is not None) == (expected == "16-mixed")
     assert "auto:" in plan.description
@@ -381,7 +381,7 @@ def test_native_bf16_is_false_without_a_gpu():
 
 def test_unknown_precision_is_a_precision_error():
     with pytest.raises(PrecisionError, match="fp8"):
-        cuda_plugin.devplug_precision(device=cuda_device(), precision="fp8")
+        cuda_plugin.devplug_precision(device=cuda_device(), precision="fp8", strategy="none")
 
 
 @pytest.fixture
@@ -527,7 +527,7 @@ def _cuda_grad_scaler(monkeypatch: pytest.MonkeyPatch) -> torch.amp.GradScaler:
     """
     with monkeypatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: True)
-        plan = cuda_plugin.devplug_precision(device=cuda_device(), precision="16-mixed")
+        plan = cuda_plugin.devplug_precision(device=cuda_device(), precision="16-mixed", strategy="none")
     assert plan.scaler.is_enabled() and plan.scaler._device == "cuda"
     return plan.scaler
 
