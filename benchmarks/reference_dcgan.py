@@ -30,7 +30,13 @@ untimed warm-up per variant, then each round in a seeded shuffled order):
 - ``example (cold cache)``: the same with a cache folder emptied before every run, so each run decodes the
   folder into its cache first (the time a first run on new data takes);
 - ``example (warm cache, A/A)``: a second copy of the warm variant, whose ratio to the first is the noise
-  floor of this run.
+  floor of this run;
+- ``floor``: a process that only imports torch and takes one ``torch.optim.Adam`` step on one tensor, what
+  both scripts must do before any training (``torch.optim`` imports ``torch._dynamo`` on first use: about as
+  long as ``import torch`` itself), started and ended as cheaply as the example's are (the garbage collector
+  paused during the import and told to leave what exists alone, ``gc.freeze``). The closing lines give each
+  script's time above it, the part its own work takes, and the best whole-process ratio this machine allows
+  at this size: the reference's time over the floor plus the example's training loop alone.
 
 Each run writes into its own temporary ``--out``/``--outf`` folder, removed after it; a failed run stops the
 benchmark with its exit status and the tail of its output. images/s = images x epochs / process wall time.
@@ -83,6 +89,11 @@ RESULT_RE = re.compile(r"^reference: (\d+) images in ([\d.]+) s = ([\d.]+) image
 STEADY_RE = re.compile(r"^reference steady state: (\d+) images in ([\d.]+) s = ([\d.]+) images/s", re.MULTILINE)
 FIRST_STEP_RE = re.compile(r"^reference first step: done at Unix time ([\d.]+)", re.MULTILINE)
 DEVICE_RE = re.compile(r"^reference: device .*$", re.MULTILINE)
+#: The floor variant's program and its one line.
+FLOOR_PROGRAM = ("import gc\nimport time\ngc.disable()\nimport torch\ngc.enable()\ngc.freeze()\n"
+                 "p = torch.zeros(1, requires_grad=True)\np.sum().backward()\ntorch.optim.Adam([p]).step()\n"
+                 "print(f'floor: first step done at Unix time {time.time():.6f}')\ngc.freeze()\n")
+FLOOR_RE = re.compile(r"^floor: first step done at Unix time ([\d.]+)", re.MULTILINE)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -371,6 +382,15 @@ def parse_reference(variant: Variant, proc: subprocess.CompletedProcess[str], _o
             "first_step_unix_time": float(first[1])}
 
 
+def parse_floor(variant: Variant, proc: subprocess.CompletedProcess[str], _out: Path) -> dict[str, Any]:
+    """The floor process's one line (it trains no image)."""
+    first = FLOOR_RE.search(proc.stdout)
+    if first is None:
+        raise SystemExit(f"reference_dcgan: {variant.name}: no result line in its output\n{tail(proc.stdout)}")
+    return {"images": 0, "loop_s": 0.0, "steady_rate": float("nan"), "about": "import torch, one Adam step",
+            "first_step_unix_time": float(first[1])}
+
+
 def parse_example(cache_built: bool) -> Callable[[Variant, subprocess.CompletedProcess[str], Path], dict[str, Any]]:
     """A parser of the example's ``summary.json`` that also checks the cache was (cold) or was not (warm) built."""
 
@@ -392,7 +412,8 @@ def parse_example(cache_built: bool) -> Callable[[Variant, subprocess.CompletedP
 
 
 def compare(argv: Sequence[str]) -> int:
-    """Build the demo folder and the warm cache, time the four variants as whole processes, print the tables."""
+    """Build the demo folder and the warm cache, time the four variants and the floor as whole processes, print
+    the tables."""
     parser = compare_parser()
     args = parser.parse_args(argv)
     for flag in ("images", "epochs", "rounds", "batch_size"):
@@ -450,8 +471,12 @@ def compare(argv: Sequence[str]) -> int:
             Variant("example (warm cache, A/A)", example(warm), tmp, env, args.warmup, parse_example(False)),
         ]
         variants = {v.name: v for v in specs}
-        medians = interleaved({n: v.run for n, v in variants.items()}, rounds=args.rounds, warmup=args.warmup,
-                              after={n: v.after for n, v in variants.items()})
+        floor = Variant("floor", lambda _out: [sys.executable, "-c", FLOOR_PROGRAM], tmp, env, args.warmup,
+                        parse_floor)
+        timed = {**variants, floor.name: floor}
+        medians = interleaved({n: v.run for n, v in timed.items()}, rounds=args.rounds, warmup=args.warmup,
+                              after={n: v.after for n, v in timed.items()})
+        floor_s = medians.pop(floor.name)
         for variant in specs:
             counts = {r["images"] for r in variant.results}
             if counts != {total}:
@@ -487,6 +512,14 @@ def compare(argv: Sequence[str]) -> int:
     aa = medians["example (warm cache)"] / medians["example (warm cache, A/A)"]
     print(f"A/A: the same warm-cache run timed twice differs by {abs(aa - 1) * 100:.0f}% ({aa:.2f}x): ratios closer "
           "to 1 than that are noise")
+    loop = statistics.median(r["loop_s"] for r in variants["example (warm cache)"].results)
+    print(f"floor: a process that imports torch and takes one torch.optim.Adam step (the collector paused during the "
+          f"import and frozen, as the example's) takes {floor_s:.2f} s (median); "
+          f"above it, the reference takes {medians['reference'] - floor_s:.2f} s and the example (warm cache) "
+          f"{medians['example (warm cache)'] - floor_s:.2f} s: "
+          f"{(medians['reference'] - floor_s) / (medians['example (warm cache)'] - floor_s):.2f}x. With nothing "
+          f"but its training loop above the floor, the example would be {medians['reference'] / (floor_s + loop):.2f}x "
+          "the reference (the best whole-process ratio at this size on this machine)")
     verdict = "met" if warm_ratio >= 2.0 else "NOT met"
     print(f"example vs reference, whole process: {warm_ratio:.2f}x with a warm cache, {cold_ratio:.2f}x with a cold "
           f"one (> 1 = faster); target (>= 2x warm): {verdict}")

@@ -46,10 +46,13 @@ class DCGANStep:
     Builds both networks with DCGAN init on the CPU and hands them to the Trainer, which places them
     (and converts, compiles or DDP-wraps them as the plugin and flags say); both optimizers come from
     the plugin's optimizer factory. ``step(real)`` takes a batch already on the device, in [-1, 1].
+    ``freeze_d=False`` is pytorch/examples' step, which also computes D's weight gradients in the G step (and
+    throws them away): the same training, more work (a benchmark compares the two).
     """
 
-    def __init__(self, trainer: devplug.Trainer, spec: ModelSpec, *, lr: float = 2e-4, beta1: float = 0.5) -> None:
-        self.trainer, self.spec = trainer, spec
+    def __init__(self, trainer: devplug.Trainer, spec: ModelSpec, *, lr: float = 2e-4, beta1: float = 0.5,
+                 freeze_d: bool = True) -> None:
+        self.trainer, self.spec, self.freeze_d = trainer, spec, freeze_d
         generator, discriminator = build_models(spec)
         self.params_g, self.params_d = count_parameters(generator), count_parameters(discriminator)
         self.net_g = trainer.setup(generator, name="generator")
@@ -81,7 +84,7 @@ class DCGANStep:
         # (2) Generator: make D call the fakes real. Only G steps here, so D computes no weight gradients
         # (pytorch/examples computes them and discards them at the next zero_grad): a twelfth of the step's
         # FLOPs. G's gradients are the same either way.
-        with frozen(net_d), trainer.autocast():
+        with frozen(net_d) if self.freeze_d else contextlib.nullcontext(), trainer.autocast():
             loss_g = criterion(net_d(fake), ones)
         trainer.backward(loss_g)
         trainer.step(self.opt_g)

@@ -98,6 +98,21 @@ def test_reference_compare_derives_each_process_s_time_to_its_first_step(tmp_pat
     assert 0.3 <= first < wall - 0.25, (first, wall)  # after the first sleep, before the second one ended
 
 
+def test_reference_compare_floor_process_imports_torch_and_takes_one_optimizer_step(tmp_path):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import reference_dcgan
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    floor = reference_dcgan.Variant("floor", lambda _out: [sys.executable, "-c", reference_dcgan.FLOOR_PROGRAM],
+                                    tmp_path, bench_env(), 0, reference_dcgan.parse_floor)
+    floor.run()
+    floor.after()
+    result = floor.results[0]
+    assert result["images"] == 0 and result["first_step_s"] > 0, result
+    assert "torch.optim.Adam([p]).step()" in reference_dcgan.FLOOR_PROGRAM
+
+
 def test_reference_compare_counts_each_process_s_cpu_seconds(tmp_path):
     # the CPU table: what the process and its children ran, not the time it spent waiting (a loaded machine)
     variant = reference_variant(tmp_path, "import time; t = time.time(); time.sleep(0.4)\n"

@@ -8,7 +8,8 @@ after ``--save-after`` steps, and records the global-batch losses, gradient norm
 Further runs share the launch (the process group stays joined between trainers, and a launch costs more
 than a short run): ``--compile-steps N`` then trains a fresh model N steps with ``Trainer(compile=True)``
 under ``--compile-strategy`` (the run's own by default), and ``--sequence-steps N`` trains one under
-``strategy="tp"`` with `SEQUENCE_PLAN`, saving after ``--sequence-save`` steps.
+``--sequence-strategy`` (default ``"tp"``; ``--sequence-tp`` its tensor-parallel size) with `SEQUENCE_PLAN`,
+saving after ``--sequence-save`` steps.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def main() -> None:
     parser.add_argument("--compile-tp", type=int, default=None)
     parser.add_argument("--sequence-steps", type=int, default=0)
     parser.add_argument("--sequence-save", type=int, default=None)
+    parser.add_argument("--sequence-strategy", default="tp")
+    parser.add_argument("--sequence-tp", type=int, default=None)
     args = parser.parse_args()
     trainer = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False, strategy=args.strategy,
                               tp=args.tp)
@@ -142,7 +145,8 @@ def main() -> None:
                                           args.compile_steps)
     if args.sequence_steps:
         record["sequence"] = sequence_run(args.out / f"{args.name}_sequence_{args.sequence_save}",
-                                          args.sequence_save, args.sequence_steps)
+                                          args.sequence_save, args.sequence_steps, args.sequence_strategy,
+                                          args.sequence_tp)
     torch.save(record, args.out / f"{args.name}_rank{os.environ['RANK']}.pt")
     dist.destroy_process_group()
 
@@ -169,12 +173,15 @@ def compiled_run(strategy: str, tp: int | None, steps: int) -> dict:
     return record
 
 
-def sequence_run(path: Path, save: int, steps: int) -> dict:
-    """A fresh model trained ``steps`` steps under tensor parallel with `SEQUENCE_PLAN`, saved after ``save``."""
-    trainer = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False, strategy="tp")
-    model = trainer.setup(make_model(), name="lm", tp_plan=SEQUENCE_PLAN)
+def sequence_run(path: Path, save: int, steps: int, strategy: str = "tp", tp: int | None = None) -> dict:
+    """A fresh model trained ``steps`` steps under ``strategy`` (tensor parallel, or FSDP × tensor parallel) with
+    `SEQUENCE_PLAN`, saved after ``save``."""
+    trainer = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False, strategy=strategy, tp=tp)
+    options = {"shard": [Block]} if "fsdp" in strategy else {}
+    model = trainer.setup(make_model(), name="lm", tp_plan=SEQUENCE_PLAN, **options)
     opt = trainer.optimizer("adamw", model.parameters(), **ADAMW)
-    record = train(trainer, model, opt, range(steps), 0, 1, (path, save))
+    record = train(trainer, model, opt, range(steps), *_data_parallel_share(strategy, tp), (path, save))
+    record["reason"] = trainer._strategy.reason
     record["final"] = full_weights(model)
     record["norm_placements"] = str(model.blocks[0].norm_mlp.weight.placements)
     trainer.close()

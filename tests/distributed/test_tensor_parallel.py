@@ -3,7 +3,9 @@
 One module-scoped scenario (tests/dist_scripts/train_tp.py, each run its own process group):
 
 1. ``tp``: strategy="tp" on 2 ranks, 20 steps, a sharded checkpoint after step 10;
-2. ``ft``: strategy="fsdp+tp", tp=2 on 4 ranks (dp=2 × tp=2), 6 steps, a checkpoint after step 3;
+2. ``ft``: strategy="fsdp+tp", tp=2 on 4 ranks (dp=2 × tp=2), 6 steps, a checkpoint after step 3; then, in
+   the same processes, compiled on that mesh (block by block inside the FSDP units) and trained with
+   `SEQUENCE_PLAN` on it, saving after step 2;
 3. ``fsdp_from_tp``: strategy="fsdp" on 2 ranks resumed from ``tp``'s checkpoint, a checkpoint after step 15;
 4. ``tp_from_fsdp``: strategy="tp" on 2 ranks resumed from that FSDP checkpoint;
 5. ``fsdp_from_ft``: strategy="fsdp" on 2 ranks resumed from ``ft``'s checkpoint.
@@ -49,7 +51,8 @@ def tp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp")
     _launch(out, 2, "--strategy", "tp", "--steps", str(STEPS), "--save-after", str(SAVE), "--name", "tp")
     _launch(out, 4, "--strategy", "fsdp+tp", "--tp", "2", "--steps", str(FT_STEPS), "--save-after", str(FT_SAVE),
-            "--name", "ft")
+            "--name", "ft", "--compile-steps", str(COMPILE_STEPS), "--compile-tp", "2", "--sequence-steps",
+            str(SEQ_STEPS), "--sequence-save", str(SEQ_SAVE), "--sequence-strategy", "fsdp+tp", "--sequence-tp", "2")
     _launch(out, 2, "--strategy", "fsdp", "--steps", str(STEPS), "--resume", f"tp_{SAVE}", "--save-after", "15",
             "--name", "fsdp_from_tp", "--compile-steps", str(COMPILE_STEPS))
     _launch(out, 2, "--strategy", "tp", "--steps", str(STEPS), "--resume", "fsdp_from_tp_15", "--name",
@@ -165,8 +168,9 @@ def test_an_fsdp_times_tensor_parallel_checkpoint_resumes_on_one_process_and_und
     ("fsdp_from_tp", None, COMPILED),
     ("fsdp_from_ft", "device mesh dp=1 x tp=2; FSDP", COMPILED),
     ("tp_from_fsdp", "device mesh dp=1 x tp=2", "compiled whole with inductor"),
+    ("ft", "device mesh dp=2 x tp=2; FSDP", COMPILED),
 ])
-def test_compiled_on_two_ranks_learns_the_eager_curve_in_one_graph(tp_run, reference, run, mesh, compiled):
+def test_compiled_runs_learn_the_eager_curve_in_one_graph(tp_run, reference, run, mesh, compiled):
     record = tp_run[1][run]["compiled"]
     assert record["summary"] == compiled  # the CPU plugin's backend, named
     if mesh is not None:
@@ -182,17 +186,22 @@ def test_compiled_on_two_ranks_learns_the_eager_curve_in_one_graph(tp_run, refer
 
 
 @pytest.mark.slow
-def test_sequence_parallel_norms_on_two_ranks_match_one_process_and_resume_on_one(tp_run, reference):
+@pytest.mark.parametrize(("run", "mesh", "placements"), [
+    ("tp_from_fsdp", "device mesh dp=1 x tp=2", "(Replicate(),)"),  # a norm's weight is whole on each rank
+    ("ft", "device mesh dp=2 x tp=2; FSDP", "(Shard(dim=0), Replicate())"),  # FSDP shards it across dp only
+])
+def test_sequence_parallel_norms_match_one_process_and_resume_on_one(tp_run, reference, run, mesh, placements):
     out, runs = tp_run
-    record = runs["tp_from_fsdp"]["sequence"]
-    assert record["norm_placements"] == "(Replicate(),)"  # a norm's weight is whole on each rank
+    record = runs[run]["sequence"]
+    assert record["reason"].startswith(mesh)
+    assert record["norm_placements"] == placements
     steps = range(SEQ_STEPS)
     torch.testing.assert_close(_curve(record["losses"], steps), _curve(reference["losses"], range(STEPS))[:SEQ_STEPS],
                                rtol=1e-5, atol=0)
     # the norms' gradients, partial on each rank's half of the positions, were summed once
     torch.testing.assert_close(_curve(record["norms"], steps), _curve(reference["norms"], range(STEPS))[:SEQ_STEPS],
                                rtol=1e-5, atol=0)
-    first, resumed, _model = _one_process_resume(out / f"tp_from_fsdp_sequence_{SEQ_SAVE}", end=SEQ_STEPS)
+    first, resumed, _model = _one_process_resume(out / f"{run}_sequence_{SEQ_SAVE}", end=SEQ_STEPS)
     assert first == SEQ_SAVE
     torch.testing.assert_close(_curve(resumed["losses"], range(SEQ_SAVE, SEQ_STEPS)),
                                _curve(record["losses"], steps)[SEQ_SAVE:], rtol=1e-5, atol=0)
