@@ -21,6 +21,7 @@ import functools
 import logging
 import math
 import platform
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -42,6 +43,15 @@ COUNTED_STEP = 2
 #: What torch says when a compiled module is called while module hooks are registered globally: the FLOP
 #: counter's module tracker registers such hooks, and they only attribute FLOPs to modules (not counted here).
 _COMPILED_WITH_HOOKS = r"Using `torch\.compile\(module\)` when there are global hooks"
+
+
+def _compile_stood_aside() -> Any:
+    """torch.compile's ``"force_eager"`` stance, set now (the returned object's ``__exit__`` restores the one
+    before), or ``None`` when torch.compile was never loaded: then nothing is compiled, and loading it would
+    cost a second."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    return torch.compiler.set_stance("force_eager")
 
 
 class FlopMeter:
@@ -69,6 +79,7 @@ class FlopMeter:
         self._gemm_asked = False
         self.flops_per_sample: float | None = None
         self._mode: Any = None
+        self._stance: Any = None
         self._quiet: Any = None
         self._samples_at_start = 0
         self._peak: PeakFlops | None = None
@@ -83,8 +94,11 @@ class FlopMeter:
             from torch.utils.flop_counter import FlopCounterMode
 
             self._mode = FlopCounterMode(display=False)
-            # a compiled model runs uncompiled under the counter (torch.compile steps aside for a dispatch
-            # mode), so its count is right; torch's warning about the counter's global hooks is not for us
+            # a compiled model runs uncompiled under the counter, so its count is right: torch.compile is told
+            # to stand aside for the step (older torch releases otherwise compile frames the counter's dispatch
+            # reaches, a tensor subclass's __torch_dispatch__ among them); torch's warning about the counter's
+            # global hooks is not for us
+            self._stance = _compile_stood_aside()
             before = list(warnings.filters)
             warnings.filterwarnings("ignore", message=_COMPILED_WITH_HOOKS, category=UserWarning)
             self._quiet = None if warnings.filters[0] in before else warnings.filters[0]  # the author's own stays
@@ -99,6 +113,9 @@ class FlopMeter:
             return
         mode, self._mode = self._mode, None
         mode.__exit__(None, None, None)
+        if self._stance is not None:
+            stance, self._stance = self._stance, None
+            stance.__exit__(None, None, None)  # the stance from before the counted step
         filters = warnings.filters  # (the author may have reset them meanwhile)
         if isinstance(filters, list) and self._quiet is not None and self._quiet in filters:
             filters.remove(self._quiet)

@@ -409,3 +409,29 @@ def test_the_cpu_peak_of_a_zen_2_guest_without_cpufreq(monkeypatch, tmp_path):
     assert fp32 is not None and fp32.value == pytest.approx(2 * 2.249998e9 * 32)
     assert "32 FLOP/cycle (avx2+fma, fp32)" in fp32.detail
     assert bf16 is not None and bf16.value == fp32.value  # no native bf16: no bf16 peak above fp32
+
+
+def test_the_counted_step_of_a_compiled_fp8_model_compiles_nothing_and_compiling_resumes_after():
+    # Older torch releases (2.11: 6 graphs of torchao's Float8TrainingTensor.__torch_dispatch__ compiled here)
+    # trace what the counter's dispatch reaches unless torch.compile is told to stand aside for the step.
+    pytest.importorskip("torchao")
+    from torch._dynamo.utils import counters
+
+    trainer = devplug.Trainer(device="cpu", precision="fp8-mixed", device_options={"fp8": "emulate"}, compile=True,
+                              compile_options={"backend": "aot_eager"}, progress=False, log_every=100)
+    model = trainer.setup(nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 64)))
+    opt = trainer.optimizer("adamw", model.parameters())
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(32, 16, 64)), batch_size=8, num_workers=0)
+    frames = {}
+    for _ in trainer.epochs(1, max_steps=4):
+        for (x,) in loader:
+            with trainer.autocast():
+                loss = model(x).float().square().mean()
+            trainer.backward(loss)
+            trainer.step(opt)
+            frames[trainer.global_step] = counters["frames"]["total"]
+    assert trainer._flops.flops_per_sample > 0  # counted, uncompiled
+    assert frames[1] == frames[2] == frames[4], frames  # compiled at step 1, nothing more
+    before = counters["frames"]["total"]
+    torch.compile(lambda t: t * 2 + 1, backend="eager")(torch.ones(3))
+    assert counters["frames"]["total"] == before + 1  # the stance from before the counted step is back
