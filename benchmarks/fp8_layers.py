@@ -28,6 +28,13 @@ Then, for the diagnosis:
   graphs compiled, from ``torch._dynamo.utils.counters`` and the ``recompiles`` log. A graph break through
   torchao's tensor subclass shows here.
 
+- ``host``: the LM example's network at ``--host-layers`` layers (8, as the LM run) but tiny (width 64, context
+  32, batch 2), eager, one training step (forward, backward, fused AdamW) in bf16, bf16 again (A/A) and fp8
+  tensorwise (every linear layer but the tied head): ms per step (at this size all host time: Python and
+  kernel launches), the aten operators per step (``torch.profiler``) and the calls of torchao's
+  ``Float8TrainingTensor.__torch_dispatch__``. Eager fp8 runs about three times bf16's operators: where a GPU
+  step is short, the host bounds it (``--host-layers 0`` skips this).
+
 Without fp8 matrix units (a CPU, a GPU older than compute capability 8.9) ``--emulate`` runs torchao's emulation
 (the fp8 path in higher precision: the counts and the profile's op list hold, the times do not).
 
@@ -44,13 +51,20 @@ import copy
 import logging
 import statistics
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from _timing import interleaved_samples, paired_ratio
 
 from devplug.toolkit import float8_conversion
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+if str(EXAMPLES) not in sys.path:  # the LM example's package, lm, is the folder examples/lm/
+    sys.path.insert(0, str(EXAMPLES))
+from lm.models import LanguageModel, ModelSpec  # noqa: E402
+from lm.train import next_byte_loss  # noqa: E402
 
 BF16, AA = "bf16 eager", "bf16 eager (A/A)"
 RECIPES = ("tensorwise", "rowwise")
@@ -77,6 +91,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--step", action="store_true",
                         help="a fused AdamW step in every pass too (what a weight wrapper costs the optimizer)")
     parser.add_argument("--top", type=int, default=15, help="rows of the profiler table (default: 15)")
+    parser.add_argument("--host-layers", type=int, default=8,
+                        help="layers of the tiny LM network whose host cost per step is measured; 0 skips it "
+                             "(default: 8, as the LM run)")
     args = parser.parse_args(argv)
     args.device_given = args.device is not None
     args.device = args.device or "cuda"
@@ -228,10 +245,11 @@ def synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: module.synchronize(device)
 
 
-def timed(passes: dict[str, Pass], iters: int, sync: Callable[[], None]) -> dict[str, Callable[[], None]]:
-    """Each variant as a timed call: ``iters`` passes, then a device synchronisation."""
+def timed(passes: Mapping[str, Callable[[], None]], iters: int,
+          sync: Callable[[], None]) -> dict[str, Callable[[], None]]:
+    """Each variant as a timed call: ``iters`` passes (or steps), then a device synchronisation."""
 
-    def block(run: Pass) -> Callable[[], None]:
+    def block(run: Callable[[], None]) -> Callable[[], None]:
         def call() -> None:
             for _ in range(iters):
                 run()
@@ -316,6 +334,71 @@ def profile(args: argparse.Namespace, device: torch.device) -> None:
     print(prof.key_averages().table(sort_by=by, row_limit=args.top, max_name_column_width=60))
 
 
+class LMStep:
+    """One eager training step of the LM example's network (next-byte loss under bfloat16 autocast, backward,
+    fused AdamW) on a fixed batch of tokens."""
+
+    def __init__(self, model: torch.nn.Module, tokens: torch.Tensor, device: torch.device) -> None:
+        self.model, self.tokens, self.device = model, tokens, device
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+
+    def __call__(self) -> None:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            loss = next_byte_loss(self.model, self.tokens)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def host(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """The tiny LM network's eager step in bf16 and fp8: ms, aten operators and subclass dispatches per step."""
+    from torchao.float8 import float8_training_tensor  # type: ignore[import-untyped]  # torchao ships no py.typed
+
+    spec = ModelSpec(width=64, layers=args.host_layers, heads=2, context=32)
+    tokens = torch.randint(0, 256, (2, spec.context + 1), generator=torch.Generator().manual_seed(0)).to(device)
+    fp8 = float8_conversion(recipe="tensorwise", emulate=args.emulate, small_layers=True, skip=("head",))
+    steps: dict[str, LMStep] = {}
+    for name in (BF16, AA, "fp8 tensorwise eager"):
+        torch.manual_seed(0)
+        model = LanguageModel(spec).to(device)
+        steps[name] = LMStep(fp8(model) or model if name.startswith("fp8") else model, tokens, device)
+    sync = synchronizer(device)
+    subclass = float8_training_tensor.Float8TrainingTensor
+    dispatch = subclass.__dict__["__torch_dispatch__"].__func__
+    calls = [0]
+
+    def counted(cls: Any, *rest: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return dispatch(cls, *rest, **kwargs)
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    operators, dispatches = {}, {}
+    subclass.__torch_dispatch__ = classmethod(counted)
+    try:
+        for name, step in steps.items():
+            step()  # warm-up: the optimizer's state, the allocator
+            sync()
+            before = calls[0]
+            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+                step()
+                sync()
+            operators[name] = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+            dispatches[name] = calls[0] - before
+    finally:
+        subclass.__torch_dispatch__ = classmethod(dispatch)
+    samples = interleaved_samples(timed(steps, args.iters, sync), rounds=args.rounds, warmup=args.warmup)
+    per_step = {name: statistics.median(times) / args.iters for name, times in samples.items()}
+    print(f"\nhost: the LM network, {spec.layers} layers at width {spec.width}, context {spec.context}, batch 2 "
+          f"(tiny: the step is host time), eager, forward+backward+AdamW; {args.rounds} rounds x {args.iters} steps")
+    print(f"{'variant':<30} {'ms/step':>10} {'time / bf16':>12} {'aten ops/step':>14} {'fp8 dispatches/step':>20}")
+    for name in steps:
+        print(f"{name:<30} {per_step[name] * 1e3:>10.3f} {paired_ratio(samples, name, BF16):>12.3f} "
+              f"{operators[name]:>14,} {dispatches[name]:>20,}")
+    return {"per_step_s": per_step, "operators": operators, "dispatches": dispatches}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Time, profile and count; the exit status."""
     args = parse(argv)
@@ -356,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes:
         time_shape(shape, args, device)
     profile(args, device)
+    if args.host_layers > 0:
+        host(args, device)
     return 0
 
 

@@ -174,7 +174,7 @@ def test_fp8_layers_times_profiles_and_counts_compiles_tiny_and_emulated_on_the_
     pytest.importorskip("torchao")
     proc = run_script("fp8_layers.py", "--device", "cpu", "--emulate", "--tokens", "64", "--width", "32",
                       "--rounds", "2", "--iters", "1", "--warmup", "1", "--shapes", "square", "--recipes", "tensorwise",
-                      "--top", "5", "--compile" if compiled else "--no-compile")
+                      "--top", "5", "--host-layers", "2", "--compile" if compiled else "--no-compile")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "emulated fp8; bf16 autocast, fp32 weights; tokens 64, width 32" in out
@@ -199,6 +199,14 @@ def test_fp8_layers_times_profiles_and_counts_compiles_tiny_and_emulated_on_the_
     assert len(profile) == 2 and "Self CPU time total" in profile[1], out
     assert len(re.findall(r"^\s+(aten::|matmul_with_hp_or_float8|PythonSubclass|_ToFloat8)", profile[1],
                           re.MULTILINE)) >= 3, profile[1]
+    # the tiny LM network's host cost: fp8 runs more operators than bf16, through torchao's tensor subclass
+    assert "host: the LM network, 2 layers at width 64, context 32, batch 2" in out, out
+    host_rows = re.findall(r"^(bf16 eager|bf16 eager \(A/A\)|fp8 tensorwise eager)\s+[\d.]+\s+[\d.]+\s+"
+                           r"([\d,]+)\s+([\d,]+)$", out.split("host: the LM network", 1)[1], re.MULTILINE)
+    host = {name: counts for name, *counts in host_rows}
+    ops = {name: tuple(int(n.replace(",", "")) for n in counts) for name, counts in host.items()}
+    assert ops["bf16 eager"] == ops["bf16 eager (A/A)"] and ops["bf16 eager"][1] == 0, out
+    assert ops["fp8 tensorwise eager"][0] > 2 * ops["bf16 eager"][0] and ops["fp8 tensorwise eager"][1] > 0, out
 
 
 def test_fp8_layers_without_the_hardware_says_so_in_one_line():
