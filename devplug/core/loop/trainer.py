@@ -942,6 +942,7 @@ class Trainer:
             watchdog().unwatch(self._watched_thread)
             self._watched_thread = None
         self.profiler.stop()
+        self._flops.stop()  # a loop left inside the counted step: the counter and compile's stance end here
         self._stop_loader_workers()
         self._keeper.writer.wait()
         summary: dict[str, Any] = {}

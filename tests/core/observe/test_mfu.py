@@ -435,3 +435,24 @@ def test_the_counted_step_of_a_compiled_fp8_model_compiles_nothing_and_compiling
     before = counters["frames"]["total"]
     torch.compile(lambda t: t * 2 + 1, backend="eager")(torch.ones(3))
     assert counters["frames"]["total"] == before + 1  # the stance from before the counted step is back
+
+
+def test_close_inside_the_counted_step_ends_the_counter_and_restores_compiling():
+    from torch._dynamo.utils import counters
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_every=100)
+    model = trainer.setup(nn.Linear(4, 4))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=4, num_workers=0)
+    batches = iter(loader)
+    (x,) = next(batches)  # a loop of the author's own: step 1, then the batch of step 2 (the counted one)
+    trainer.backward(model(x).square().mean())
+    trainer.step(opt)
+    next(batches)
+    assert _get_current_dispatch_mode_stack(), "the counted step should be under way"
+    trainer.close()
+    assert not _get_current_dispatch_mode_stack()
+    before = counters["frames"]["total"]
+    torch.compile(lambda t: t - 1, backend="eager")(torch.ones(2))
+    assert counters["frames"]["total"] == before + 1
