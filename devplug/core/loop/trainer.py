@@ -119,7 +119,7 @@ class Trainer:
                                "devplug_precision", before=current_index_carrier(self.device.torch_device.type))
         assert plan is not None  # the core fallback always answers
         self.precision: PrecisionPlan = plan
-        self._strategy = build_strategy(self._config.strategy, StrategyContext(
+        self._strategy = build_strategy(strategy, StrategyContext(  # the name resolved once, above
             hooks=self._hooks, device=self.device, launch=self._launch, collective=self._collective,
             ddp_overrides=self._config.ddp_overrides(), precision=plan.name, tp=self._config.tp))
         self.strategy: str = self._strategy.name
