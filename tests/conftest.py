@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from distributions import pip_install, write_project
 
 from devplug.core.registry import environment, manager
@@ -15,12 +16,40 @@ from devplug.plugins.generic.trial import forget_trials
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="session")
+def _this_machines_peaks(tmp_path_factory: pytest.TempPathFactory) -> str | None:
+    """The CPU plugin's cached matmul rates on this machine (fp32 and bf16, one thread and torch's default),
+    measured once per test session: where the CPU's clock is not cpufreq's maximum (a virtual machine), the
+    plugin checks its computed peak against a measured matmul, which would otherwise run in every test."""
+    from devplug.core.observe.peak_cache import PEAKS_FILE
+    from devplug.plugins.cpu.peaks import peak_flops
+
+    folder = tmp_path_factory.mktemp("devplug-peaks")
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DEVPLUG_CACHE_DIR", str(folder))
+        try:
+            for count in sorted({1, threads}):
+                torch.set_num_threads(count)
+                for dtype in (torch.float32, torch.bfloat16):
+                    peak_flops(dtype)
+        finally:
+            torch.set_num_threads(threads)
+    peaks = folder / PEAKS_FILE
+    return peaks.read_text() if peaks.exists() else None
+
+
 @pytest.fixture(autouse=True)
-def _clean_devplug_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+def _clean_devplug_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, _this_machines_peaks: str | None):
     for name in list(os.environ):
         if name.startswith("DEVPLUG_"):
             monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DEVPLUG_CACHE_DIR", str(tmp_path / "devplug-cache"))  # a measured peak is cached here
+    # a measured peak is cached here, this machine's matmul rates already in it (beside tmp_path: the tests own that)
+    cache = tmp_path.with_name(f"{tmp_path.name}-devplug-cache")
+    monkeypatch.setenv("DEVPLUG_CACHE_DIR", str(cache))
+    if _this_machines_peaks is not None:
+        cache.mkdir()
+        (cache / "peaks.json").write_text(_this_machines_peaks)
     # A plugin's probe must answer within the time limit (10 s by default). On a loaded machine the stand-ins'
     # probes (imports in a worker thread) can take longer; the tests of the limit itself set their own.
     monkeypatch.setenv("DEVPLUG_PROBE_TIMEOUT", "120")
@@ -57,3 +86,11 @@ def _install_distribution(target: Path, name: str, module_source: str, entry_poi
     """pip-install a one-module distribution (version 0.3.1) declaring ``devplug`` entry points into ``target``."""
     src = write_project(target.parent / f"src-{name}", name, "0.3.1", {"__init__.py": module_source}, entry_points)
     return pip_install(src, target)
+
+
+@pytest.fixture
+def empty_peak_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A peak cache without this machine's measured matmul rates, for a test that fakes measuring them."""
+    folder = tmp_path / "empty-peak-cache"
+    monkeypatch.setenv("DEVPLUG_CACHE_DIR", str(folder))
+    return folder

@@ -234,9 +234,19 @@ def matmul_seconds(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> fl
     return time.perf_counter() - started
 
 
-@functools.cache
 def measured_matmul_flops(device_type: str, dtype: torch.dtype, seconds: float = 0.25) -> float:
-    """FLOP/s of a square matmul on ``device_type`` in ``dtype``: the best run over ``seconds`` (once per process).
+    """FLOP/s of a square matmul on ``device_type`` in ``dtype``: the best run over ``seconds``, measured once
+    per process for each number of threads torch uses and each fp32 matmul precision (see `timed_matmul_flops`)."""
+    return _measured_once(device_type, dtype, seconds, torch.get_num_threads(), torch.get_float32_matmul_precision())
+
+
+@functools.cache
+def _measured_once(device_type: str, dtype: torch.dtype, seconds: float, _threads: int, _fp32_precision: str) -> float:
+    return timed_matmul_flops(device_type, dtype, seconds)
+
+
+def timed_matmul_flops(device_type: str, dtype: torch.dtype, seconds: float = 0.25) -> float:
+    """FLOP/s of a square matmul on ``device_type`` in ``dtype``: the best run over ``seconds``, timed now.
 
     The size doubles from 256 while the matmul's rate still grows with its size (the work does not yet
     dominate the call) or one matmul takes under 20 ms, up to 8192 (a GPU's tensor cores need large

@@ -2,15 +2,21 @@
 
 Computed: physical cores torch runs on × clock × FLOP per cycle per core, the last from the vector
 units the feature flags in ``/proc/cpuinfo`` announce (two FMA pipes of the widest vector width; AMD
-Zen 4 runs AVX-512 on 256-bit pipes). The clock is ``cpuinfo_max_freq``, else the GHz in the model name,
-else ``cpu MHz``. Where one of these cannot be read (another OS, an unknown architecture), the peak is a
-matmul measured once and cached per machine (``devplug.toolkit.cached_matmul_flops``). Either way the
-figure does not move with the machine's load.
+Zen 4 runs AVX-512 on 256-bit pipes). The clock is ``cpuinfo_max_freq`` (the highest the cores may run
+at, boost included), else the GHz in the model name, else ``cpu MHz``. The last two can lie below the
+clock the cores run at: a model name gives the base clock, and a virtual machine (most cloud hosts have
+no ``cpufreq``) reports the hypervisor's nominal rate. A peak computed from them is checked against a
+matmul in the same format, measured once per machine and cached
+(``devplug.toolkit.cached_matmul_flops``); where the matmul runs faster, the peak is the matmul's rate
+and the clock the least that rate needs, so MFU is never overstated by a clock read too low. Where the
+features or clock cannot be read (another OS, an unknown architecture), the peak is that measured
+matmul. Either way the figure does not move with the machine's load.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import platform
 import re
@@ -20,6 +26,8 @@ import torch
 
 from devplug import PeakFlops
 from devplug.toolkit import cached_matmul_flops
+
+log = logging.getLogger("devplug")
 
 CPUINFO = Path("/proc/cpuinfo")
 MAX_FREQ = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
@@ -44,22 +52,31 @@ def cpuinfo_records() -> tuple[dict[str, str], ...]:
     return tuple(records)
 
 
-def clock_ghz() -> float | None:
-    """The CPU's nominal maximum clock in GHz, or ``None`` where it cannot be read."""
+#: Where `clock` read the clock: the kernel's highest allowed clock, which no core exceeds.
+CPUFREQ_MAX = "cpuinfo_max_freq"
+
+
+def clock() -> tuple[float, str] | None:
+    """The CPU's clock in GHz and where it was read, or ``None`` where it cannot be read.
+
+    The sources, best first: ``"cpuinfo_max_freq"`` (cpufreq's highest clock, boost included), ``"the model
+    name"`` (Intel's base clock) and ``"cpu MHz"`` (in a virtual machine the hypervisor's nominal rate, on bare
+    metal without cpufreq the current clock). Only the first is an upper bound of the cores' clock.
+    """
     try:
-        return int(MAX_FREQ.read_text().strip()) / 1e6  # kHz
+        return int(MAX_FREQ.read_text().strip()) / 1e6, CPUFREQ_MAX  # kHz
     except (OSError, ValueError):
         pass
     records = cpuinfo_records()
     first = records[0] if records else {}
     match = re.search(r"@\s*([\d.]+)\s*GHz", first.get("model name", ""))
     if match:
-        return float(match.group(1))
+        return float(match.group(1)), "the model name"
     try:
         mhz = float(first.get("cpu MHz", ""))
     except ValueError:
         return None
-    return mhz / 1000 if mhz > 0 else None
+    return (mhz / 1000, "cpu MHz") if mhz > 0 else None
 
 
 def physical_cores() -> int:
@@ -151,9 +168,10 @@ def computed_peak(dtype: torch.dtype) -> PeakFlops | None:
         model = None
     vendor = first.get("vendor_id", "")
     per_cycle = fp32_flops_per_cycle(flags, vendor, family, model)
-    ghz = clock_ghz()
-    if per_cycle is None or ghz is None:
+    read = clock()
+    if per_cycle is None or read is None:
         return None
+    ghz, source = read
     units = vector_units(flags, vendor, family)
     per_cycle_here, feature = flops_per_cycle(flags, dtype, per_cycle, units)
     if feature.startswith("avx512_") and units.endswith("256-bit pipes"):  # Zen 4's dot products, half width
@@ -161,8 +179,26 @@ def computed_peak(dtype: torch.dtype) -> PeakFlops | None:
     cores = min(physical_cores(), torch.get_num_threads())
     name = FORMAT_NAMES.get(dtype, str(dtype).removeprefix("torch."))
     described = feature if feature.endswith("fp32 rate") else f"{feature}, {name}"
+    peak = cores * ghz * 1e9 * per_cycle_here
+    if source != CPUFREQ_MAX:
+        matmul = _measured_matmul(dtype)
+        if matmul is not None and matmul > peak:
+            needed = matmul / (cores * 1e9 * per_cycle_here)
+            detail = (f"{cores} cores × {needed:.3g} GHz × {per_cycle_here:g} FLOP/cycle ({described}); that clock is "
+                      f"the least that the {name} matmul measured here needs ({source} says {ghz:.3g} GHz)")
+            return PeakFlops(matmul, "computed", detail)
     detail = f"{cores} cores × {ghz:.3g} GHz × {per_cycle_here:g} FLOP/cycle ({described})"
-    return PeakFlops(cores * ghz * 1e9 * per_cycle_here, "computed", detail)
+    return PeakFlops(peak, "computed", detail)
+
+
+def _measured_matmul(dtype: torch.dtype) -> float | None:
+    """A matmul's FLOP/s in ``dtype`` here, measured once per machine; ``None`` where it failed (a warning)."""
+    try:
+        return cached_matmul_flops("cpu", dtype, cpu_model())
+    except Exception as exc:
+        log.warning("the CPU's clock was not checked against a measured matmul (%s): MFU may read high",
+                    " ".join(str(exc).split()) or type(exc).__name__)
+        return None
 
 
 def cpu_model() -> str:

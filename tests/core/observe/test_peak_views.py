@@ -55,10 +55,11 @@ EXPECTED = {
 
 
 @pytest.fixture
-def fake_cpu(monkeypatch, tmp_path):
-    """Make the CPU plugin read a 2-core CPU of the given kind (its /proc/cpuinfo and cpufreq) instead of this one."""
+def fake_cpu(monkeypatch, tmp_path, empty_peak_cache):
+    """Make the CPU plugin read a 2-core CPU of the given kind (its /proc/cpuinfo and cpufreq) instead of this one;
+    its matmuls, where its clock is checked against one, measure 1 GFLOP/s unless the test says otherwise."""
 
-    def install(kind: str) -> None:
+    def install(kind: str) -> FakeGemm:
         vendor, family, model, name, mhz, flags, max_khz = CPUS[kind]
         info = tmp_path / f"cpuinfo-{family}-{model}"
         info.write_text("".join(
@@ -74,6 +75,7 @@ def fake_cpu(monkeypatch, tmp_path):
         monkeypatch.setattr(cpu_peak.os, "sched_getaffinity", lambda _pid: {0, 1})
         monkeypatch.setattr(cpu_peak.torch, "get_num_threads", lambda: 2)
         cpu_peak.cpuinfo_records.cache_clear()
+        return FakeGemm(monkeypatch, 1e9)
 
     yield install
     cpu_peak.cpuinfo_records.cache_clear()
@@ -96,6 +98,38 @@ def test_every_kind_of_cpu_names_its_peak_and_how_it_was_computed_in_one_line(fa
     value, unit = fp32_line.split()[:2]  # the value in the line is the figure MFU divides by
     fp32 = cpu_peak.peak_flops(torch.float32)
     assert fp32.value == pytest.approx(float(value) * {"GFLOP/s": 1e9, "TFLOP/s": 1e12}[unit], rel=1e-3)
+
+
+def test_a_clock_read_below_the_cores_running_clock_is_raised_to_what_a_measured_matmul_needs(fake_cpu):
+    gemm = fake_cpu("avx512_bf16 (Zen 4)")  # a cloud guest: no cpufreq, no GHz in its model name, cpu MHz 2400
+    gemm.figure = 400e9  # its bf16 matmul runs faster than 2 cores × 2.4 GHz × 64 FLOP/cycle (307.2 GFLOP/s)
+    assert _peak_line("bf16-mixed", "bf16") == (
+        "400 GFLOP/s bf16, computed: 2 cores × 3.12 GHz × 64 FLOP/cycle (avx512_bf16 on 256-bit pipes, bf16); that "
+        "clock is the least that the bf16 matmul measured here needs (cpu MHz says 2.4 GHz)")
+    peak = cpu_peak.peak_flops(torch.bfloat16)
+    assert (peak.value, peak.source) == (400e9, "computed")  # the figure MFU divides by
+    gemm.figure = 100e9  # slower than the computed peak (or measured while the cores were busy): that peak stays
+    assert _peak_line("32-true", "fp32") == EXPECTED["avx512_bf16 (Zen 4)"][0]
+    assert gemm.calls == [torch.bfloat16, torch.float32]
+
+
+def test_a_base_clock_in_the_model_name_is_checked_too_and_cpufreqs_maximum_is_not(fake_cpu):
+    gemm = fake_cpu("avx2 only (Haswell)")  # "@ 2.50GHz": the base clock; turbo runs higher
+    gemm.figure = 200e9
+    assert _peak_line("32-true", "fp32").startswith("200 GFLOP/s fp32, computed: 2 cores × 3.12 GHz × 32 FLOP/cycle")
+    assert _peak_line("32-true", "fp32").endswith("(the model name says 2.5 GHz)")
+    gemm = fake_cpu("avx-512 (Skylake-SP)")  # cpuinfo_max_freq, 3.7 GHz: no core runs faster, nothing measured
+    gemm.figure = 900e9
+    assert _peak_line("32-true", "fp32") == EXPECTED["avx-512 (Skylake-SP)"][0] and gemm.calls == []
+
+
+def test_a_failed_clock_check_is_one_warning_and_keeps_the_computed_peak(fake_cpu, caplog):
+    gemm = fake_cpu("avx512_bf16 (Zen 4)")
+    gemm.figure = RuntimeError("oneDNN\nhas no kernel")
+    with caplog.at_level(logging.WARNING, logger="devplug"):
+        assert _peak_line("bf16-mixed", "bf16") == EXPECTED["avx512_bf16 (Zen 4)"][1]
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "oneDNN has no kernel" in warning and "MFU may read high" in warning
 
 
 def test_a_runs_summary_prints_the_peak_line_and_rates_in_flop_per_second(fake_cpu):
@@ -217,14 +251,14 @@ def _fake_matmuls(monkeypatch, rate: float, stall_at: int = 0) -> list[int]:
 
 def test_a_core_taken_during_a_small_matmul_does_not_stop_the_measurement_there(monkeypatch):
     sizes = _fake_matmuls(monkeypatch, 100e9, stall_at=256)
-    measured = flops_module.measured_matmul_flops.__wrapped__("cpu", torch.float32, seconds=0.0)
+    measured = flops_module.timed_matmul_flops("cpu", torch.float32, seconds=0.0)
     assert measured == pytest.approx(100e9)  # not 2·256³ / 30 ms = 1.1 GFLOP/s
     assert max(sizes) == 1024  # the first size whose matmul takes over 20 ms of work
 
 
 def test_a_slow_format_is_measured_at_a_small_size(monkeypatch):
     sizes = _fake_matmuls(monkeypatch, 5e9)
-    assert flops_module.measured_matmul_flops.__wrapped__("cpu", torch.bfloat16, seconds=0.0) == pytest.approx(5e9)
+    assert flops_module.timed_matmul_flops("cpu", torch.bfloat16, seconds=0.0) == pytest.approx(5e9)
     assert max(sizes) == 512
 
 
@@ -242,3 +276,22 @@ def test_an_fp32_gemm_measured_with_tf32_allowed_is_cached_apart(monkeypatch, tm
     assert toolkit.plain_gemm_flops("cpu", torch.float32) == 30e9 and len(gemm.calls) == 2
     keys = sorted(json.loads((tmp_path / "peaks.json").read_text()))
     assert len(keys) == 2 and keys[1] == keys[0] + " | float32 matmul high"
+
+
+def test_a_process_measures_again_when_its_threads_or_fp32_matmul_precision_change(monkeypatch):
+    def seconds(a: torch.Tensor, _b: torch.Tensor, _device: torch.device) -> float:  # a rate the settings give
+        fast = 2 if torch.get_float32_matmul_precision() != "highest" else 1
+        return 2.0 * a.shape[0] ** 3 / (10e9 * torch.get_num_threads() * fast)
+
+    monkeypatch.setattr(flops_module, "matmul_seconds", seconds)
+    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    measured = {}
+    try:
+        for count, allowed in ((1, "highest"), (2, "highest"), (2, "high"), (1, "highest")):
+            torch.set_num_threads(count)
+            torch.set_float32_matmul_precision(allowed)
+            measured[count, allowed] = flops_module.measured_matmul_flops("cpu", torch.float64, seconds=0.0)
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_float32_matmul_precision(precision)
+    assert measured == pytest.approx({(1, "highest"): 10e9, (2, "highest"): 20e9, (2, "high"): 40e9})
