@@ -678,6 +678,7 @@ class Trainer:
             finally:  # left early (break, exception): what is still pending, this rank's values only
                 position.in_epochs = False
                 self._reporter.flush_quietly(lambda: self._flush_logs(across_ranks=False))
+                self._reporter.settle(self.synchronize)  # summary()'s rate: the steps after the last log point too
                 self._reporter.close_progress()
                 self.profiler.stop()
                 self._flops.stop()

@@ -115,6 +115,8 @@ class Throughput:
         self.wait_total = 0.0
         self.wait_since = 0.0
         self.wait_share = 0.0
+        self._samples_timed = 0  # samples and data wait up to the end of ``seconds_total`` (the last lap or settle)
+        self._wait_timed = 0.0
 
     def start(self) -> None:
         """Start the clock (called at the first batch)."""
@@ -156,14 +158,22 @@ class Throughput:
         self.wait_share = min(self.wait_since / elapsed, 1.0)
         self.seconds_total = now - self._start
         self._last, self.samples_since, self.wait_since = now, 0, 0.0
+        self._samples_timed, self._wait_timed = self.samples_total, self.wait_total
         return rate
+
+    def settle(self) -> None:
+        """Bring the run's totals up to now without ending the lap: the loop ended, and the mean rate covers its
+        last steps too, logged or not (the caller synchronises)."""
+        if self._start is not None:
+            self.seconds_total = time.perf_counter() - self._start
+            self._samples_timed, self._wait_timed = self.samples_total, self.wait_total
 
     @property
     def mean_rate(self) -> float:
-        """Samples/s over the run so far (0 before the first lap)."""
-        return self.samples_total / self.seconds_total if self.seconds_total > 0 else 0.0
+        """Samples/s over the run to the last lap, or to the end of the loop (0 before either)."""
+        return self._samples_timed / self.seconds_total if self.seconds_total > 0 else 0.0
 
     @property
     def mean_wait_share(self) -> float:
-        """Share of the run's wall time (to the last lap) spent waiting for the loader."""
-        return min(self.wait_total / self.seconds_total, 1.0) if self.seconds_total > 0 else 0.0
+        """Share of the run's wall time (to the last lap, or the end of the loop) spent waiting for the loader."""
+        return min(self._wait_timed / self.seconds_total, 1.0) if self.seconds_total > 0 else 0.0

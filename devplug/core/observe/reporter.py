@@ -224,14 +224,26 @@ class Reporter:
         except Exception as exc:  # the loop may be unwinding (break, exception): do not mask it
             log.warning("values logged before leaving the loop were not reported: %s", exc)
 
+    def settle(self, synchronize: Callable[[], None]) -> None:
+        """The loop ended: the run's mean rate takes in the steps since the last log point (a failure to
+        synchronise is logged, not raised: the loop may be unwinding)."""
+        if self.throughput.samples_since <= 0:
+            return
+        try:
+            synchronize()
+        except Exception as exc:
+            log.warning("the run's last steps are left out of its mean rate: %s", exc)
+            return
+        self.throughput.settle()
+
     def rates(self) -> dict[str, Any]:
-        """Mean throughput of the whole job so far: ``samples_per_sec``, ``samples_per_hour``, ``data_wait``
-        (this rank's share of wall time spent waiting for the loader), ``input_bound`` (a hint, or None), and
-        where known ``flops_per_sample``, ``peak_flops`` and ``peak_source`` (the peak MFU is computed against,
-        and where it comes from), ``mfu`` (one device's achieved FLOP/s over its peak),
-        ``samples_per_dollar`` (with ``price_per_hour``), ``achieved_flops`` (one device's), ``peak`` (the
-        peak in one line: value, format, source, how it was obtained) and, when a plain GEMM's rate was
-        measured, ``gemm_flops`` and ``gemm_fraction`` (achieved over it)."""
+        """Mean throughput of the whole job, to the last log point or the end of the loop: ``samples_per_sec``,
+        ``samples_per_hour``, ``data_wait`` (this rank's share of wall time spent waiting for the loader),
+        ``input_bound`` (a hint, or None), and where known ``flops_per_sample``, ``peak_flops`` and
+        ``peak_source`` (the peak MFU is computed against, and where it comes from), ``mfu`` (one device's
+        achieved FLOP/s over its peak), ``samples_per_dollar`` (with ``price_per_hour``), ``achieved_flops``
+        (one device's), ``peak`` (the peak in one line: value, format, source, how it was obtained) and, when
+        a plain GEMM's rate was measured, ``gemm_flops`` and ``gemm_fraction`` (achieved over it)."""
         rate = self.throughput.mean_rate * self.world_size
         wait = self.throughput.mean_wait_share
         out = {"samples_per_sec": rate, "samples_per_hour": rate * 3600, "data_wait": wait,

@@ -122,3 +122,37 @@ def test_the_checkpoint_policys_saves_are_not_training_time(tmp_path):
     assert trainer.checkpoint_seconds >= 0.4 * saves
     # the Trainer's clock runs from the first batch; without the saves it is a fraction of the wall time
     assert trainer.throughput.seconds_total < wall - 0.4 * (saves - 1)
+
+
+def _timed_loop(monkeypatch, *, steps: int, log_at) -> devplug.Trainer:
+    """``steps`` steps of 4 samples, each taking 1 s on a clock the test moves; ``log(loss=...)`` where ``log_at``."""
+    from types import SimpleNamespace
+
+    from devplug.core.observe import metrics
+
+    clock = Clock()
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+    trainer = devplug.Trainer(device="cpu", progress=False, loggers=[], stop_signals=(), count_flops=False,
+                              log_every=5)
+    model = trainer.setup(torch.nn.Linear(4, 1))
+    optimizer = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(4 * steps, 4)), batch_size=4,
+                                num_workers=0)
+    for _ in trainer.epochs(1):
+        for (x,) in loader:
+            clock.now += 1.0  # the step's work
+            trainer.backward(model(x).square().mean())
+            trainer.step(optimizer)
+            if log_at(trainer.global_step):
+                trainer.log(loss=0.0)
+    return trainer
+
+
+@pytest.mark.parametrize(("name", "log_at"), [("every step", lambda step: True),
+                                              ("never", lambda step: False),
+                                              ("only early on", lambda step: step <= 5)])
+def test_the_summarys_rate_covers_every_step_logged_or_not(monkeypatch, name, log_at):
+    # the clock starts at the first batch: 15 steps of 4 samples in 15 s; the rate counts the steps after
+    # the last log point too (they were counted, not timed), and a loop that never logs still has one
+    trainer = _timed_loop(monkeypatch, steps=15, log_at=log_at)
+    assert trainer.summary()["samples_per_sec"] == pytest.approx(60 / 15), name
