@@ -103,7 +103,8 @@ class TrainerConfig:
     - ``profile``: a profiler window, ``"steps 10-15"``: ``torch.profiler`` over those steps (data wait
       included), a trace under ``log_dir/profiler`` for TensorBoard or Perfetto.
     - ``price_per_hour``: what the whole job costs per hour (any currency): samples per dollar in logs and summary.
-    - ``count_flops``: count one step's FLOPs (``FlopCounterMode``, step 2) for MFU; False skips it.
+    - ``count_flops``: count one step's FLOPs (``FlopCounterMode``, the second step the process runs) for MFU;
+      False skips it.
     - ``peak_flops``: the device's peak FLOP/s for MFU, given by the author (source ``"author"``); the device
       plugin is then not asked.
     - ``measure_gemm``: also measure a plain GEMM in the run's number format on the device (once per

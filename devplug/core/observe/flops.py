@@ -1,6 +1,6 @@
 """Model FLOPs utilisation (MFU) and cost: FLOPs per sample counted once, the device's peak from its plugin.
 
-One training step (the second: the first carries one-time work) runs under
+One training step (the second this process runs: the first carries one-time work) runs under
 ``torch.utils.flop_counter.FlopCounterMode``, which counts the FLOPs of every matmul and convolution,
 forward and backward, from shapes alone (no host-device synchronisation). With the samples of that step
 it gives FLOPs per sample; the achieved FLOP/s is that times the samples/s measured at log points, and
@@ -37,7 +37,8 @@ from devplug.core.observe.summary import format_flops
 
 log = logging.getLogger("devplug")
 
-#: The training step whose FLOPs are counted.
+#: The training step whose FLOPs are counted, counted from the first this process runs (a resumed run: 2
+#: means the second after the resume).
 COUNTED_STEP = 2
 
 #: What torch says when a compiled module is called while module hooks are registered globally: the FLOP
@@ -55,7 +56,7 @@ def _compile_stood_aside() -> Any:
 
 
 class FlopMeter:
-    """Counts the FLOPs of step `COUNTED_STEP` and turns rates into MFU and samples per dollar.
+    """Counts the FLOPs of step `COUNTED_STEP` of this process and turns rates into MFU and samples per dollar.
 
     ``steps_done`` and ``samples_done`` read the loop's counters; ``peak`` asks for the device's peak
     (a checked `PeakFlops`; ``None``: unknown); ``exclude`` takes the seconds spent asking it out of
@@ -82,6 +83,7 @@ class FlopMeter:
         self._stance: Any = None
         self._quiet: Any = None
         self._samples_at_start = 0
+        self._counted: int | None = None  # the step counted: set at the first batch (a resumed run starts late)
         self._peak: PeakFlops | None = None
         self._peak_asked = False
 
@@ -90,7 +92,9 @@ class FlopMeter:
         if not self.enabled or (self._mode is None and self.flops_per_sample is not None):
             return  # nothing to start or finish: counted already
         upcoming = self._steps_done() + 1
-        if self._mode is None and upcoming == COUNTED_STEP and self.flops_per_sample is None:
+        if self._counted is None:
+            self._counted = upcoming - 1 + COUNTED_STEP
+        if self._mode is None and upcoming == self._counted and self.flops_per_sample is None:
             from torch.utils.flop_counter import FlopCounterMode
 
             self._mode = FlopCounterMode(display=False)
@@ -104,7 +108,7 @@ class FlopMeter:
             self._quiet = None if warnings.filters[0] in before else warnings.filters[0]  # the author's own stays
             self._mode.__enter__()
             self._samples_at_start = self._samples_done()
-        elif self._mode is not None and upcoming > COUNTED_STEP:
+        elif self._mode is not None and upcoming > self._counted:
             self.stop()
 
     def stop(self) -> None:

@@ -459,3 +459,30 @@ def test_close_inside_the_counted_step_ends_the_counter_and_restores_compiling()
     before = counters["frames"]["total"]
     torch.compile(lambda t: t - 1, backend="eager")(torch.ones(2))
     assert counters["frames"]["total"] == before + 1
+
+
+def test_a_resumed_run_counts_its_own_second_step_and_reports_mfu(tmp_path):
+    # the counted step is the second this process runs: a run resumed past step 2 still gets its MFU
+    def run(steps: int, resume: bool) -> devplug.RunSummary:
+        trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, loggers=[], log_every=2,
+                                  peak_flops=1e12, stop_signals=())
+        model = trainer.setup(make_model())
+        opt = trainer.optimizer("sgd", model.parameters(), lr=0.01)
+        loader = trainer.dataloader(make_data(64), batch_size=4, num_workers=0)
+        if resume:
+            trainer.load(tmp_path / "ckpt.pt")
+        for _ in trainer.epochs(1, max_steps=steps):
+            for x, y in loader:
+                trainer.backward(nn.functional.mse_loss(model(x), y))
+                trainer.step(opt)
+                trainer.log(loss=0.0)
+        trainer.save(tmp_path / "ckpt.pt")
+        trainer.close()
+        return trainer.summary()
+
+    first, resumed = run(5, resume=False), run(10, resume=True)
+    assert resumed["steps"] == 10
+    forward = 2 * (6 * 16 + 16 * 1)  # Linear(6, 16), Linear(16, 1)
+    backward = forward + 2 * 16 * 1  # weight gradients of both; the input gradient of the second only
+    assert first["flops_per_sample"] == resumed["flops_per_sample"] == pytest.approx(forward + backward)
+    assert 0 < resumed["mfu"] <= 1
