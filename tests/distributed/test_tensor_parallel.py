@@ -262,3 +262,20 @@ def test_a_replicated_layer_gives_plain_tensors_when_compiled_too():
     assert type(out) is torch.Tensor
     torch.testing.assert_close(out, qkv(x) * 2)
     trainer.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "replicas"), [("tp", 1), ("ddp", 2)])
+def test_a_tensor_parallel_jobs_rates_count_each_batch_once_and_each_device_its_share(strategy, replicas):
+    # both ranks of a tensor-parallel pair read the same batches: the job's samples/s is one rank's rate (not
+    # twice it), and each device is credited with half the FLOPs of a sample (the counter sees whole layers)
+    import json
+
+    results = run_ranks(HERE / "tp_rates.py", [strategy], world_size=2, timeout=200)
+    for result in results:
+        seen = json.loads(result.stdout.strip().splitlines()[-1])
+        assert seen["summary"] == pytest.approx(replicas)
+        assert seen["logged"] == pytest.approx([replicas] * 3)
+        assert seen["flops_per_sample"] == 2 * (6 * 16 + 16 * 1) + 2 * (6 * 16 + 16 * 1) + 2 * 16 * 1  # whole model
+        assert seen["device_share"] == pytest.approx(replicas / 2)
+        assert seen["mfu"] == pytest.approx(1.0)

@@ -149,7 +149,8 @@ class Trainer:
         self._reporter = Reporter(log_dir=self._config.log_dir, progress=self._config.progress,
                                  nonfinite=self._config.nonfinite, is_main=self.is_main_process,
                                  world_size=self.world_size, reduce=reduce, loggers=loggers,
-                                 publish=lambda point: self._hooks(spec.devplug_log, point=point))
+                                 publish=lambda point: self._hooks(spec.devplug_log, point=point),
+                                 replicas=(self._strategy.data_parallel() or (self.rank, self.world_size))[1])
         self.throughput = self._reporter.throughput
         self._log_values, self._log_every = self._reporter.metrics.add_all, self._config.log_every  # log()'s path
         self._training_names: set[str] = set()  # names log() has seen that are not evaluation names

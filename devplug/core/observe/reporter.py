@@ -48,12 +48,15 @@ class Reporter:
     ``log_dir``, ``loggers`` and ``progress`` apply on the main process only; ``publish`` hands each
     `LogPoint` to the plugins (the ``devplug_log`` hook); ``nonfinite`` is the policy for a NaN/inf
     value (``"raise"``, ``"warn"``, ``"ignore"``); ``reduce`` averages values across ranks at log points
-    (``None`` in a single process).
+    (``None`` in a single process). ``replicas``: the processes that read different batches (the
+    data-parallel groups; default ``world_size``): the ranks of a tensor-parallel group share their samples,
+    so the job's samples/s is one rank's rate times ``replicas``, and one device's share of it is that over
+    ``world_size``.
     """
 
     def __init__(self, *, log_dir: str | None, progress: bool, nonfinite: str, is_main: bool, world_size: int,
                  reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, loggers: Sequence[Logger] = (),
-                 publish: Callable[[LogPoint], Any] | None = None) -> None:
+                 publish: Callable[[LogPoint], Any] | None = None, replicas: int | None = None) -> None:
         self.log_dir = log_dir if is_main else None
         self.loggers: list[Logger] = list(loggers) if is_main else []
         self.publish = publish if is_main else None
@@ -61,6 +64,7 @@ class Reporter:
         self.nonfinite_policy = nonfinite
         self.is_main = is_main
         self.world_size = world_size
+        self.replicas = world_size if replicas is None else replicas
         self.reduce = reduce
         self.metrics = MetricBuffer()
         self.throughput = Throughput()
@@ -162,9 +166,10 @@ class Reporter:
         if bad:
             self._on_nonfinite(bad, values, step)
         if stepped:
-            values["samples_per_sec"] = rate * self.world_size
+            job = rate * self.replicas
+            values["samples_per_sec"] = job
             values["data_wait"] = self.throughput.wait_share
-            values.update(self.flops.figures(rate, rate * self.world_size))
+            values.update(self.flops.figures(job / self.world_size, job))
             for key, lr in learning_rates.items():
                 if isinstance(lr, (int, float)):
                     values[f"lr/{key}"] = float(lr)
@@ -244,13 +249,14 @@ class Reporter:
         achieved FLOP/s over its peak), ``samples_per_dollar`` (with ``price_per_hour``), ``achieved_flops``
         (one device's), ``peak`` (the peak in one line: value, format, source, how it was obtained) and, when
         a plain GEMM's rate was measured, ``gemm_flops`` and ``gemm_fraction`` (achieved over it)."""
-        rate = self.throughput.mean_rate * self.world_size
+        rate = self.throughput.mean_rate * self.replicas
+        per_device = rate / self.world_size
         wait = self.throughput.mean_wait_share
         out = {"samples_per_sec": rate, "samples_per_hour": rate * 3600, "data_wait": wait,
-               "input_bound": input_bound_hint(rate, wait), **self.flops.figures(self.throughput.mean_rate, rate)}
+               "input_bound": input_bound_hint(rate, wait), **self.flops.figures(per_device, rate)}
         if "peak_flops" in out and self.flops.peak_record is not None:
             out["peak_source"] = self.flops.peak_record.source
-        return {**out, **self.flops.efficiency(self.throughput.mean_rate)}
+        return {**out, **self.flops.efficiency(per_device)}
 
     @property
     def closed(self) -> bool:
