@@ -937,16 +937,24 @@ class Trainer:
         """Flush and close the loggers (their final point, with the run's summary) and the progress bar, and
         shut down the data loaders' worker processes.
 
-        The process group stays joined (other trainers in the process may use it); call
+        An asynchronous save that failed (`save` with ``async_save=True``) is raised here as a
+        `CheckpointError`, after the rest is closed and the checkpoint folder's run lock released. The process
+        group stays joined (other trainers in the process may use it); call
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
         """
         if self._watched_thread is not None:
             watchdog().unwatch(self._watched_thread)
             self._watched_thread = None
-        self.profiler.stop()
-        self._flops.stop()  # a loop left inside the counted step: the counter and compile's stance end here
-        self._stop_loader_workers()
-        self._keeper.writer.wait()
+        with contextlib.ExitStack() as ending:  # each part ends though one before it failed (a background save)
+            if self._run_lock is not None:
+                ending.callback(self._run_lock.release)
+            ending.callback(self._close_reporter)
+            ending.callback(self._keeper.writer.wait)  # a background save that failed is raised, once all is closed
+            ending.callback(self._stop_loader_workers)
+            ending.callback(self._flops.stop)  # a loop left inside the counted step: the counter and compile's stance
+            ending.callback(self.profiler.stop)
+
+    def _close_reporter(self) -> None:
         summary: dict[str, Any] = {}
         if self.is_main_process and not self._reporter.closed:
             try:
@@ -954,8 +962,6 @@ class Trainer:
             except Exception as exc:  # close() may run while an exception unwinds: do not mask it
                 log.warning("the run's summary was not handed to the loggers: %s", exc)
         self._reporter.close(self.global_step, summary)
-        if self._run_lock is not None:
-            self._run_lock.release()
 
     def __enter__(self) -> Trainer:
         return self

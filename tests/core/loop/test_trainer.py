@@ -293,3 +293,41 @@ def test_a_layout_that_is_not_a_choice_is_one_line_naming_the_field():
     expected = r"channels_last must be True, False or 'auto' \(the device plugin's choice\), got 'yes'"
     with pytest.raises(ConfigError, match=expected):
         devplug.Trainer(channels_last="yes")
+
+
+def test_close_finishes_the_loggers_and_lets_go_of_the_folder_when_a_background_save_failed(tmp_path, monkeypatch):
+    # an asynchronous save that failed is reported by close(); the loggers still get their final point (the
+    # summary, TensorBoard's last events, MLflow's end of run) and the checkpoint folder's run lock is released
+    import errno
+    import os
+
+    from dist_scripts.fsdp_model import Block, lm_loss, make_lm, rank_batch
+    from torch.distributed.checkpoint import filesystem
+
+    from devplug.core.checkpoint import runlock
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.finals = 0
+
+        def devplug_log(self, point) -> None:
+            self.finals += point.final
+
+    recorder = Recorder()
+    folder = tmp_path / "ckpt"
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, strategy="fsdp", loggers=[recorder],
+                              checkpoints=devplug.CheckpointPolicy(directory=folder), stop_signals=())
+    model = trainer.setup(make_lm(), name="lm", shard=[Block])
+    opt = trainer.optimizer("adamw", model.parameters(), lr=1e-2)
+    trainer.backward(lm_loss(model, rank_batch(0, 0, 1)))
+    trainer.step(opt)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(filesystem, "_write_item", full)
+    trainer.save(folder / "step_0000001.pt", async_save=True)
+    with pytest.raises(devplug.CheckpointError, match=r"^the disk is full"):
+        trainer.close()
+    assert recorder.finals == 1
+    assert str(folder.resolve()) not in runlock._HELD
