@@ -672,6 +672,9 @@ class Trainer:
                     if ended and position.batches_in_epoch < self._epoch_batches():
                         break  # inside the epoch: a resume continues it
                     position.finish_epoch()
+                    if (position.epoch < n and position.steps_left() and not position.stopped
+                            and position.stop_check is not None and position.stop_check()):
+                        position.stopped = True  # asked during the epoch's evaluation: no next epoch begins
                 self._flush_logs()
                 if runs is not None and runs.policy.at_end:
                     self._keeper.save_by_policy()

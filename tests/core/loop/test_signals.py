@@ -132,3 +132,19 @@ def test_under_two_ranks_every_rank_stops_at_the_same_step_and_rank0_saves(tmp_p
     assert [r["exit_code"] for r in results] == [143, 143]
     assert results[0]["saved"] and results[1]["saved"] is None
     assert torch.load(tmp_path / "stopped.pt", weights_only=True)["global_step"] == 3
+
+
+def test_a_signal_during_the_evaluation_after_an_epoch_ends_the_run_before_the_next_epoch():
+    # the end of an epoch is a step boundary: the loop does not begin another epoch (an empty training pass,
+    # then a whole evaluation the pre-emption's grace period may not have room for)
+    trainer, model, opt, loader = build()
+    evaluated = []
+    for epoch in trainer.epochs(3):
+        for x, y in loader:
+            trainer.backward(torch.nn.functional.mse_loss(model(x), y))
+            trainer.step(opt)
+        evaluated.append((epoch, trainer.global_step))
+        if epoch == 0:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while the evaluation of epoch 0 runs
+    assert evaluated == [(0, 6)]
+    assert (trainer.stop_signal, trainer.exit_code, trainer.global_step) == ("SIGTERM", 143, 6)
