@@ -134,9 +134,11 @@ def test_under_two_ranks_every_rank_stops_at_the_same_step_and_rank0_saves(tmp_p
     assert torch.load(tmp_path / "stopped.pt", weights_only=True)["global_step"] == 3
 
 
-def test_a_signal_during_the_evaluation_after_an_epoch_ends_the_run_before_the_next_epoch():
+@pytest.mark.parametrize("how", ["SIGTERM", "request_stop"])
+def test_a_stop_during_the_evaluation_after_an_epoch_ends_the_run_before_the_next_epoch(how):
     # the end of an epoch is a step boundary: the loop does not begin another epoch (an empty training pass,
-    # then a whole evaluation the pre-emption's grace period may not have room for)
+    # then a whole evaluation the pre-emption's grace period may not have room for; early stopping decided
+    # by that evaluation likewise)
     trainer, model, opt, loader = build()
     evaluated = []
     for epoch in trainer.epochs(3):
@@ -144,7 +146,10 @@ def test_a_signal_during_the_evaluation_after_an_epoch_ends_the_run_before_the_n
             trainer.backward(torch.nn.functional.mse_loss(model(x), y))
             trainer.step(opt)
         evaluated.append((epoch, trainer.global_step))
-        if epoch == 0:
+        if epoch == 0 and how == "SIGTERM":
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while the evaluation of epoch 0 runs
+        elif epoch == 0:
+            trainer.request_stop("early stopping")
     assert evaluated == [(0, 6)]
-    assert (trainer.stop_signal, trainer.exit_code, trainer.global_step) == ("SIGTERM", 143, 6)
+    assert trainer.global_step == 6 and trainer.epoch == 1  # epoch 0 done: a resume begins epoch 1
+    assert (trainer.stop_signal, trainer.exit_code) == (("SIGTERM", 143) if how == "SIGTERM" else (None, 0))
