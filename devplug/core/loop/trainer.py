@@ -662,8 +662,8 @@ class Trainer:
         position.max_steps = max_steps
         position.in_epochs = True
         per_epoch = position.steps_per_epoch(self._epoch_batches())
-        total = max_steps if max_steps is not None or per_epoch is math.inf else int(per_epoch * n)
-        self._reporter.open_progress(None if total is math.inf else total, position.global_step)
+        total = min(max_steps if max_steps is not None else math.inf, per_epoch * n)  # whichever ends the run
+        self._reporter.open_progress(None if total == math.inf else int(total), position.global_step)
         with self._stop.handling():
             try:
                 while position.epoch < n and position.steps_left() and not position.stopped:

@@ -54,3 +54,19 @@ def test_the_final_progress_line_is_printed_once(capsys):
 @pytest.mark.parametrize("precision", ["auto"])
 def test_the_summary_table_shows_the_reasons(precision):
     assert "reasons.precision" in str(_trainer(precision=precision).summary())
+
+
+def test_the_progress_bar_ends_full_when_the_epochs_end_before_max_steps(capsys):
+    # max_steps is a limit: with fewer steps in the epochs asked for, the bar's total is those steps
+    trainer = _trainer(precision="32-true", progress=True, log_every=5)
+    model = trainer.setup(torch.nn.Linear(2, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(10, 2)), 1, num_workers=0)
+    for _ in trainer.epochs(2, max_steps=1000):
+        for (x,) in loader:
+            trainer.backward(model(x).sum())
+            trainer.step(opt)
+            trainer.log(loss=model(x).sum())
+    trainer.close()
+    err = capsys.readouterr().err
+    assert "20/20" in err and "/1000" not in err, err
