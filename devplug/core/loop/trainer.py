@@ -161,6 +161,7 @@ class Trainer:
             enabled=self._config.count_flops, number_format=format_name(precision_dtype(self.precision.name)),
             gemm=(lambda: plain_gemm_flops(self.torch_device, precision_dtype(self.precision.name)))
             if self._config.measure_gemm else None)
+        self.throughput.while_paused = self._flops.uncounted  # a paused evaluation is not the counted step's work
         self._reporter.log_run(self.global_step, hparams=flatten_hparams(self._config.hparams), tags=run_tags(
             device=str(self.device), device_plugin=self.device.plugin_name, precision=self.precision.name))
         self.profiler = StepProfiler(self._config.profile, self._config.log_dir, lambda: self._hooks(

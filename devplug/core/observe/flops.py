@@ -17,6 +17,7 @@ once per machine), so a low MFU can be told apart from a peak that no kernel rea
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -24,7 +25,7 @@ import platform
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -83,6 +84,7 @@ class FlopMeter:
         self._stance: Any = None
         self._quiet: Any = None
         self._samples_at_start = 0
+        self._uncounted = 0  # FLOPs of the counted step that are not training (`uncounted`)
         self._counted: int | None = None  # the step counted: set at the first batch (a resumed run starts late)
         self._peak: PeakFlops | None = None
         self._peak_asked = False
@@ -97,7 +99,7 @@ class FlopMeter:
         if self._mode is None and upcoming == self._counted and self.flops_per_sample is None:
             from torch.utils.flop_counter import FlopCounterMode
 
-            self._mode = FlopCounterMode(display=False)
+            self._mode, self._uncounted = FlopCounterMode(display=False), 0
             # a compiled model runs uncompiled under the counter, so its count is right: torch.compile is told
             # to stand aside for the step (older torch releases otherwise compile frames the counter's dispatch
             # reaches, a tensor subclass's __torch_dispatch__ among them); torch's warning about the counter's
@@ -124,13 +126,24 @@ class FlopMeter:
         if isinstance(filters, list) and self._quiet is not None and self._quiet in filters:
             filters.remove(self._quiet)
         samples = self._samples_done() - self._samples_at_start
-        flops = mode.get_total_flops()
+        flops = mode.get_total_flops() - self._uncounted
         if samples > 0 and flops > 0:
             self.flops_per_sample = flops / samples
         started = time.perf_counter()
         self.peak  # noqa: B018  (ask the plugin now; a measured peak's time is taken out of the throughput clock)
         self.gemm_flops  # noqa: B018  (likewise: measured now, if asked for, or read from the cache)
         self._exclude(time.perf_counter() - started)
+
+    @contextlib.contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """FLOPs run inside are left out of the counted step (an evaluation inside it)."""
+        mode = self._mode
+        before = mode.get_total_flops() if mode is not None else 0
+        try:
+            yield
+        finally:
+            if mode is not None and mode is self._mode:
+                self._uncounted += mode.get_total_flops() - before
 
     @property
     def peak(self) -> float | None:

@@ -11,6 +11,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -117,6 +118,8 @@ class Throughput:
         self.wait_share = 0.0
         self._samples_timed = 0  # samples and data wait up to the end of ``seconds_total`` (the last lap or settle)
         self._wait_timed = 0.0
+        #: Also entered by `paused` (the Trainer's FLOP count: an evaluation inside the counted step is left out).
+        self.while_paused: Callable[[], AbstractContextManager[Any]] | None = None
 
     def start(self) -> None:
         """Start the clock (called at the first batch)."""
@@ -142,10 +145,12 @@ class Throughput:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """``with trainer.throughput.paused():`` around an evaluation: its time is left out of samples/s and of
-        the data-wait share (the caller synchronises the device before and after)."""
+        the data-wait share, and its FLOPs out of the step MFU counts (the caller synchronises the device
+        before and after)."""
         began = time.perf_counter()
         try:
-            yield
+            with self.while_paused() if self.while_paused is not None else contextlib.nullcontext():
+                yield
         finally:
             self.exclude(time.perf_counter() - began)
 

@@ -486,3 +486,24 @@ def test_a_resumed_run_counts_its_own_second_step_and_reports_mfu(tmp_path):
     backward = forward + 2 * 16 * 1  # weight gradients of both; the input gradient of the second only
     assert first["flops_per_sample"] == resumed["flops_per_sample"] == pytest.approx(forward + backward)
     assert 0 < resumed["mfu"] <= 1
+
+
+def test_an_evaluation_paused_inside_the_counted_step_is_not_counted_as_training_flops():
+    # evaluating every step, inside trainer.throughput.paused() as documented: its forward passes are not
+    # the training step's FLOPs (they would multiply flops_per_sample and MFU)
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, loggers=[], peak_flops=1e12,
+                              stop_signals=())
+    model = trainer.setup(make_model())
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.01)
+    loader = trainer.dataloader(make_data(64), batch_size=4, num_workers=0)
+    evaluation = trainer.dataloader(make_data(64), batch_size=4, num_workers=0, train=False)
+    for _ in trainer.epochs(1, max_steps=4):
+        for x, y in loader:
+            trainer.backward(nn.functional.mse_loss(model(x), y))
+            trainer.step(opt)
+            with trainer.throughput.paused(), torch.no_grad():
+                for held_out, _ in evaluation:
+                    model(held_out)
+    forward = 2 * (6 * 16 + 16 * 1)  # Linear(6, 16), Linear(16, 1)
+    backward = forward + 2 * 16 * 1  # weight gradients of both; the input gradient of the second only
+    assert trainer.summary()["flops_per_sample"] == pytest.approx(forward + backward)
