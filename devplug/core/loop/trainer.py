@@ -124,6 +124,7 @@ class Trainer:
             ddp_overrides=self._config.ddp_overrides(), precision=plan.name, tp=self._config.tp))
         self.strategy: str = self._strategy.name
         self.sharding: ShardingPlan | None = self._strategy.sharding
+        checkpoint_format = self._checkpoint_format()  # refused before a folder is locked or a logger started
         self._modules: dict[str, torch.nn.Module] = {}
         self._compile_plan: CompilePlan | None = None
         self._compiled: dict[str, str] = {}  # module name: what compiling it did
@@ -175,7 +176,7 @@ class Trainer:
             runs = RunCheckpoints(policy)
         self._keeper = CheckpointKeeper(
             self._state, runs,
-            checkpoint_format=self._checkpoint_format(),
+            checkpoint_format=checkpoint_format,
             combiner=self._combiner, is_main=self.is_main_process, nonfinite=self._config.nonfinite,
             stepped=self._stepped, policy_save=self._save_by_policy)
         self._monitor = self._keeper.monitor  # log() hands the policy's monitored value to the keeper

@@ -331,3 +331,23 @@ def test_close_finishes_the_loggers_and_lets_go_of_the_folder_when_a_background_
         trainer.close()
     assert recorder.finals == 1
     assert str(folder.resolve()) not in runlock._HELD
+
+
+def test_a_trainer_refused_for_its_checkpoint_format_holds_no_folder_and_starts_no_logger(tmp_path):
+    # the refusal comes before anything is taken: no run lock left on the folder (another job would be told
+    # it is in use for as long as this process lives), no logger run started that never ends
+    from devplug.core.checkpoint import runlock
+
+    points = []
+
+    class Recorder:
+        def devplug_log(self, point) -> None:
+            points.append(point)
+
+    folder = tmp_path / "ckpt"
+    with pytest.raises(devplug.ConfigError, match="checkpoint_format='plain' is written by rank 0 alone"):
+        devplug.Trainer(device="cpu", precision="32-true", progress=False, stop_signals=(), strategy="fsdp",
+                        checkpoint_format="plain", checkpoints=devplug.CheckpointPolicy(directory=folder),
+                        loggers=[Recorder()])
+    assert str(folder.resolve()) not in runlock._HELD
+    assert points == []
