@@ -145,8 +145,13 @@ class Trainer:
 
             self._run_lock = runlock.hold_for_run(policy.directory, main=self.is_main_process,
                                                   combiner=self._combiner)
-        loggers = build_loggers(self._config.logger_items, self._config.log_dir,
-                                default=self._config.loggers is None) if self.is_main_process else []
+        try:
+            loggers = build_loggers(self._config.logger_items, self._config.log_dir,
+                                    default=self._config.loggers is None) if self.is_main_process else []
+        except BaseException:  # a logger that cannot start (an MLflow store it may not use): the folder is free
+            if self._run_lock is not None:
+                self._run_lock.release()
+            raise
         self._reporter = Reporter(log_dir=self._config.log_dir, progress=self._config.progress,
                                  nonfinite=self._config.nonfinite, is_main=self.is_main_process,
                                  world_size=self.world_size, reduce=reduce, loggers=loggers,

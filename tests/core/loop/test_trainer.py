@@ -351,3 +351,18 @@ def test_a_trainer_refused_for_its_checkpoint_format_holds_no_folder_and_starts_
                         loggers=[Recorder()])
     assert str(folder.resolve()) not in runlock._HELD
     assert points == []
+
+
+def test_a_trainer_whose_logger_cannot_start_lets_go_of_its_checkpoint_folder(tmp_path, monkeypatch):
+    # MLflow refuses a local directory unless MLFLOW_ALLOW_FILE_STORE is set: one line, and the folder the
+    # refused Trainer had locked is free for the next job at once, not when this process ends
+    pytest.importorskip("mlflow")
+    from devplug.core.checkpoint import runlock
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    folder = tmp_path / "ckpt"
+    with pytest.raises(devplug.ConfigError, match="the mlflow logger cannot start a run"):
+        devplug.Trainer(device="cpu", progress=False, stop_signals=(), loggers=["mlflow"], log_dir=tmp_path,
+                        checkpoints=devplug.CheckpointPolicy(directory=folder))
+    assert str(folder.resolve()) not in runlock._HELD
