@@ -650,6 +650,9 @@ class Trainer:
     def epochs(self, n: int, *, max_steps: int | None = None) -> Iterator[int]:
         """Yield epoch numbers from where a resumed run left off up to ``n``; stop after ``max_steps`` steps.
 
+        Called again after leaving an epoch early (``max_steps``, ``break``), it continues that epoch where
+        it was: the training loader's next pass skips the batches already read, as after a resume.
+
         Sets loader sampler epochs and shows progress on rank 0. A stop signal (``stop_signals``) ends it at
         the next step boundary (then save, and exit with ``exit_code``). Leaving it, however, reports the
         values logged since the last log point and shuts down the loaders' worker processes (a loader
@@ -666,6 +669,8 @@ class Trainer:
         position = self._position
         if position.batches_in_epoch and position.batches_in_epoch >= self._epoch_batches():
             position.finish_epoch()  # resumed from the end of an epoch: its evaluation and save already ran
+        elif position.batches_in_epoch and position.window_closed() and not position.resume_points:
+            self._continue_epoch()  # a loop left inside this epoch (max_steps, break), entered again
         position.max_steps = max_steps
         position.in_epochs = True
         per_epoch = position.steps_per_epoch(self._epoch_batches())
@@ -694,6 +699,14 @@ class Trainer:
                 self.profiler.stop()
                 self._flops.stop()
                 self._stop_loader_workers()  # the loop is over: its loaders' worker processes end now, not at GC
+
+    def _continue_epoch(self) -> None:
+        # the primary loader's next pass starts where this process left the epoch, as a resume from a checkpoint
+        # saved there would, instead of reading the epoch's batches again; an iterator (a generator) goes on by
+        # itself
+        primary = next((loader for loader in self._loaders if loader.primary), None)
+        if primary is not None and not isinstance(primary.choice.loader, Iterator):
+            self._position.resume_points[primary.index] = primary.resume_point(self.world_size)
 
     def _stop_loader_workers(self) -> None:
         for loader in self._loaders:

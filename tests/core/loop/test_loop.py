@@ -515,3 +515,26 @@ def test_a_norm_other_than_l2_falls_back_to_torch_on_gaudi(hpu):
     trainer.backward(torch.nn.functional.mse_loss(model(x), y))
     norm = trainer.clip_grad_norm(opt, 1.0, norm_type=math.inf)
     assert hpu.count("FusedClipNorm.clip_norm") == 0 and torch.isfinite(norm)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_epochs_entered_again_after_max_steps_continue_the_epoch_where_it_was(shuffle):
+    # training in chunks (max_steps, then more): each sample once per epoch, in the uninterrupted run's order
+    def run(limits):
+        trainer = devplug.Trainer(device="cpu", progress=False, loggers=[], stop_signals=(), count_flops=False,
+                                  seed=3)
+        model = trainer.setup(torch.nn.Linear(1, 1))
+        opt = trainer.optimizer("sgd", model.parameters(), lr=0.0)
+        loader = trainer.dataloader(TensorDataset(torch.arange(12.0).unsqueeze(1)), batch_size=2, shuffle=shuffle,
+                                    num_workers=0)
+        seen = []
+        for limit in limits:
+            for epoch in trainer.epochs(2, max_steps=limit):
+                for (x,) in loader:
+                    seen.append((epoch, x.flatten().tolist()))
+                    trainer.backward(model(x).sum())
+                    trainer.step(opt)
+        return seen, trainer.global_step
+
+    whole, steps = run([None])
+    assert steps == 12 and run([2, 5, None]) == (whole, 12)
