@@ -49,7 +49,7 @@ class MetricBuffer:
                 if value.requires_grad:
                     value = value.detach()  # the graph is not kept alive until the log point
             else:
-                value = float(value)
+                value = logged_number(name, value)
             pending = values.get(name)
             if pending is None:
                 values[name] = [value]
@@ -91,6 +91,15 @@ def _mean(values: list[torch.Tensor | float], device: torch.device) -> torch.Ten
         return torch.stack([t if t.dim() == 0 else t.reshape(()) for t in tensors]).to(dtype=torch.float32).mean()
     tensors = [v.reshape(()) if isinstance(v, torch.Tensor) else torch.tensor(v) for v in values]
     return torch.stack([t.to(device=device, dtype=torch.float32) for t in tensors]).mean()
+
+
+def logged_number(name: str, value: Any) -> float:
+    """``value`` as a float; a ValueError naming ``name`` when it is not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"logged value {name!r} must be a number or a one-element tensor, "
+                         f"got {type(value).__name__} {value!r:.60}") from None
 
 
 def nonfinite(values: dict[str, float]) -> list[str]:

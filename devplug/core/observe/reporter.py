@@ -20,7 +20,7 @@ from devplug.core.contract.records import LogPoint
 from devplug.core.errors import NonFiniteLossError
 from devplug.core.observe.flops import FlopMeter
 from devplug.core.observe.loggers import Logger, TensorBoardLogger
-from devplug.core.observe.metrics import MetricBuffer, Throughput, nonfinite
+from devplug.core.observe.metrics import MetricBuffer, Throughput, logged_number, nonfinite
 from devplug.core.observe.progress import BAR_FORMAT, progress_postfix
 
 log = logging.getLogger("devplug")
@@ -197,7 +197,7 @@ class Reporter:
                 if value.numel() != 1:
                     raise ValueError(f"logged value {name!r} must be a scalar, got shape {tuple(value.shape)}")
                 value = value.item()
-            values[name] = float(value)
+            values[name] = logged_number(name, value)
         bad = nonfinite(values)
         if bad:
             self._on_nonfinite(bad, values, step)

@@ -366,3 +366,12 @@ def test_a_trainer_whose_logger_cannot_start_lets_go_of_its_checkpoint_folder(tm
         devplug.Trainer(device="cpu", progress=False, stop_signals=(), loggers=["mlflow"], log_dir=tmp_path,
                         checkpoints=devplug.CheckpointPolicy(directory=folder))
     assert str(folder.resolve()) not in runlock._HELD
+
+
+@pytest.mark.parametrize("value", [None, "n/a", [1.0, 2.0]])
+def test_a_logged_value_that_is_not_a_number_is_one_line_naming_it(value):
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, loggers=[], stop_signals=())
+    for name in ("loss", "val_loss"):  # kept until a log point, and written at once
+        with pytest.raises(ValueError, match=rf"^logged value '{name}' must be a number or a one-element tensor, "
+                                             rf"got {type(value).__name__}"):
+            trainer.log(**{name: value})
