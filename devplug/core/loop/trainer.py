@@ -171,7 +171,8 @@ class Trainer:
         self._reporter.log_run(self.global_step, hparams=flatten_hparams(self._config.hparams), tags=run_tags(
             device=str(self.device), device_plugin=self.device.plugin_name, precision=self.precision.name))
         self.profiler = StepProfiler(self._config.profile, self._config.log_dir, lambda: self._hooks(
-            spec.devplug_profiler_activities), lambda: self._position.global_step, rank=self.rank)
+            spec.devplug_profiler_activities), lambda: self._position.global_step, rank=self.rank,
+            exclude=self.throughput.exclude)
         self._route = StepRoute(self._hooks, self.profiler, FALLBACK_NAME)
         self._checkpoint_seconds = 0.0
         runs = None

@@ -48,16 +48,19 @@ class StepProfiler:
 
     ``profile`` is the Trainer's window (``"steps 10-15"``, or ``None``: never profiles); traces go under
     ``log_dir/profiler``; ``activities`` asks the device plugin which activities to record (called when
-    the window opens); ``steps_done`` gives the number of completed training steps.
+    the window opens); ``steps_done`` gives the number of completed training steps; ``exclude`` takes the
+    seconds spent ending the window and writing its trace out of the throughput clock.
     """
 
     def __init__(self, profile: str | None, log_dir: str | None, activities: Callable[[], list[Any] | None],
-                 steps_done: Callable[[], int], rank: int = 0) -> None:
+                 steps_done: Callable[[], int], rank: int = 0,
+                 exclude: Callable[[float], None] = lambda _seconds: None) -> None:
         self.window = parse_window(profile) if profile is not None else None
         self.trace_dir = trace_dir(log_dir)
         self._activities = activities
         self._steps_done = steps_done
         self.rank = rank
+        self._exclude = exclude
         self._profiler: Any = None
         self.traces: list[str] = []
         #: True while the profiler runs (an attribute: the step reads it several times per step).
@@ -95,11 +98,15 @@ class StepProfiler:
         if self._profiler is None:
             return None
         profiler, self._profiler, self.active = self._profiler, None, False
-        profiler.__exit__(None, None, None)
-        assert self.trace_dir is not None
-        os.makedirs(self.trace_dir, exist_ok=True)
-        path = os.path.join(self.trace_dir, f"rank{self.rank}.{time.time_ns()}.pt.trace.json")
-        profiler.export_chrome_trace(path)
+        began = time.perf_counter()
+        try:
+            profiler.__exit__(None, None, None)
+            assert self.trace_dir is not None
+            os.makedirs(self.trace_dir, exist_ok=True)
+            path = os.path.join(self.trace_dir, f"rank{self.rank}.{time.time_ns()}.pt.trace.json")
+            profiler.export_chrome_trace(path)
+        finally:  # writing the trace is not training time
+            self._exclude(time.perf_counter() - began)
         self.traces.append(path)
         log.info("profiler trace: %s (tensorboard --logdir %s, or ui.perfetto.dev)", path, self.trace_dir)
         return path

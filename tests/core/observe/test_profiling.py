@@ -88,3 +88,41 @@ def test_a_bad_window_from_the_example_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--profile" in err and "must look like 'steps 10-15'" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_writing_the_trace_is_left_out_of_samples_per_second(tmp_path, monkeypatch):
+    # the trace is written when the window closes: bookkeeping like a checkpoint, not training time
+    from types import SimpleNamespace
+
+    import torch
+
+    from devplug.core.observe import metrics, profiling
+
+    class Clock:
+        now = 100.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(profiling, "time", SimpleNamespace(perf_counter=clock, time_ns=profiling.time.time_ns))
+    real_export = torch.profiler.profile.export_chrome_trace
+
+    def slow_export(self, path):
+        clock.now += 100.0  # a large trace takes long to write
+        return real_export(self, path)
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", slow_export)
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, loggers=[], log_dir=str(tmp_path),
+                              profile="steps 2-3", count_flops=False, stop_signals=())
+    model = trainer.setup(torch.nn.Linear(4, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(40, 4)), batch_size=4, num_workers=0)
+    for _ in trainer.epochs(1):
+        for (x,) in loader:
+            clock.now += 1.0  # each step's work
+            trainer.backward(model(x).square().mean())
+            trainer.step(opt)
+    assert len(trainer.profiler.traces) == 1
+    assert trainer.summary()["samples_per_sec"] == pytest.approx(40 / 10)
