@@ -164,7 +164,8 @@ class StopRequest:
         try:
             yield
         finally:
-            late = self.agreed and not self.signalled  # stopped for another rank: its own signal may follow
+            # stopped for another rank's signal: this rank's own copy may follow (a request sends none)
+            late = self.agreed and not self.signalled and self.received is not None
             self._after = dict(self._previous) if late else {}
             for number, previous in self._previous.items():
                 signal.signal(number, self._late if late else previous)

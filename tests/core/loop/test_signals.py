@@ -153,3 +153,21 @@ def test_a_stop_during_the_evaluation_after_an_epoch_ends_the_run_before_the_nex
     assert evaluated == [(0, 6)]
     assert trainer.global_step == 6 and trainer.epoch == 1  # epoch 0 done: a resume begins epoch 1
     assert (trainer.stop_signal, trainer.exit_code) == (("SIGTERM", 143) if how == "SIGTERM" else (None, 0))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Ctrl-C again
+
+
+def test_after_a_request_to_stop_signals_keep_their_usual_meaning():
+    # a request is not a signal: no copy of one is on its way, so none is taken for it (a Ctrl-C or SIGTERM
+    # after an early stop acts at once, as outside epochs())
+    trainer, model, opt, loader = build()
+    for _ in trainer.epochs(3):
+        for x, y in loader:
+            trainer.backward(torch.nn.functional.mse_loss(model(x), y))
+            trainer.step(opt)
+            if trainer.global_step == 2:
+                trainer.request_stop("early stopping")
+    assert trainer.global_step == 2 and trainer.exit_code == 0
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
