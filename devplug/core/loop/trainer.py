@@ -132,6 +132,7 @@ class Trainer:
         self._stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # what step() was given
         self._stepped_ids: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # id → the optimizer, to add it once
         self._backwards = self._backwards_at_step = 0  # trainer.backward() calls, all and as of the last step()
+        self._scaler_update_due = False  # a grad scaler stepped: its scale moves once, before it scales again
         self._loaders: list[DeviceLoader] = []
         self._position = LoopPosition(accumulation=self._config.accumulate_grad_batches,
                                      stop_check=self._stop.checker(self._launch.rank))
@@ -252,12 +253,26 @@ class Trainer:
 
     @property
     def scaler(self) -> Any:
-        """The precision plan's grad scaler (``None`` without one); saved and restored with checkpoints."""
+        """The precision plan's grad scaler (``None`` without one); saved and restored with checkpoints.
+
+        Its scale moves once per step, after every optimizer of the step's backward has stepped (torch's
+        recipe); reading it here gives the scale the next backward will use.
+        """
+        self._update_scaler()
         return self._state.scaler
 
     @scaler.setter
     def scaler(self, value: Any) -> None:
+        self._update_scaler()
         self._state.scaler = value
+
+    def _update_scaler(self) -> None:
+        # once per step, however many optimizers stepped through the scaler (torch's recipe: step each, then
+        # update); done before the scale is used again, saved or replaced
+        if self._scaler_update_due:
+            self._scaler_update_due = False
+            if self._state.scaler is not None:
+                self._state.scaler.update()
 
     @property
     def epoch(self) -> int:
@@ -456,6 +471,8 @@ class Trainer:
         accumulation = position.accumulation
         if accumulation > 1:
             loss = loss / accumulation
+        if self._scaler_update_due:
+            self._update_scaler()
         scaler = self._state.scaler
         self._backwards += 1
         if not route.marks_regions and not route.profiler.active:  # nothing marked: no context entered
@@ -470,7 +487,8 @@ class Trainer:
         """Optimizer step (through the scaler), step marking, ``zero_grad(set_to_none=True)``; True if it stepped.
 
         On a micro-batch that does not complete a step it does nothing and returns False: the gradients
-        keep accumulating.
+        keep accumulating. A grad scaler's update waits until every optimizer of the backward has stepped
+        (it is made before the next backward, a save, or a read of ``scaler``), as torch's recipe does.
         """
         position = self._position
         if position.accumulation != 1 and not position.sync_now:
@@ -489,7 +507,7 @@ class Trainer:
             with route.region("optimizer_step"), (step_context() if step_context else NO_REGION):
                 if scaler is not None:
                     scaler.step(optimizer)
-                    scaler.update()
+                    self._scaler_update_due = True  # updated once every optimizer of this backward has stepped
                 else:
                     optimizer.step()
         if route.marks_steps:
@@ -510,8 +528,9 @@ class Trainer:
     def _unscale(self, optimizer: torch.optim.Optimizer) -> None:
         # torch's GradScaler remembers that this optimizer's gradients are unscaled; its step() then skips
         # unscaling, and a second unscale_ before update() is refused: exactly once per step.
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)
+        scaler = self._state.scaler  # (not the property: an update due after another optimizer's step waits)
+        if scaler is not None:
+            scaler.unscale_(optimizer)
 
     def clip_grad_norm(self, optimizer: torch.optim.Optimizer, max_norm: float,
                        norm_type: float = 2.0) -> torch.Tensor | None:
@@ -889,6 +908,7 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: modules, optimizers, scaler, counters, RNG states."""
+        self._update_scaler()
         return self._state.state_dict()
 
     def save(self, path: str | os.PathLike[str], *, async_save: bool = False, **extra: Any) -> str | None:
@@ -901,6 +921,7 @@ class Trainer:
         it on every rank; it returns the path on all); ``async_save=True`` writes it in the background, and
         the next save or `close` waits for it (plain checkpoints are always written at once).
         """
+        self._update_scaler()
         return self._keeper.save(path, extra, async_save=async_save)
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -913,6 +934,7 @@ class Trainer:
         collective under several processes (call it on every rank). Its fit is checked first; the shards are
         then read in place, so a read failing midway (a damaged shard file) can leave weights partly loaded.
         """
+        self._update_scaler()
         return self._keeper.load(path)
 
     def register_for_checkpointing(self, **objects: Any) -> None:
@@ -934,6 +956,7 @@ class Trainer:
         ``auto_resume=True``. Every rank resumes from the checkpoint rank 0 chose (a collective under
         several processes).
         """
+        self._update_scaler()
         resumed = self._keeper.resume(path)
         if resumed is not None:
             self._reporter.resumed(resumed.step)  # the loggers drop what the interrupted run wrote past it

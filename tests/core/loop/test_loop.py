@@ -538,3 +538,47 @@ def test_epochs_entered_again_after_max_steps_continue_the_epoch_where_it_was(sh
 
     whole, steps = run([None])
     assert steps == 12 and run([2, 5, None]) == (whole, 12)
+
+
+@pytest.mark.parametrize("clip", [False, True])
+def test_two_optimizers_of_one_backward_under_a_grad_scaler_match_torchs_recipe(tmp_path, clip):
+    # torch's recipe: scale(loss).backward(); step(o1); step(o2); update() once. Updating after each step
+    # moved the scale between the two, and the second unscaled its gradients by a scale they were not made at
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    ref = make()
+    ref_opts = [torch.optim.SGD(ref[i].parameters(), lr=0.1) for i in (0, 1)]
+    ref_scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)  # the scale moves every update
+    for _ in range(3):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = ref(x).float().square().mean()
+        ref_scaler.scale(loss).backward()
+        for opt in ref_opts:
+            if clip:
+                ref_scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 0.01)
+            ref_scaler.step(opt)
+        ref_scaler.update()
+        for opt in ref_opts:
+            opt.zero_grad(set_to_none=True)
+
+    trainer = devplug.Trainer(device="cpu", precision="16-mixed", progress=False, loggers=[], stop_signals=())
+    model = trainer.setup(make())
+    opts = [trainer.optimizer("sgd", model[i].parameters(), lr=0.1, name=f"layer{i}") for i in (0, 1)]
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
+    for _ in range(3):
+        with trainer.autocast():
+            loss = model(x).float().square().mean()
+        trainer.backward(loss)
+        for opt in opts:
+            if clip:  # each optimizer clipped just before its step: the second after the first stepped
+                trainer.clip_grad_norm(opt, 0.01)
+            trainer.step(opt)
+    for a, b in zip(ref.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    trainer.save(tmp_path / "ckpt.pt")  # the update the next backward would make is saved with the scale
+    assert trainer.scaler.get_scale() == ref_scaler.get_scale()
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=False)["scaler"]["scale"] == ref_scaler.get_scale()
