@@ -211,3 +211,12 @@ def test_automatic_names_only_options_devplug_chooses():
     with pytest.raises(ValueError, match="which devplug does not choose"):
         LoaderOptions(batch_size=2, automatic={"shuffle"})
     assert attrs.evolve(LoaderOptions(batch_size=2, automatic=["num_workers"])).automatic == {"num_workers"}
+
+
+def test_a_source_read_a_batch_at_once_is_measured_within_the_time_budget_too():
+    # random_split and Subset give a dataset with __getitems__, which the loader calls for a whole batch
+    source = Counting(length=256, seconds=0.02)  # 20 ms a sample: a batch of 64 costs at least 1.3 s
+    seconds, why = loadtune.main_process_batch_seconds(torch.utils.data.Subset(source, range(256)),
+                                                       LoaderOptions(batch_size=64, automatic=AUTO))
+    assert why == "" and seconds is not None and seconds >= 64 * 0.02
+    assert 2 <= source.reads <= 16  # a few samples, about MEASURE_SECONDS (0.2 s) of them, not the whole batch
