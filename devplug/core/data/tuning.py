@@ -33,8 +33,11 @@ How the choice is made — measured, not guessed:
    most `MAX_WORKERS` (the usual data-loading rule: the host's cores are otherwise idle, and one is
    left to the main thread, which must keep launching the device's work).
 
-A source that cannot be read ahead (an ``IterableDataset``, no length, a sample that raises) is not
-measured and keeps the Trainer's defaults; the reason says so.
+A source that cannot be read ahead (no length, a sample that raises) is not measured and keeps the
+Trainer's defaults; the reason says so. An ``IterableDataset`` is read in the main process (no workers):
+torch copies it into every worker process, and each copy yields the whole stream unless the data set
+splits itself with ``torch.utils.data.get_worker_info()``, so workers the author did not ask for would
+repeat every sample; an author whose data set splits itself passes ``num_workers``.
 """
 
 from __future__ import annotations
@@ -175,6 +178,11 @@ def tune_loader(dataset: Any, options: LoaderOptions, *, compute_competes: bool)
     """
     if "num_workers" not in options.automatic:
         return options, ""
+    if isinstance(dataset, IterableDataset):  # torch gives every worker a copy, and each yields all of it
+        return (attrs.evolve(options, num_workers=0),
+                "auto: 0 workers, an IterableDataset is read in the main process: torch copies it into every "
+                "worker, and each would yield all of it unless it splits itself with get_worker_info(); pass "
+                "num_workers for one that does")
     seconds, why_not = main_process_batch_seconds(dataset, options)
     if seconds is None:
         return options, f"auto: {options.num_workers} workers (the default; the source was not measured: {why_not})"
