@@ -258,6 +258,16 @@ def make_sampler(dataset: Dataset, options: LoaderOptions) -> Any:
     )
 
 
+def _batches(loader: DataLoader) -> int | None:
+    """Batches per epoch of ``loader``, ``None`` where it does not say (an IterableDataset, an unsized sampler)."""
+    if isinstance(loader.dataset, IterableDataset):
+        return None
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
 def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
                      compute_competes: bool | None = None) -> LoaderChoice:
     """A ``torch.utils.data.DataLoader`` built from ``options`` (workers, pinning, prefetch, sharding).
@@ -298,5 +308,12 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
         generator=generator,
         **kwargs,
     )
+    if not options.evaluation and _batches(loader) == 0:  # an epoch would train nothing, without a word
+        shard = len(sampler) if sampler is not None else size  # type: ignore[arg-type]  # sized: the loader is
+        where = f"{shard} samples" + (f" on each of {options.world_size} ranks" if options.world_size > 1 else "")
+        if not options.drop_last:
+            raise DataError(f"the training loader has no batch: its sampler gives {where}; check the sampler")
+        raise DataError(f"the training loader has no batch: {where}, fewer than batch_size={options.batch_size} with "
+                        "drop_last=True; lower batch_size or set drop_last=False")
     implementation = f"torch DataLoader(workers={workers}, pin_memory={bool(options.pin_memory)})"
     return LoaderChoice(loader=loader, implementation=implementation, sampler=sampler, reason=reason)
