@@ -309,7 +309,7 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
         **kwargs,
     )
     if not options.evaluation and _batches(loader) == 0:  # an epoch would train nothing, without a word
-        shard = len(sampler) if sampler is not None else size  # type: ignore[arg-type]  # sized: the loader is
+        shard = len(sampler) if sampler is not None else size  # sized: the loader is
         where = f"{shard} samples" + (f" on each of {options.world_size} ranks" if options.world_size > 1 else "")
         if not options.drop_last:
             raise DataError(f"the training loader has no batch: its sampler gives {where}; check the sampler")
