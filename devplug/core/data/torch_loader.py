@@ -240,7 +240,8 @@ def make_sampler(dataset: Dataset, options: LoaderOptions) -> Any:
     first ``k·B·W`` samples, which lets a checkpoint resume at the same place on another world size.
     An evaluation loader (``options.evaluation``) gets an `EvaluationSampler` instead: this rank's
     contiguous block of the dataset, every sample on exactly one rank, nothing padded. An
-    ``IterableDataset`` has no sampler. A training loader's sampler is a `ShardSampler`, so a resumed
+    ``IterableDataset`` has no sampler: each rank reads what it yields (`torch_dataloader` warns under several
+    ranks). A training loader's sampler is a `ShardSampler`, so a resumed
     epoch can start at its first unread sample.
     """
     if options.sampler is not None or isinstance(dataset, IterableDataset):
@@ -288,6 +289,10 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
         options, tuned = tune_loader(dataset, options, compute_competes=compute_competes)
         reason = "; ".join(part for part in (reason, tuned) if part)
     sampler = make_sampler(dataset, options)
+    if isinstance(dataset, IterableDataset) and options.world_size > 1:
+        log.warning("each of the %d ranks reads all that the IterableDataset %s yields (devplug shards only what it "
+                    "samples by index): split it by rank yourself (trainer.rank, trainer.world_size), or every rank "
+                    "reads the same samples", options.world_size, type(dataset).__name__)
     workers = options.num_workers
     kwargs: dict[str, Any] = {}
     if workers > 0:

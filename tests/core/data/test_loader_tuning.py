@@ -248,3 +248,16 @@ def test_an_iterable_dataset_yields_each_sample_once_an_epoch_on_a_machine_with_
     loader = trainer.dataloader(Stream(8), batch_size=2)
     seen = [value for _ in trainer.epochs(1) for batch in loader for value in batch.view(-1).tolist()]
     assert sorted(seen) == [float(i) for i in range(8)]
+
+
+def test_an_iterable_dataset_under_several_ranks_is_said_to_be_read_whole_by_each(caplog):
+    from devplug.toolkit import torch_dataloader
+
+    with caplog.at_level("WARNING"):
+        torch_dataloader(Stream(), LoaderOptions(batch_size=2, rank=1, world_size=2))
+    assert any("each of the 2 ranks reads all that the IterableDataset Stream yields" in r.getMessage()
+               for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        torch_dataloader(Stream(), LoaderOptions(batch_size=2))  # one process: nothing to split
+    assert not caplog.records
