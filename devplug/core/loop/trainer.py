@@ -932,8 +932,11 @@ class Trainer:
         self._stop.request_stop(reason)
 
     def close(self) -> None:
-        """Flush and close the loggers (their final point, with the run's summary) and the progress bar, and
-        shut down the data loaders' worker processes.
+        """Flush and close the loggers (their final point, with the run's summary) and the progress bar, shut
+        down the data loaders' worker processes and let go of the checkpoint folder's run lock.
+
+        A background save (``save(..., async_save=True)``) is waited for first; if it failed, its error is
+        raised after everything else is closed.
 
         The process group stays joined (other trainers in the process may use it); call
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
@@ -944,16 +947,20 @@ class Trainer:
         self.profiler.stop()
         self._flops.stop()  # a loop left inside the counted step: the counter and compile's stance end here
         self._stop_loader_workers()
-        self._keeper.writer.wait()
-        summary: dict[str, Any] = {}
-        if self.is_main_process and not self._reporter.closed:
+        try:
+            self._keeper.writer.wait()  # a background save's failure is raised once the rest is closed
+        finally:
+            summary: dict[str, Any] = {}
+            if self.is_main_process and not self._reporter.closed:
+                try:
+                    summary = self.summary().to_dict()
+                except Exception as exc:  # close() may run while an exception unwinds: do not mask it
+                    log.warning("the run's summary was not handed to the loggers: %s", exc)
             try:
-                summary = self.summary().to_dict()
-            except Exception as exc:  # close() may run while an exception unwinds: do not mask it
-                log.warning("the run's summary was not handed to the loggers: %s", exc)
-        self._reporter.close(self.global_step, summary)
-        if self._run_lock is not None:
-            self._run_lock.release()
+                self._reporter.close(self.global_step, summary)
+            finally:
+                if self._run_lock is not None:
+                    self._run_lock.release()
 
     def __enter__(self) -> Trainer:
         return self
