@@ -137,6 +137,7 @@ class Trainer:
         self._state = TrainerState(device=self.device, precision=self.precision, modules=self._modules,
                                   optimizers=self._optimizers, loaders=self._loaders, position=self._position,
                                   world_size=self.world_size)
+        checkpoint_format = self._checkpoint_format()  # refused before the folder is locked
         policy = self._config.checkpoints  # one job at a time writes its folder: taken before anything is written
         self._run_lock: RunLock | None = None
         if policy is not None:
@@ -173,7 +174,7 @@ class Trainer:
             runs = RunCheckpoints(policy)
         self._keeper = CheckpointKeeper(
             self._state, runs,
-            checkpoint_format=self._checkpoint_format(),
+            checkpoint_format=checkpoint_format,
             combiner=self._combiner, is_main=self.is_main_process, nonfinite=self._config.nonfinite,
             stepped=self._stepped, policy_save=self._save_by_policy)
         self._monitor = self._keeper.monitor  # log() hands the policy's monitored value to the keeper
