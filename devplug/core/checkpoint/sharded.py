@@ -32,7 +32,7 @@ from devplug.core.checkpoint import file as ckpt
 from devplug.core.checkpoint.diskfull import disk_full_cause, disk_full_line
 from devplug.core.checkpoint.manifest import MANIFEST_FILE, check_manifest, write_manifest
 from devplug.core.checkpoint.tempfiles import host_tag, remove_stale_temp_files, tag_writer
-from devplug.core.errors import CheckpointError
+from devplug.core.errors import CheckpointError, CheckpointMismatchError
 
 log = logging.getLogger("devplug")
 
@@ -234,8 +234,10 @@ def load_tensors(path: str | os.PathLike[str], tensors: dict[str, Any]) -> None:
         if ours is not None:  # the checkpoint refused as it was read (not data only, damaged)
             raise CheckpointError(ckpt.one_line(str(ours))) from exc
         reason = ckpt.one_line(str(cause), 300) or type(cause).__name__
-        raise CheckpointError(f"sharded checkpoint {str(path)!r} does not fit this run, and nothing was "
-                              f"restored: {reason}") from exc
+        # a key or shape of this run's the checkpoint lacks: a checkpoint of another setup, not a damaged one
+        kind = CheckpointError if isinstance(cause, OSError) else CheckpointMismatchError
+        raise kind(f"sharded checkpoint {str(path)!r} does not fit this run, and nothing was "
+                   f"restored: {reason}") from exc
 
 
 def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:

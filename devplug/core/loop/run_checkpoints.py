@@ -51,7 +51,7 @@ class CheckpointKeeper:
         self.monitor = runs.policy.monitor if runs is not None else None  # trainer.log() hands its values here
         self._monitor_step, self._monitor_value = -1, None  # the first value of monitor logged at that step
         self._monitor_seen = self._monitor_warned = self._saved_in_run = False
-        self.registered: dict[str, Any] = {}
+        self.registered: dict[str, Any] = state.registered  # the state's own: its loads check them first
         self.resumed = False
 
     # ---- what rides along ----------------------------------------------------------------------------
