@@ -45,10 +45,18 @@ def with_digest(state: Mapping[str, Any]) -> dict[str, Any]:
     return {**body, "digest": content.digest(body)}
 
 
+def _holds_set(obj: Any) -> bool:
+    if isinstance(obj, (set, frozenset)):
+        return True
+    if isinstance(obj, Mapping):
+        return any(_holds_set(key) or _holds_set(value) for key, value in obj.items())
+    return isinstance(obj, (list, tuple)) and any(_holds_set(value) for value in obj)
+
+
 def _digest_with_sets_in_order(state: Mapping[str, Any]) -> bool:
     """True when ``state``'s digest is the one an earlier devplug wrote, taking sets in their order then."""
     body = {k: v for k, v in state.items() if k != "digest"}
-    return content.digest(body, sets_in_order=True) == state["digest"]
+    return _holds_set(body) and content.digest(body, sets_in_order=True) == state["digest"]
 
 
 def atomic_save(state: Any, path: str | os.PathLike[str]) -> Path:
