@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from devplug.core.errors import CheckpointError, ConfigError, NonFiniteLossError
+from devplug.core.errors import CheckpointError, ConfigError, DevplugError, NonFiniteLossError
 
 if TYPE_CHECKING:  # the policy, resume and file modules load with the first save, load or resume
     from devplug.core.checkpoint.format import CheckpointFormat
@@ -133,18 +133,31 @@ class CheckpointKeeper:
                        set_aside_count=report["set_aside_count"])
 
     def _choose_and_load(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        # rank 0 tries the candidates (loading each, skipping damaged ones); the other ranks load its choice
+        # rank 0 tries the candidates (loading each, skipping damaged ones); the other ranks load its choice,
+        # or raise its error with it (none is left waiting for a choice that never comes)
         from devplug.core.checkpoint import resume as resume_files
 
         report: dict[str, Any] | None = None
         extra: dict[str, Any] = {}
+        failed: Exception | None = None
         if self._is_main:
-            choice = resume_files.choose(source, self.load, explicit=explicit)
-            if choice is not None:
-                extra = choice.extra
-                report = _resume_report(choice.path, choice.skipped)
+            try:
+                choice = resume_files.choose(source, self.load, explicit=explicit)
+                if choice is not None:
+                    extra = choice.extra
+                    report = _resume_report(choice.path, choice.skipped)
+            except Exception as exc:
+                if self._combiner is None:
+                    raise
+                failed = exc
         if self._combiner is not None:
-            report = self._from_rank0(report)
+            report, problem = self._from_rank0((report, _as_problem(failed)))
+            if failed is not None:
+                raise failed
+            if problem is not None:
+                kind, text = problem
+                raise kind(text) if isinstance(kind, type) and issubclass(kind, DevplugError) else \
+                    CheckpointError(f"rank 0 could not resume: {text}")
             if not self._is_main and report is not None:
                 extra = self.load(report["path"])
         return report, extra
@@ -241,6 +254,13 @@ class CheckpointKeeper:
         warnings.warn(f"the checkpoint policy's monitor {self.monitor!r} was never logged, so no checkpoint has a "
                       f"score;{keeps}. Log it after each evaluation (trainer.log({self.monitor}=...)) or fix "
                       "monitor= to a name you log", RuntimeWarning, stacklevel=2)
+
+
+def _as_problem(exc: Exception | None) -> tuple[type, str] | None:
+    """``exc`` as values another rank can get and raise: its class and its message (``None`` for none)."""
+    if exc is None:
+        return None
+    return type(exc), str(exc) if isinstance(exc, DevplugError) else f"{type(exc).__name__}: {exc}"
 
 
 def _resume_report(path: Path, skipped: Any) -> dict[str, Any]:

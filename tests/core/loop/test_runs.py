@@ -328,3 +328,17 @@ def test_flush_logs_on_one_rank_fails_with_one_line_instead_of_hanging(tmp_path)
                         extra_env={"DEVPLUG_COLLECTIVE_WAIT": "3"})
     assert "flush_logs() is a collective under 2 processes" in results[0].stdout
     assert "call it on every rank" in results[0].stdout
+
+
+@pytest.mark.slow
+def test_a_resume_rank_0_refuses_is_the_same_one_line_on_every_rank(tmp_path):
+    """Rank 0 finds only damaged checkpoints: every rank raises its error, none is left waiting or crashes."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "step_0000005.pt").write_text("not a checkpoint")
+    results = run_ranks(HERE / "resume_refused.py", [str(folder)], world_size=2, timeout=120, expect_code=3)
+    lines = [[line for line in r.stdout.splitlines() if line.startswith("rank ")] for r in results]
+    assert [len(found) for found in lines] == [1, 1], lines
+    said = [found[0].split(": ", 1)[1] for found in lines]
+    assert said[0] == said[1] and said[0].startswith("CheckpointError: no usable checkpoint to resume from"), said
+    assert all("Traceback" not in r.stderr for r in results)
