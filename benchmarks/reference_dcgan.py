@@ -54,9 +54,11 @@ in a typical DCGAN image folder) in one class sub-folder (``ImageFolder`` needs 
 rounded down to a multiple of ``--batch-size`` because the example drops a last partial batch and upstream
 does not, so both train the same images.
 ``--folder PATH`` keeps the folder (written there if PATH does not exist) to reuse in a later run.
+``--example-precision 32-true`` runs the example in fp32, what its ``auto`` picks on a CPU without native bf16:
+the target there is 1x, which this shows on a host with bf16 too (the last line names the target it applied).
 
 Run: python benchmarks/reference_dcgan.py [compare] [--images 128] [--epochs 2] [--rounds 2] [--warmup 0]
-     [--batch-size 64] [--folder PATH]
+     [--batch-size 64] [--example-precision PRECISION] [--folder PATH]
      python benchmarks/reference_dcgan.py train --dataroot DIR [--epochs 5] [--batch-size 64] [--workers 2]
      [--image-size 64] [--nz 100] [--ngf 64] [--ndf 64] [--lr 2e-4] [--beta1 0.5] [--print-every 1]
      [--outf DIR] [--seed 0]
@@ -298,6 +300,9 @@ def compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved timed rounds (default: 2)")
     parser.add_argument("--warmup", type=int, default=0, help="untimed runs of each variant first (default: 0)")
     parser.add_argument("--batch-size", type=int, default=64, help="for every variant (default: 64, upstream's)")
+    parser.add_argument("--example-precision", default=None, metavar="PRECISION",
+                        help="run the example in this precision (32-true: what it runs on a CPU without native bf16, "
+                             "where the target is 1x; default: its own choice, auto)")
     parser.add_argument("--folder", type=Path, default=None,
                         help="image folder to use (one sub-folder per class); written with --images demo JPEGs "
                              "if it does not exist, and kept (default: a temporary folder)")
@@ -405,6 +410,7 @@ def parse_example(cache_built: bool) -> Callable[[Variant, subprocess.CompletedP
         about = (f"device {summary['device']}, precision {summary['precision']} ({summary['precision_detail']}), "
                  f"optimizer {summary['optimizer_g']}, loader {summary['loader']}, model {summary['model']}")
         return {"images": int(summary["images_this_run"]), "loop_s": float(summary["wall_seconds"]),
+                "precision": summary["precision"],
                 "steady_rate": float(summary["images_per_sec"]), "about": about,
                 "first_step_unix_time": float(summary.get("first_step_unix_time") or "nan")}
 
@@ -456,10 +462,12 @@ def compare(argv: Sequence[str]) -> int:
             return [sys.executable, str(Path(__file__).resolve()), "train", "--dataroot", str(folder),
                     "--epochs", str(args.epochs), "--batch-size", str(batch), "--outf", str(out)]
 
+        precision = ["--precision", args.example_precision] if args.example_precision else []
+
         def example(cache: Path) -> Callable[[Path], list[str]]:
             return lambda out: [sys.executable, str(EXAMPLE), "--data", str(folder), "--epochs", str(args.epochs),
                                 "--batch-size", str(batch), "--cache-dir", str(cache), "--out", str(out),
-                                "--no-progress"]
+                                "--no-progress", *precision]
 
         def empty_cold() -> None:
             shutil.rmtree(cold, ignore_errors=True)
@@ -520,9 +528,11 @@ def compare(argv: Sequence[str]) -> int:
           f"{(medians['reference'] - floor_s) / (medians['example (warm cache)'] - floor_s):.2f}x. With nothing "
           f"but its training loop above the floor, the example would be {medians['reference'] / (floor_s + loop):.2f}x "
           "the reference (the best whole-process ratio at this size on this machine)")
-    verdict = "met" if warm_ratio >= 2.0 else "NOT met"
+    # 2x where the example trains in a lower precision than the reference's fp32, 1x where it cannot
+    target = 1.0 if variants["example (warm cache)"].results[0]["precision"] == "32-true" else 2.0
+    verdict = "met" if warm_ratio >= target else "NOT met"
     print(f"example vs reference, whole process: {warm_ratio:.2f}x with a warm cache, {cold_ratio:.2f}x with a cold "
-          f"one (> 1 = faster); target (>= 2x warm): {verdict}")
+          f"one (> 1 = faster); target (>= {target:g}x warm): {verdict}")
     return 0
 
 
