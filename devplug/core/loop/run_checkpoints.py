@@ -158,9 +158,28 @@ class CheckpointKeeper:
                 kind, text = problem
                 raise kind(text) if isinstance(kind, type) and issubclass(kind, DevplugError) else \
                     CheckpointError(f"rank 0 could not resume: {text}")
-            if not self._is_main and report is not None:
-                extra = self.load(report["path"])
+            if report is not None:
+                if not self._is_main:
+                    try:
+                        extra = self.load(report["path"])
+                    except Exception as exc:
+                        failed = exc
+                self._every_rank_loaded(report["path"], failed)
         return report, extra
+
+    def _every_rank_loaded(self, path: str, failed: Exception | None) -> None:
+        """Raise on every rank when a rank could not load rank 0's choice (its file is not on that node's disk,
+        say): the others would otherwise go on to wait for it at the first collective."""
+        import torch.distributed as dist
+
+        assert self._combiner is not None
+        found: list[Any] = [None] * dist.get_world_size(self._combiner.group)
+        dist.all_gather_object(found, _as_problem(failed), group=self._combiner.group)
+        if failed is not None:
+            raise failed
+        for rank, problem in enumerate(found):
+            if problem is not None:
+                raise CheckpointError(f"rank {rank} could not load {path}: {problem[1]}")
 
     def _choose_together(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         # Loading a collective format's checkpoint (a sharded folder) is a collective: rank 0 names the newest

@@ -330,15 +330,35 @@ def test_flush_logs_on_one_rank_fails_with_one_line_instead_of_hanging(tmp_path)
     assert "call it on every rank" in results[0].stdout
 
 
+def _resume_outcome(*folders: Path) -> list[str]:
+    results = run_ranks(HERE / "resume_refused.py", [str(f) for f in folders], world_size=2, timeout=120,
+                        expect_code=3)
+    assert all("Traceback" not in r.stderr for r in results), [r.stderr for r in results]
+    lines = [[line for line in r.stdout.splitlines() if line.startswith("rank ")] for r in results]
+    assert [len(found) for found in lines] == [1, 1], lines
+    return [found[0].split(": ", 1)[1] for found in lines]
+
+
 @pytest.mark.slow
 def test_a_resume_rank_0_refuses_is_the_same_one_line_on_every_rank(tmp_path):
     """Rank 0 finds only damaged checkpoints: every rank raises its error, none is left waiting or crashes."""
-    folder = tmp_path / "ckpt"
-    folder.mkdir()
-    (folder / "step_0000005.pt").write_text("not a checkpoint")
-    results = run_ranks(HERE / "resume_refused.py", [str(folder)], world_size=2, timeout=120, expect_code=3)
-    lines = [[line for line in r.stdout.splitlines() if line.startswith("rank ")] for r in results]
-    assert [len(found) for found in lines] == [1, 1], lines
-    said = [found[0].split(": ", 1)[1] for found in lines]
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "step_0000005.pt").write_text("not a checkpoint")
+    said = _resume_outcome(tmp_path)
     assert said[0] == said[1] and said[0].startswith("CheckpointError: no usable checkpoint to resume from"), said
-    assert all("Traceback" not in r.stderr for r in results)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_another_rank_cannot_load_stops_every_rank(tmp_path):
+    """Rank 1 cannot see the file rank 0 chose (a node without the shared disk): rank 0 does not go on alone to
+    wait at the first collective; both raise a line naming what went wrong."""
+    first, second = tmp_path / "node0", tmp_path / "node1"
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
+    model = trainer.setup(torch.nn.Linear(3, 3), name="net")
+    trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    trainer.save(first / "ckpt" / "step_0000005.pt")
+    trainer.close()
+    second.mkdir()
+    said = _resume_outcome(first, second)
+    assert said[1].startswith("CheckpointError: checkpoint 'ckpt/step_0000005.pt' does not exist"), said
+    assert said[0].startswith("CheckpointError: rank 1 could not load ckpt/step_0000005.pt: "), said
