@@ -217,6 +217,30 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_intact_previous_checkpo
     assert "free some space" in message and _names(tmp_path / "ckpt") == ["step_0000004.pt"]
 
 
+def test_a_folder_that_stops_taking_files_is_one_line_naming_the_file_and_the_intact_previous(tmp_path,
+                                                                                                monkeypatch):
+    """Permission taken away (or the disk remounted read-only) mid-run: one line, as for a full disk."""
+    import errno
+
+    from devplug.core.checkpoint import file as checkpoint_file
+
+    real_create = checkpoint_file.create_temp
+
+    def create_temp(target):
+        if target.name == "step_0000008.pt":
+            raise PermissionError(errno.EACCES, "Permission denied", str(target.parent / ".tmp"))
+        return real_create(target)
+
+    monkeypatch.setattr(checkpoint_file, "create_temp", create_temp)
+    with pytest.raises(devplug.CheckpointError) as info:
+        _loop(tmp_path, devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=4))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("could not write")
+    assert "step_0000008.pt (Permission denied)" in message
+    assert f"the previous checkpoint {tmp_path / 'ckpt' / 'step_0000004.pt'} is intact" in message
+    assert _names(tmp_path / "ckpt") == ["step_0000004.pt"]
+
+
 def test_checkpoint_now_saves_this_step_by_the_policy_once_and_no_index_without_a_monitor(tmp_path):
     policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=100, at_end=False, keep_last=1)
     trainer = _loop(tmp_path, policy, batches=5)
