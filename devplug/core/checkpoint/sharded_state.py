@@ -184,8 +184,8 @@ def load_plain_into_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> di
     state = ckpt.read_checkpoint(path)
     if sorted(state["modules"]) != sorted(ts.modules) or sorted(state["optimizers"]) != sorted(ts.optimizers):
         raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: it holds modules "
-                              f"{sorted(state['modules'])} and optimizers {sorted(state['optimizers'])}, this run "
-                              f"set up {sorted(ts.modules)} and {sorted(ts.optimizers)}")
+                                      f"{sorted(state['modules'])} and optimizers {sorted(state['optimizers'])}, "
+                                      f"this run set up {sorted(ts.modules)} and {sorted(ts.optimizers)}")
     problems = registered_problems(state["extra"], ts.registered)
     if problems:
         raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
