@@ -137,6 +137,7 @@ class Trainer:
         self._state = TrainerState(device=self.device, precision=self.precision, modules=self._modules,
                                   optimizers=self._optimizers, loaders=self._loaders, position=self._position,
                                   world_size=self.world_size)
+        checkpoint_format = self._checkpoint_format()  # refused before the folder is locked
         policy = self._config.checkpoints  # one job at a time writes its folder: taken before anything is written
         self._run_lock: RunLock | None = None
         if policy is not None:
@@ -173,7 +174,7 @@ class Trainer:
             runs = RunCheckpoints(policy)
         self._keeper = CheckpointKeeper(
             self._state, runs,
-            checkpoint_format=self._checkpoint_format(),
+            checkpoint_format=checkpoint_format,
             combiner=self._combiner, is_main=self.is_main_process, nonfinite=self._config.nonfinite,
             stepped=self._stepped, policy_save=self._save_by_policy)
         self._monitor = self._keeper.monitor  # log() hands the policy's monitored value to the keeper
@@ -932,8 +933,11 @@ class Trainer:
         self._stop.request_stop(reason)
 
     def close(self) -> None:
-        """Flush and close the loggers (their final point, with the run's summary) and the progress bar, and
-        shut down the data loaders' worker processes.
+        """Flush and close the loggers (their final point, with the run's summary) and the progress bar, shut
+        down the data loaders' worker processes and let go of the checkpoint folder's run lock.
+
+        A background save (``save(..., async_save=True)``) is waited for first; if it failed, its error is
+        raised after everything else is closed.
 
         The process group stays joined (other trainers in the process may use it); call
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
@@ -944,16 +948,20 @@ class Trainer:
         self.profiler.stop()
         self._flops.stop()  # a loop left inside the counted step: the counter and compile's stance end here
         self._stop_loader_workers()
-        self._keeper.writer.wait()
-        summary: dict[str, Any] = {}
-        if self.is_main_process and not self._reporter.closed:
+        try:
+            self._keeper.writer.wait()  # a background save's failure is raised once the rest is closed
+        finally:
+            summary: dict[str, Any] = {}
+            if self.is_main_process and not self._reporter.closed:
+                try:
+                    summary = self.summary().to_dict()
+                except Exception as exc:  # close() may run while an exception unwinds: do not mask it
+                    log.warning("the run's summary was not handed to the loggers: %s", exc)
             try:
-                summary = self.summary().to_dict()
-            except Exception as exc:  # close() may run while an exception unwinds: do not mask it
-                log.warning("the run's summary was not handed to the loggers: %s", exc)
-        self._reporter.close(self.global_step, summary)
-        if self._run_lock is not None:
-            self._run_lock.release()
+                self._reporter.close(self.global_step, summary)
+            finally:
+                if self._run_lock is not None:
+                    self._run_lock.release()
 
     def __enter__(self) -> Trainer:
         return self
