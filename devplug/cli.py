@@ -417,7 +417,17 @@ def consolidate(source: str, target: str, module: str | None = None) -> str:
                               "with strategy='fsdp' wrote); a plain checkpoint file is already one file")
     if file.is_dir():
         raise CheckpointError(f"{str(file)!r} is a folder; name the file to write")
-    written = consolidate_checkpoint(folder, file, module=module)
+    try:
+        written = consolidate_checkpoint(folder, file, module=module)
+    except OSError as exc:  # the weights cannot be written there: a full disk, a parent that is a file, no permission
+        from devplug.core.checkpoint.diskfull import disk_full_cause, disk_full_line
+
+        full = disk_full_cause(exc)
+        if full is not None:
+            raise CheckpointError(disk_full_line(repr(str(file)), full)) from None
+        if exc.filename is not None and Path(exc.filename).resolve().is_relative_to(folder.resolve()):
+            raise CheckpointError(f"cannot read checkpoint {str(folder)!r}: {exc}") from None
+        raise CheckpointError(f"cannot write {str(file)!r}: {exc}") from None
     return f"wrote {written}: the full weights as one plain state_dict (torch.load(path, weights_only=True))"
 
 
@@ -446,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write one module's full weights from a sharded checkpoint folder (strategy='fsdp') into one "
                     "plain state_dict file that torch.load reads, in this one process.")
     merge.add_argument("source", metavar="SHARDED_DIR", help="the sharded checkpoint, a folder step_NNNNNNN.pt/")
-    merge.add_argument("target", metavar="OUT.pt", help="the file to write (replaced atomically)")
+    merge.add_argument("target", metavar="OUT.pt", help="the file to write, outside SHARDED_DIR (replaced atomically)")
     merge.add_argument("--module", default=None,
                        help="the module to write, by the name given to Trainer.setup (needed when there are several)")
     for command in (devices, check, doctor):

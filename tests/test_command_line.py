@@ -3,6 +3,7 @@ early, and ``devplug consolidate``."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -118,3 +119,33 @@ def test_every_public_name_is_imported_on_first_use():
     assert result.stdout.split("\n")[0] == "False [] True", result.stdout + result.stderr
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         devplug.Nope  # noqa: B018
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "full_disk"])
+def test_consolidate_into_a_place_it_cannot_write_is_one_line(sharded_checkpoint, tmp_path, capsys, monkeypatch,
+                                                              where):
+    folder, _weights = sharded_checkpoint
+    (tmp_path / "a_file").write_text("x")
+    target = tmp_path / "a_file" / "lm.pt" if where == "under_a_file" else tmp_path / "out" / "lm.pt"
+    if where == "full_disk":
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(torch, "save", full)
+    assert cli.main(["consolidate", str(folder), str(target)]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    start = "cannot write " if where == "under_a_file" else "the disk is full: could not write "
+    assert len(err) == 1 and err[0].startswith(f"devplug: error: {start}{str(target)!r}"), err
+    assert not target.exists() and (not target.parent.is_dir() or not list(target.parent.iterdir()))
+
+
+def test_consolidate_refuses_to_write_into_the_checkpoint_it_reads(sharded_checkpoint, capsys):
+    """A file added to a sharded checkpoint folder makes it read as damaged: that target is refused."""
+    folder, _weights = sharded_checkpoint
+    assert cli.main(["consolidate", str(folder), str(folder / "lm.pt")]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "inside the checkpoint" in err[0], err
+    assert not (folder / "lm.pt").exists()
+    from devplug.core.checkpoint.sharded import check_sharded
+
+    check_sharded(folder)  # still intact

@@ -45,6 +45,20 @@ def with_digest(state: Mapping[str, Any]) -> dict[str, Any]:
     return {**body, "digest": content.digest(body)}
 
 
+def _holds_set(obj: Any) -> bool:
+    if isinstance(obj, (set, frozenset)):
+        return True
+    if isinstance(obj, Mapping):
+        return any(_holds_set(key) or _holds_set(value) for key, value in obj.items())
+    return isinstance(obj, (list, tuple)) and any(_holds_set(value) for value in obj)
+
+
+def _digest_with_sets_in_order(state: Mapping[str, Any]) -> bool:
+    """True when ``state``'s digest is the one an earlier devplug wrote, taking sets in their order then."""
+    body = {k: v for k, v in state.items() if k != "digest"}
+    return _holds_set(body) and content.digest(body, sets_in_order=True) == state["digest"]
+
+
 def atomic_save(state: Any, path: str | os.PathLike[str]) -> Path:
     """Write ``state`` with ``torch.save`` to ``path`` atomically (temp file, fsync, rename).
 
@@ -138,7 +152,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"{where} is incomplete: it lacks {', '.join(missing)} (edited, or not written by "
                               "Trainer.save())")
-    if with_digest(state)["digest"] != state["digest"]:
+    if with_digest(state)["digest"] != state["digest"] and not _digest_with_sets_in_order(state):
         raise CheckpointError(f"{where} is damaged: its content does not match the digest it was saved with "
                               "(changed on disk or in transfer); use an earlier checkpoint")
     return state

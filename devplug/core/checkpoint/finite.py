@@ -32,7 +32,17 @@ def nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
         tensors = [t for _, t in members]
         try:
             finite = torch.isfinite(_max_abs(tensors)).cpu().tolist()
-        except (RuntimeError, NotImplementedError):  # a device without these reductions: check host copies
-            finite = [bool(torch.isfinite(t.cpu()).all()) for t in tensors]
+        except (RuntimeError, NotImplementedError):  # a device or dtype without these reductions: host copies
+            finite = [_all_finite(t) for t in tensors]
         bad.extend(name for (name, _), ok in zip(members, finite, strict=True) if not ok)
     return bad
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """True when the host copy of ``tensor`` holds no NaN or infinity (widened where its dtype has no isfinite,
+    e.g. ``float8_e4m3fn``)."""
+    host = tensor.cpu()
+    try:
+        return bool(torch.isfinite(host).all())
+    except (RuntimeError, NotImplementedError):
+        return bool(torch.isfinite(host.to(torch.complex64 if host.is_complex() else torch.float32)).all())

@@ -143,8 +143,9 @@ class RunCheckpoints:
     def save(self, step: int, write: Callable[[Path], Any], score: float | None, *, main: bool = True) -> Path:
         """Write the checkpoint of ``step`` through ``write`` (atomic), record its score, then prune.
 
-        A full disk (or quota) raises one `CheckpointError` line naming the file and the previous
-        checkpoint, which the atomic write left intact. A sharded checkpoint (a folder every rank writes
+        A full disk (or quota), or a folder that takes no file (permission, a read-only file system), raises
+        one `CheckpointError` line naming the file and the previous checkpoint, which the atomic write left
+        intact. A sharded checkpoint (a folder every rank writes
         into) is written on every rank; only the ``main`` one records scores and prunes.
         """
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -153,7 +154,9 @@ class RunCheckpoints:
             write(path)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
+                raise CheckpointError(f"could not write {path} ({exc.strerror or exc}); {self._previous(path)}; "
+                                      "check that the folder can be written, or save the checkpoints elsewhere"
+                                      ) from exc
             raise CheckpointError(self._disk_full(path, exc)) from exc
         self.last_saved_step, self.last_saved_time, self.last_path = step, time.monotonic(), path
         if not main:
@@ -182,11 +185,13 @@ class RunCheckpoints:
         self.prune(scores)
         return True
 
-    def _disk_full(self, path: Path, exc: OSError) -> str:
+    def _previous(self, path: Path) -> str:
         previous = next((found for _step, found in steps_newest_first(self.folder) if found != path), None)
-        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint was touched"
-        return (f"the disk is full: could not write {path} ({exc.strerror or exc}); {kept}; free some space or "
-                "save the checkpoints on another disk")
+        return f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint was touched"
+
+    def _disk_full(self, path: Path, exc: OSError) -> str:
+        return (f"the disk is full: could not write {path} ({exc.strerror or exc}); {self._previous(path)}; free "
+                "some space or save the checkpoints on another disk")
 
     def keep(self, scores: dict[str, float]) -> set[Path]:
         """The files the policy keeps: the newest (always), the last ``keep_last``, the best ``keep_best``.

@@ -103,12 +103,17 @@ def acquire(folder: str | os.PathLike[str]) -> RunLock | None:
     """Take the run lock of ``folder`` (created if needed); a `CheckpointError` line naming the holder if taken.
 
     Returns ``None`` when no lock can be taken here (a read-only folder, a system without ``flock``): the
-    run goes on, and its saves report what is wrong with the folder.
+    run goes on, and its saves report what is wrong with the folder. A file where the folder (or a folder
+    above it) should be is a `CheckpointError` line now: no save could ever be written.
     """
     root = Path(folder)
     try:
         root.mkdir(parents=True, exist_ok=True)
         key = str(root.resolve())
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), root)
+        raise CheckpointError(f"cannot make the checkpoint folder {str(root)!r}: {str(blocker)!r} is a file, not a "
+                              "folder; give the checkpoint policy a folder's path") from None
     except OSError as exc:
         log.debug("no run lock in %s: %s", root, exc)
         return None

@@ -30,9 +30,9 @@ import torch.distributed as dist
 
 from devplug.core.checkpoint import file as ckpt
 from devplug.core.checkpoint.diskfull import disk_full_cause, disk_full_line
-from devplug.core.checkpoint.manifest import check_manifest, write_manifest
+from devplug.core.checkpoint.manifest import MANIFEST_FILE, check_manifest, write_manifest
 from devplug.core.checkpoint.tempfiles import host_tag, remove_stale_temp_files, tag_writer
-from devplug.core.errors import CheckpointError
+from devplug.core.errors import CheckpointError, CheckpointMismatchError
 
 log = logging.getLogger("devplug")
 
@@ -234,8 +234,10 @@ def load_tensors(path: str | os.PathLike[str], tensors: dict[str, Any]) -> None:
         if ours is not None:  # the checkpoint refused as it was read (not data only, damaged)
             raise CheckpointError(ckpt.one_line(str(ours))) from exc
         reason = ckpt.one_line(str(cause), 300) or type(cause).__name__
-        raise CheckpointError(f"sharded checkpoint {str(path)!r} does not fit this run, and nothing was "
-                              f"restored: {reason}") from exc
+        # a key or shape of this run's the checkpoint lacks: a checkpoint of another setup, not a damaged one
+        kind = CheckpointError if isinstance(cause, OSError) else CheckpointMismatchError
+        raise kind(f"sharded checkpoint {str(path)!r} does not fit this run, and nothing was "
+                   f"restored: {reason}") from exc
 
 
 def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -266,12 +268,16 @@ def consolidate_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[s
     The file holds a plain ``state_dict`` (parameter names to CPU tensors) that ``torch.load(dst,
     weights_only=True)`` reads and ``module.load_state_dict`` accepts. ``module`` names the set-up module
     (``Trainer.setup(..., name=)``); it may be left out when the checkpoint holds only one. Runs in one
-    process, without a process group.
+    process, without a process group. ``dst`` may not be inside ``src`` (a file added to a sharded checkpoint
+    makes it read as damaged).
     """
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     from devplug.core.checkpoint import safe_dcp
 
+    if Path(dst).resolve().is_relative_to(Path(src).resolve()):
+        raise CheckpointError(f"{str(dst)!r} is inside the checkpoint {str(src)!r}, whose files are listed in its "
+                              f"{MANIFEST_FILE}; write the weights outside it")
     state = read_state(src)
     names = list(state.get("sharded_modules", []))
     if module is None:

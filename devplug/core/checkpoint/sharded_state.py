@@ -27,9 +27,9 @@ from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.finite import nonfinite
 from devplug.core.checkpoint.format import TrainingRun
 from devplug.core.checkpoint.sharded import ShardedWriter, load_tensors, read_state
-from devplug.core.checkpoint.validate import check_loaded_optimizers
+from devplug.core.checkpoint.validate import check_loaded_optimizers, registered_problems
 from devplug.core.contract.records import OptimizerChoice
-from devplug.core.errors import CheckpointError, NonFiniteLossError
+from devplug.core.errors import CheckpointError, CheckpointMismatchError, NonFiniteLossError
 from devplug.core.optim.canonical import CANONICAL, canonical_class, import_state, state_problems
 
 
@@ -86,7 +86,7 @@ def _converted(ts: TrainingRun, readers: Mapping[str, torch.optim.Optimizer], ow
                  "layout": CANONICAL, "state": reader.state_dict()}
         problems = state_problems(choice, entry, key)
         if problems:
-            raise CheckpointError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
+            raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
         entries[key], natives[key] = entry, import_state(choice, entry, key)
     check_loaded_optimizers(entries, natives, {k: ts.optimizers[k] for k in readers}, path)
     return natives
@@ -156,8 +156,9 @@ def load_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> dict[str, Any
     for key, algorithm in state.get("optimizer_algorithms", {}).items():
         if key in ts.optimizers and ts.optimizers[key].algorithm != algorithm:
             problems.append(f"optimizer {key!r} is {algorithm} there and {ts.optimizers[key].algorithm} here")
+    problems += registered_problems(state["extra"], ts.registered)
     if problems:
-        raise CheckpointError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
+        raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
     points = ts.resume_points(state)
     readers = {key: reader for key, choice in ts.optimizers.items() if (reader := torch_reader(choice)) is not None}
     with _gradients_aside(ts):
@@ -182,9 +183,12 @@ def load_plain_into_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> di
 
     state = ckpt.read_checkpoint(path)
     if sorted(state["modules"]) != sorted(ts.modules) or sorted(state["optimizers"]) != sorted(ts.optimizers):
-        raise CheckpointError(f"checkpoint {str(path)!r} does not match this run: it holds modules "
-                              f"{sorted(state['modules'])} and optimizers {sorted(state['optimizers'])}, this run "
-                              f"set up {sorted(ts.modules)} and {sorted(ts.optimizers)}")
+        raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: it holds modules "
+                                      f"{sorted(state['modules'])} and optimizers {sorted(state['optimizers'])}, "
+                                      f"this run set up {sorted(ts.modules)} and {sorted(ts.optimizers)}")
+    problems = registered_problems(state["extra"], ts.registered)
+    if problems:
+        raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
     owners = optimizer_owners(ts)
     points = ts.resume_points(state)
     full = _options(full_state_dict=True)

@@ -107,10 +107,36 @@ def module_problems(saved_modules: Any, modules: Mapping[str, torch.nn.Module]) 
     return problems
 
 
+def registered_problems(extra: Any, registered: Mapping[str, Any]) -> list[str]:
+    """Tensors registered for checkpointing whose saved value is not a tensor of their shape ([] when none).
+
+    A tensor is restored in place, which would broadcast a smaller saved one into it, or fail after the
+    modules were restored: either is refused before anything is restored.
+    """
+    if not isinstance(extra, Mapping):
+        return []
+    problems = []
+    for name, tensor in registered.items():
+        if not isinstance(tensor, torch.Tensor) or name not in extra:
+            continue
+        saved = extra[name]
+        if not isinstance(saved, torch.Tensor):
+            problems.append(f"registered tensor {name!r} is a {type(saved).__name__} there")
+        elif tuple(saved.shape) != tuple(tensor.shape):
+            problems.append(f"registered tensor {name!r} has shape {tuple(saved.shape)} there, "
+                            f"{tuple(tensor.shape)} here")
+    return problems
+
+
 def check_matches(state: Mapping[str, Any], modules: Mapping[str, torch.nn.Module],
-                  optimizers: Mapping[str, OptimizerChoice], path: Any) -> None:
-    """Raise one CheckpointError line listing every difference between ``state`` and the setup; change nothing."""
+                  optimizers: Mapping[str, OptimizerChoice], path: Any,
+                  registered: Mapping[str, Any] | None = None) -> None:
+    """Raise one CheckpointError line listing every difference between ``state`` and the setup; change nothing.
+
+    ``registered``: the objects registered for checkpointing (their tensors' shapes are compared too).
+    """
     problems = counter_problems(state) + module_problems(state["modules"], modules)
+    problems += registered_problems(state["extra"], registered or {})
     saved_optimizers = state["optimizers"]
     if not isinstance(saved_optimizers, Mapping):
         problems.append("its optimizers are not a dict")

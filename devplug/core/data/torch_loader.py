@@ -240,7 +240,8 @@ def make_sampler(dataset: Dataset, options: LoaderOptions) -> Any:
     first ``k·B·W`` samples, which lets a checkpoint resume at the same place on another world size.
     An evaluation loader (``options.evaluation``) gets an `EvaluationSampler` instead: this rank's
     contiguous block of the dataset, every sample on exactly one rank, nothing padded. An
-    ``IterableDataset`` has no sampler. A training loader's sampler is a `ShardSampler`, so a resumed
+    ``IterableDataset`` has no sampler: each rank reads what it yields (`torch_dataloader` warns under several
+    ranks). A training loader's sampler is a `ShardSampler`, so a resumed
     epoch can start at its first unread sample.
     """
     if options.sampler is not None or isinstance(dataset, IterableDataset):
@@ -256,6 +257,16 @@ def make_sampler(dataset: Dataset, options: LoaderOptions) -> Any:
         seed=options.seed,
         drop_last=options.drop_last and options.world_size > 1,
     )
+
+
+def _batches(loader: DataLoader) -> int | None:
+    """Batches per epoch of ``loader``, ``None`` where it does not say (an IterableDataset, an unsized sampler)."""
+    if isinstance(loader.dataset, IterableDataset):
+        return None
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
@@ -278,6 +289,10 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
         options, tuned = tune_loader(dataset, options, compute_competes=compute_competes)
         reason = "; ".join(part for part in (reason, tuned) if part)
     sampler = make_sampler(dataset, options)
+    if isinstance(dataset, IterableDataset) and options.world_size > 1:
+        log.warning("each of the %d ranks reads all that the IterableDataset %s yields (devplug shards only what it "
+                    "samples by index): split it by rank yourself (trainer.rank, trainer.world_size), or every rank "
+                    "reads the same samples", options.world_size, type(dataset).__name__)
     workers = options.num_workers
     kwargs: dict[str, Any] = {}
     if workers > 0:
@@ -298,5 +313,12 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
         generator=generator,
         **kwargs,
     )
+    if not options.evaluation and _batches(loader) == 0:  # an epoch would train nothing, without a word
+        shard = len(sampler) if sampler is not None else size  # sized: the loader is
+        where = f"{shard} samples" + (f" on each of {options.world_size} ranks" if options.world_size > 1 else "")
+        if not options.drop_last:
+            raise DataError(f"the training loader has no batch: its sampler gives {where}; check the sampler")
+        raise DataError(f"the training loader has no batch: {where}, fewer than batch_size={options.batch_size} with "
+                        "drop_last=True; lower batch_size or set drop_last=False")
     implementation = f"torch DataLoader(workers={workers}, pin_memory={bool(options.pin_memory)})"
     return LoaderChoice(loader=loader, implementation=implementation, sampler=sampler, reason=reason)

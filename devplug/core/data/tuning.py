@@ -10,8 +10,9 @@ How the choice is made — measured, not guessed:
 1. **Measure the source.** One batch is read and collated in the main process, as
    ``DataLoader(num_workers=0)`` would (samples spread evenly over the data set, for at most
    `MEASURE_SECONDS`; a first sample read as a warm-up does not count, and a partial batch is
-   extrapolated to a whole one; a data set with ``__getitems__`` is read a batch at once, as the loader
-   will). Nothing the training relies on moves: no sampler is iterated, and torch's, Python's and
+   extrapolated to a whole one; a data set with ``__getitems__``, such as a ``Subset`` from ``random_split``,
+   is read through it, as the loader will: in calls of growing size, and the rest of the batch in one call
+   once it fits in the time). Nothing the training relies on moves: no sampler is iterated, and torch's, Python's and
    NumPy's global random states are restored afterwards.
 2. **A cheap source is read in the main process** (no workers) on every device: a batch that costs at
    most `CHEAP_BATCH_SECONDS` there costs about as much to receive from a worker process (measured
@@ -32,8 +33,11 @@ How the choice is made — measured, not guessed:
    most `MAX_WORKERS` (the usual data-loading rule: the host's cores are otherwise idle, and one is
    left to the main thread, which must keep launching the device's work).
 
-A source that cannot be read ahead (an ``IterableDataset``, no length, a sample that raises) is not
-measured and keeps the Trainer's defaults; the reason says so.
+A source that cannot be read ahead (no length, a sample that raises) is not measured and keeps the
+Trainer's defaults; the reason says so. An ``IterableDataset`` is read in the main process (no workers):
+torch copies it into every worker process, and each copy yields the whole stream unless the data set
+splits itself with ``torch.utils.data.get_worker_info()``, so workers the author did not ask for would
+repeat every sample; an author whose data set splits itself passes ``num_workers``.
 """
 
 from __future__ import annotations
@@ -116,9 +120,7 @@ def main_process_batch_seconds(
         try:
             if hasattr(dataset, "__getitems__"):  # what DataLoader calls for a whole batch when it exists
                 dataset.__getitems__(indices[:1])  # warm-up
-                start = time.perf_counter()
-                samples = list(dataset.__getitems__(indices))
-                per_sample = (time.perf_counter() - start) / count
+                samples, per_sample = _read_in_chunks(dataset, indices, budget)
             else:
                 samples, times = [], []
                 start = time.perf_counter()
@@ -138,6 +140,31 @@ def main_process_batch_seconds(
     return per_sample * count + collate_seconds * count / max(1, len(samples)), ""
 
 
+def _read_in_chunks(dataset: Any, indices: list[int], budget: float) -> tuple[list[Any], float]:
+    """Samples read with ``__getitems__`` in calls of growing size, within about ``budget`` seconds; s/sample.
+
+    Once what is left is expected to fit in the budget it is read in one call, as the loader reads a batch
+    (a whole batch for a cheap source); the cost per sample is the largest call's.
+    """
+    samples: list[Any] = []
+    size, done, per_sample = 1, 0, 0.0
+    start = time.perf_counter()
+    while done < len(indices):
+        chunk = indices[done:done + size]
+        before = time.perf_counter()
+        samples += list(dataset.__getitems__(chunk))
+        now = time.perf_counter()
+        per_sample, done = (now - before) / len(chunk), done + len(chunk)
+        left = len(indices) - done
+        if now - start + per_sample * left <= budget:
+            size = left  # the rest fits: read it at once
+        elif now - start + per_sample * 2 * size > budget:
+            break
+        else:
+            size *= 2
+    return samples, per_sample
+
+
 def tune_loader(dataset: Any, options: LoaderOptions, *, compute_competes: bool) -> tuple[LoaderOptions, str]:
     """``options`` with the worker processes chosen by measuring ``dataset``, and a sentence saying why.
 
@@ -151,6 +178,11 @@ def tune_loader(dataset: Any, options: LoaderOptions, *, compute_competes: bool)
     """
     if "num_workers" not in options.automatic:
         return options, ""
+    if isinstance(dataset, IterableDataset):  # torch gives every worker a copy, and each yields all of it
+        return (attrs.evolve(options, num_workers=0),
+                "auto: 0 workers, an IterableDataset is read in the main process: torch copies it into every "
+                "worker, and each would yield all of it unless it splits itself with get_worker_info(); pass "
+                "num_workers for one that does")
     seconds, why_not = main_process_batch_seconds(dataset, options)
     if seconds is None:
         return options, f"auto: {options.num_workers} workers (the default; the source was not measured: {why_not})"

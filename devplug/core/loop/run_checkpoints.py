@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from devplug.core.errors import CheckpointError, ConfigError, NonFiniteLossError
+from devplug.core.errors import CheckpointError, ConfigError, DevplugError, NonFiniteLossError
 
 if TYPE_CHECKING:  # the policy, resume and file modules load with the first save, load or resume
     from devplug.core.checkpoint.format import CheckpointFormat
@@ -51,7 +51,7 @@ class CheckpointKeeper:
         self.monitor = runs.policy.monitor if runs is not None else None  # trainer.log() hands its values here
         self._monitor_step, self._monitor_value = -1, None  # the first value of monitor logged at that step
         self._monitor_seen = self._monitor_warned = self._saved_in_run = False
-        self.registered: dict[str, Any] = {}
+        self.registered: dict[str, Any] = state.registered  # the state's own: its loads check them first
         self.resumed = False
 
     # ---- what rides along ----------------------------------------------------------------------------
@@ -90,6 +90,10 @@ class CheckpointKeeper:
                           "not built by trainer.optimizer(), so a resume starts it afresh. Build it with "
                           "trainer.optimizer(...), or trainer.register_for_checkpointing(name=optimizer)",
                           RuntimeWarning, stacklevel=3)
+        clashes = sorted(set(extra) & set(self.registered))
+        if clashes:  # the extra would silently stand in for that object's state, and a load would feed it to it
+            raise ConfigError(f"save() extra {clashes[0]!r} has the name of an object registered for checkpointing, "
+                              "whose state is saved under it; give the extra another name")
         if self.registered:
             own = {name: obj if isinstance(obj, torch.Tensor) else obj.state_dict()
                    for name, obj in self.registered.items()}
@@ -133,21 +137,53 @@ class CheckpointKeeper:
                        set_aside_count=report["set_aside_count"])
 
     def _choose_and_load(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        # rank 0 tries the candidates (loading each, skipping damaged ones); the other ranks load its choice
+        # rank 0 tries the candidates (loading each, skipping damaged ones); the other ranks load its choice,
+        # or raise its error with it (none is left waiting for a choice that never comes)
         from devplug.core.checkpoint import resume as resume_files
 
         report: dict[str, Any] | None = None
         extra: dict[str, Any] = {}
+        failed: Exception | None = None
         if self._is_main:
-            choice = resume_files.choose(source, self.load, explicit=explicit)
-            if choice is not None:
-                extra = choice.extra
-                report = _resume_report(choice.path, choice.skipped)
+            try:
+                choice = resume_files.choose(source, self.load, explicit=explicit)
+                if choice is not None:
+                    extra = choice.extra
+                    report = _resume_report(choice.path, choice.skipped)
+            except Exception as exc:
+                if self._combiner is None:
+                    raise
+                failed = exc
         if self._combiner is not None:
-            report = self._from_rank0(report)
-            if not self._is_main and report is not None:
-                extra = self.load(report["path"])
+            report, problem = self._from_rank0((report, _as_problem(failed)))
+            if failed is not None:
+                raise failed
+            if problem is not None:
+                kind, text = problem
+                raise kind(text) if isinstance(kind, type) and issubclass(kind, DevplugError) else \
+                    CheckpointError(f"rank 0 could not resume: {text}")
+            if report is not None:
+                if not self._is_main:
+                    try:
+                        extra = self.load(report["path"])
+                    except Exception as exc:
+                        failed = exc
+                self._every_rank_loaded(report["path"], failed)
         return report, extra
+
+    def _every_rank_loaded(self, path: str, failed: Exception | None) -> None:
+        """Raise on every rank when a rank could not load rank 0's choice (its file is not on that node's disk,
+        say): the others would otherwise go on to wait for it at the first collective."""
+        import torch.distributed as dist
+
+        assert self._combiner is not None
+        found: list[Any] = [None] * dist.get_world_size(self._combiner.group)
+        dist.all_gather_object(found, _as_problem(failed), group=self._combiner.group)
+        if failed is not None:
+            raise failed
+        for rank, problem in enumerate(found):
+            if problem is not None:
+                raise CheckpointError(f"rank {rank} could not load {path}: {problem[1]}")
 
     def _choose_together(self, source: Path, *, explicit: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         # Loading a collective format's checkpoint (a sharded folder) is a collective: rank 0 names the newest
@@ -241,6 +277,13 @@ class CheckpointKeeper:
         warnings.warn(f"the checkpoint policy's monitor {self.monitor!r} was never logged, so no checkpoint has a "
                       f"score;{keeps}. Log it after each evaluation (trainer.log({self.monitor}=...)) or fix "
                       "monitor= to a name you log", RuntimeWarning, stacklevel=2)
+
+
+def _as_problem(exc: Exception | None) -> tuple[type, str] | None:
+    """``exc`` as values another rank can get and raise: its class and its message (``None`` for none)."""
+    if exc is None:
+        return None
+    return type(exc), str(exc) if isinstance(exc, DevplugError) else f"{type(exc).__name__}: {exc}"
 
 
 def _resume_report(path: Path, skipped: Any) -> dict[str, Any]:

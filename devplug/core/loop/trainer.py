@@ -124,7 +124,6 @@ class Trainer:
             ddp_overrides=self._config.ddp_overrides(), precision=plan.name, tp=self._config.tp))
         self.strategy: str = self._strategy.name
         self.sharding: ShardingPlan | None = self._strategy.sharding
-        checkpoint_format = self._checkpoint_format()  # refused before a folder is locked or a logger started
         self._modules: dict[str, torch.nn.Module] = {}
         self._compile_plan: CompilePlan | None = None
         self._compiled: dict[str, str] = {}  # module name: what compiling it did
@@ -139,6 +138,7 @@ class Trainer:
         self._state = TrainerState(device=self.device, precision=self.precision, modules=self._modules,
                                   optimizers=self._optimizers, loaders=self._loaders, position=self._position,
                                   world_size=self.world_size)
+        checkpoint_format = self._checkpoint_format()  # refused before the folder is locked
         policy = self._config.checkpoints  # one job at a time writes its folder: taken before anything is written
         self._run_lock: RunLock | None = None
         if policy is not None:
@@ -912,7 +912,8 @@ class Trainer:
         return self._state.state_dict()
 
     def save(self, path: str | os.PathLike[str], *, async_save: bool = False, **extra: Any) -> str | None:
-        """Write a checkpoint atomically (rank 0 only); ``extra`` holds the author's own state.
+        """Write a checkpoint atomically (rank 0 only); ``extra`` holds the author's own state (under names other
+        than those given to `register_for_checkpointing`, whose objects' states are saved under them).
 
         Returns the path written, or ``None`` on other ranks. Raises ``devplug.NonFiniteLossError`` and
         writes nothing when a weight or optimizer state holds NaN or infinity (docs/trainer.md, Checkpoints).
@@ -981,34 +982,35 @@ class Trainer:
         self._stop.request_stop(reason)
 
     def close(self) -> None:
-        """Flush and close the loggers (their final point, with the run's summary) and the progress bar, and
-        shut down the data loaders' worker processes.
+        """Flush and close the loggers (their final point, with the run's summary) and the progress bar, shut
+        down the data loaders' worker processes and let go of the checkpoint folder's run lock.
 
-        An asynchronous save that failed (`save` with ``async_save=True``) is raised here as a
-        `CheckpointError`, after the rest is closed and the checkpoint folder's run lock released. The process
-        group stays joined (other trainers in the process may use it); call
+        A background save (``save(..., async_save=True)``) is waited for first; if it failed, its error is
+        raised after everything else is closed.
+
+        The process group stays joined (other trainers in the process may use it); call
         ``torch.distributed.destroy_process_group()`` at the very end of a distributed script.
         """
         if self._watched_thread is not None:
             watchdog().unwatch(self._watched_thread)
             self._watched_thread = None
-        with contextlib.ExitStack() as ending:  # each part ends though one before it failed (a background save)
-            if self._run_lock is not None:
-                ending.callback(self._run_lock.release)
-            ending.callback(self._close_reporter)
-            ending.callback(self._keeper.writer.wait)  # a background save that failed is raised, once all is closed
-            ending.callback(self._stop_loader_workers)
-            ending.callback(self._flops.stop)  # a loop left inside the counted step: the counter and compile's stance
-            ending.callback(self.profiler.stop)
-
-    def _close_reporter(self) -> None:
-        summary: dict[str, Any] = {}
-        if self.is_main_process and not self._reporter.closed:
+        self.profiler.stop()
+        self._flops.stop()  # a loop left inside the counted step: the counter and compile's stance end here
+        self._stop_loader_workers()
+        try:
+            self._keeper.writer.wait()  # a background save's failure is raised once the rest is closed
+        finally:
+            summary: dict[str, Any] = {}
+            if self.is_main_process and not self._reporter.closed:
+                try:
+                    summary = self.summary().to_dict()
+                except Exception as exc:  # close() may run while an exception unwinds: do not mask it
+                    log.warning("the run's summary was not handed to the loggers: %s", exc)
             try:
-                summary = self.summary().to_dict()
-            except Exception as exc:  # close() may run while an exception unwinds: do not mask it
-                log.warning("the run's summary was not handed to the loggers: %s", exc)
-        self._reporter.close(self.global_step, summary)
+                self._reporter.close(self.global_step, summary)
+            finally:
+                if self._run_lock is not None:
+                    self._run_lock.release()
 
     def __enter__(self) -> Trainer:
         return self

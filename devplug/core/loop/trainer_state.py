@@ -42,6 +42,8 @@ class TrainerState:
         self.device, self.precision, self.scaler = device, precision, precision.scaler
         self.modules, self.optimizers, self.loaders, self.position = modules, optimizers, loaders, position
         self.world_size = world_size
+        #: the objects registered for checkpointing, by name (kept in ``extra``, restored by the Trainer)
+        self.registered: dict[str, Any] = {}
 
     def training_loaders(self) -> list[Any]:
         """The training loaders, primary first (evaluation loaders hold no position)."""
@@ -136,7 +138,7 @@ class TrainerState:
         from devplug.core.optim.canonical import import_state
 
         state = self.own_names(ckpt.read_checkpoint(path))
-        check_matches(state, self.modules, self.optimizers, path)
+        check_matches(state, self.modules, self.optimizers, path, self.registered)
         natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in self.optimizers.items()}
         check_loaded_optimizers(state["optimizers"], natives, self.optimizers, path)
         points = self.resume_points(state)

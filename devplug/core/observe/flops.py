@@ -241,6 +241,8 @@ class FlopMeter:
 
 #: The largest square matmul `measured_matmul_flops` times (three operands of 8192² fp32: 768 MiB).
 MAX_MATMUL_SIZE = 8192
+#: A matmul this long is all work: `measured_matmul_flops` grows its size no further.
+LONG_MATMUL_SECONDS = 0.1
 
 
 def matmul_seconds(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> float:
@@ -267,9 +269,11 @@ def timed_matmul_flops(device_type: str, dtype: torch.dtype, seconds: float = 0.
 
     The size doubles from 256 while the matmul's rate still grows with its size (the work does not yet
     dominate the call) or one matmul takes under 20 ms, up to 8192 (a GPU's tensor cores need large
-    operands to approach their rate). A slow format (bf16 on a CPU without native bf16) stays quick to
-    measure, and a moment when another process held a core, which makes a small matmul wait for it for
-    tens of milliseconds, does not end the search at a size whose time is that wait. Then it runs for
+    operands to approach their rate), and never past a size whose matmul takes `LONG_MATMUL_SECONDS` (on a
+    busy host, noise can look like growth, and a CPU's 8192² fp32 matmul takes seconds). A slow format
+    (bf16 on a CPU without native bf16) stays quick to measure, and a moment when another process held a
+    core, which makes a small matmul wait for it for tens of milliseconds, does not end the search at a
+    size whose time is that wait. Then it runs for
     ``seconds`` (5 times at least) and keeps the fastest, so a moment when another process had the cores
     does not lower the figure. A measured peak for devices without a published figure (the host CPU):
     what the device achieves on the operation training spends most of its time in, so MFU against it
@@ -285,7 +289,7 @@ def timed_matmul_flops(device_type: str, dtype: torch.dtype, seconds: float = 0.
         best = min(matmul_seconds(a, b, device) for _ in range(3))
         rate = 2.0 * size**3 / best
         still_growing = rate > 1.5 * rate_before
-        if size >= MAX_MATMUL_SIZE or (best >= 0.02 and not still_growing):
+        if size >= MAX_MATMUL_SIZE or best >= LONG_MATMUL_SECONDS or (best >= 0.02 and not still_growing):
             break
         size, rate_before = size * 2, rate
     runs, deadline = 0, time.perf_counter() + seconds

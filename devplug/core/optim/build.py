@@ -62,10 +62,14 @@ def own_choice(cls: type[torch.optim.Optimizer], params: list[Any], options: dic
 
 
 def _param_ids(params: Iterable[Any]) -> set[int]:
+    """The ids of the tensors among ``params``: tensors, ``(name, tensor)`` pairs (``named_parameters()``), groups."""
     ids: set[int] = set()
     for item in params:
         if isinstance(item, Mapping):
-            ids.update(id(p) for p in item["params"])
+            group = item["params"]
+            ids.update(_param_ids([group] if isinstance(group, torch.Tensor) else group))
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            ids.add(id(item[1]))
         else:
             ids.add(id(item))
     return ids

@@ -102,13 +102,22 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _build(cls: type[torch.optim.Optimizer], params: Any, options: dict[str, Any]) -> torch.optim.Optimizer:
+    """``cls(params, **options)``; an option torch refuses is the author's `OptimizerError`, in one line."""
+    try:
+        return cls(params, **options)
+    except (TypeError, ValueError, RuntimeError) as exc:  # an unknown option, a value out of range, a conflict
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise OptimizerError(f"cannot build torch.optim.{cls.__name__} with {sorted(options)}: {text}") from exc
+
+
 def _authors_choice(cls: type[torch.optim.Optimizer], params: Any, options: dict[str, Any]) -> OptimizerChoice | None:
     """The optimizer built as the author asked, when ``options`` name a kernel (``fused`` or ``foreach``)."""
     chosen = {k: options[k] for k in KERNELS if k in options}
     if not chosen:
         return None
     described = ", ".join(f"{k}={v!r}" for k, v in chosen.items())
-    return OptimizerChoice(cls(params, **options), f"torch.optim.{cls.__name__}({described})",
+    return OptimizerChoice(_build(cls, params, options), f"torch.optim.{cls.__name__}({described})",
                            "the author chose the implementation")
 
 
@@ -132,7 +141,7 @@ def fastest_torch_optimizer(device: Device, name: str, params: Any, options: dic
             return OptimizerChoice(optimizer, f"{base}({kernel}=True)", reason)
         except (RuntimeError, ValueError, TypeError) as exc:  # e.g. fused with differentiable=True
             reason = f"{kernel}=True does not take these options ({exc})"
-    return OptimizerChoice(cls(params, **options), base, reason)
+    return OptimizerChoice(_build(cls, params, options), base, reason)
 
 
 def sharded_torch_optimizer(name: str, params: Any, options: dict[str, Any], kernel: str,
@@ -150,4 +159,4 @@ def sharded_torch_optimizer(name: str, params: Any, options: dict[str, Any], ker
     if kernel in KERNELS and kernel in inspect.signature(cls).parameters:
         optimizer = cls(params, **{kernel: True}, **options)  # type: ignore[arg-type]  # a torch.optim subclass
         return OptimizerChoice(optimizer, f"{base}({kernel}=True)", reason)
-    return OptimizerChoice(cls(params, **options), base, reason)
+    return OptimizerChoice(_build(cls, params, options), base, reason)

@@ -76,13 +76,20 @@ def supports_fused(name: str) -> bool:
 
 @hookimpl
 def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str, Any]) -> OptimizerChoice | None:
-    """torch's fused CPU kernel where available, else leave it to the default implementation."""
+    """torch's fused CPU kernel where available and it takes the author's options, else the default implementation.
+
+    An option the fused kernel refuses (``differentiable=True``) or torch refuses altogether is left to the
+    core's default implementation, which builds the unfused kernel and says why, or names the author's option.
+    """
     key = name.lower()
     if "fused" in options or "foreach" in options or not supports_fused(key):
         return None
     cls = torch_optimizer_class(key)
-    # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
-    optimizer = cls(params, fused=True, **options)  # type: ignore[call-arg]
+    try:
+        # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
+        optimizer = cls(params, fused=True, **options)  # type: ignore[call-arg]
+    except (RuntimeError, ValueError, TypeError):
+        return None
     return OptimizerChoice(optimizer, f"torch.optim.{cls.__name__}(fused=True)")
 
 

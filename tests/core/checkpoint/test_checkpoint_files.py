@@ -226,3 +226,42 @@ def test_a_missing_path_and_a_folder_are_named(tmp_path):
         trainer.load(tmp_path / "missing.pt")
     with pytest.raises(CheckpointError, match="is a folder"):
         trainer.load(tmp_path)
+
+
+def _same_set_two_orders() -> tuple[set[str], set[str]]:
+    """Two equal sets of strings that iterate in different orders, as one set does in two processes (string
+    hashes are seeded per process, so a set of strings unpickled in another process iterates otherwise)."""
+    first = "tag0"
+    for n in range(1, 200):
+        other = f"tag{n}"
+        a, b = {first}, {other}
+        a.add(other)
+        b.add(first)
+        if list(a) != list(b):
+            return a, b
+    raise AssertionError("no two strings collide in a small set's table")  # pragma: no cover
+
+
+def test_a_set_in_extra_loads_in_another_process(tmp_path):
+    """The digest of a set does not depend on its iteration order, which changes with the process's hash seed."""
+    saved_order, other_order = _same_set_two_orders()
+    assert saved_order == other_order and list(saved_order) != list(other_order)
+    trainer, _nets, _opts = build()
+    path = Path(trainer.save(tmp_path / "ck.pt", tags=saved_order))
+    state = torch.load(path, weights_only=True)
+    state["extra"]["tags"] = other_order  # the same checkpoint as another process reads it back
+    torch.save(state, path)
+    restored = build()[0].load(path)
+    assert restored["tags"] == saved_order
+
+
+def test_a_checkpoint_whose_digest_took_its_sets_in_order_still_loads(tmp_path):
+    """A checkpoint written before sets were digested regardless of order is not called damaged."""
+    from devplug.core.checkpoint import digest as content
+
+    trainer, _nets, _opts = build()
+    path = Path(trainer.save(tmp_path / "ck.pt", tags={3, 1, 2}))
+    state = torch.load(path, weights_only=True)
+    state["digest"] = content.digest({k: v for k, v in state.items() if k != "digest"}, sets_in_order=True)
+    torch.save(state, path)
+    assert build()[0].load(path)["tags"] == {1, 2, 3}

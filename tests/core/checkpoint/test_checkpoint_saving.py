@@ -54,6 +54,21 @@ def test_nan_in_a_weight_is_refused_and_earlier_checkpoints_stay(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1.pt"] and earlier.read_bytes() == kept
 
 
+def test_a_float8_tensor_without_isfinite_is_saved_and_its_nan_refused(tmp_path):
+    """float8_e4m3fn (fp8 weights kept by a model) has no isfinite kernel: the check widens it, never fails on it."""
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
+    net = torch.nn.Linear(3, 4)
+    net.register_buffer("codes", torch.linspace(-2, 2, 8).to(torch.float8_e4m3fn))
+    model = trainer.setup(net, "net")
+    trainer.optimizer("adam", model.parameters(), lr=1e-2)
+    path = trainer.save(tmp_path / "ok.pt")
+    assert read_checkpoint(path)["modules"]["net"]["codes"].dtype == torch.float8_e4m3fn
+    model.codes[3] = float("nan")
+    with pytest.raises(devplug.NonFiniteLossError, match=r"in net\.codes;"):
+        trainer.save(tmp_path / "nan.pt")
+    assert not (tmp_path / "nan.pt").exists()
+
+
 def test_inf_in_optimizer_state_is_named(tmp_path):
     trainer, _, opt = build()
     first = next(iter(opt.state.values()))

@@ -131,3 +131,41 @@ def test_loading_modules_no_model_was_set_up_for_names_them(tmp_path):
         second.load(path)
     with pytest.raises(CheckpointMismatchError, match=r"\['critic', 'generator'\] .* \(set up: none\)"):
         trainer().load(path)
+
+
+@pytest.mark.parametrize("saved_rows, own_rows", [(1, 4), (4, 2)])
+def test_a_registered_tensor_of_another_shape_is_a_mismatch_and_changes_nothing(tmp_path, saved_rows, own_rows):
+    """Neither broadcast into the registered tensor (1 row saved, 4 here) nor a torch error after the weights
+    were restored (4 rows saved, 2 here): one line naming it, before anything is restored."""
+    first = trainer()
+    model = first.setup(make_model(), name="net")
+    opt = first.optimizer("adam", model.parameters(), lr=1e-2)
+    first.register_for_checkpointing(noise=torch.full((saved_rows, 3), 7.0))
+    train(first, model, opt)
+    path = first.save(tmp_path / "ck.pt")
+    second = trainer(seed=1)
+    fresh = second.setup(make_model(), name="net")
+    second.optimizer("adam", fresh.parameters(), lr=1e-2)
+    noise = torch.zeros(own_rows, 3)
+    second.register_for_checkpointing(noise=noise)
+    before = [p.detach().clone() for p in fresh.parameters()]
+    with pytest.raises(CheckpointMismatchError, match=rf"registered tensor 'noise' has shape \({saved_rows}, 3\) "
+                                                      rf"there, \({own_rows}, 3\) here"):
+        second.load(path)
+    assert torch.equal(noise, torch.zeros(own_rows, 3))
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters(), strict=True))
+
+
+def test_an_extra_named_as_a_registered_object_is_refused_and_nothing_is_written(tmp_path):
+    t = trainer()
+    model = t.setup(make_model(), name="net")
+    opt = t.optimizer("adam", model.parameters(), lr=1e-2)
+    noise = torch.full((2, 3), 7.0)
+    t.register_for_checkpointing(noise=noise)
+    train(t, model, opt)
+    with pytest.raises(devplug.ConfigError, match=r"save\(\) extra 'noise' has the name of an object registered "
+                                                  r"for checkpointing"):
+        t.save(tmp_path / "ck.pt", noise=torch.zeros(2, 3), epoch=3)
+    assert list(tmp_path.iterdir()) == []
+    t.save(tmp_path / "ck.pt", epoch=3)
+    assert t.load(tmp_path / "ck.pt")["epoch"] == 3 and torch.equal(noise, torch.full((2, 3), 7.0))

@@ -254,3 +254,20 @@ def test_unchanged_files_are_hashed_once_and_a_change_after_a_check_is_still_cau
     _flip(shard, 4096)
     with pytest.raises(CheckpointError, match="damaged"):
         check_manifest(folder)
+
+
+def test_a_sharded_checkpoint_of_another_setup_is_a_mismatch_not_damaged(tmp_path, caplog):
+    """Resumed in one process by a run that set up other modules, a sharded checkpoint is a wrong one (fix the
+    command line), not a damaged one to pass over: the older checkpoint is not resumed and nothing is set aside."""
+    from devplug.core.errors import CheckpointMismatchError
+
+    saved = _sharded(tmp_path, steps=(1, 2))
+    trainer = _trainer(checkpoints=devplug.CheckpointPolicy(directory=tmp_path))
+    other = trainer.setup(torch.nn.Linear(3, 3), name="lm")  # the same name, other tensors
+    trainer.optimizer("adamw", other.parameters(), lr=1e-2)
+    with caplog.at_level(logging.WARNING, logger="devplug"), pytest.raises(CheckpointMismatchError) as info:
+        trainer.resume()
+    assert "damaged" not in str(info.value) and "skipping" not in caplog.text
+    assert str(saved[2]) in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("step_", "abandoned"))) == [
+        "step_0000001.pt", "step_0000002.pt"]

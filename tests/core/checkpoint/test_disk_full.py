@@ -197,3 +197,34 @@ def test_a_logger_or_image_on_a_full_disk_is_one_warning_and_training_goes_on(tm
     warned = [r.getMessage() for r in caplog.records if "disk is full" in r.getMessage()]
     assert len(warned) == 2 and all("training goes on" in w and "\n" not in w for w in warned), warned
     assert _names(tmp_path / "samples") == []  # no 0-byte or half PNG, no temporary file
+
+
+def _locked_elsewhere(folder: Path) -> bool:
+    """True when the folder's run lock is held (a new open of it, as another job's, cannot take the flock)."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_close_that_reports_a_failed_background_save_still_lets_go_of_the_folder(tmp_path, monkeypatch):
+    """The failure is raised, but the run lock is released and the loggers closed all the same."""
+    from devplug.core.checkpoint import runlock
+
+    folder = tmp_path / "ckpt"
+    trainer = _sharded_trainer(folder)
+    assert _locked_elsewhere(folder)
+    _fail_shard_writes(monkeypatch)
+    trainer.save(folder / "step_0000001.pt", async_save=True)
+    with pytest.raises(CheckpointError, match=r"^the disk is full"):
+        trainer.close()
+    monkeypatch.undo()
+    assert str(folder.resolve()) not in runlock._HELD
+    assert not _locked_elsewhere(folder)  # the next job may write the folder
+    assert trainer._reporter.closed

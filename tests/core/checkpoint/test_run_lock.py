@@ -148,3 +148,27 @@ def test_the_lock_of_a_killed_run_whose_child_lingers_is_taken_over_once_the_chi
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_trainer_refused_at_construction_leaves_its_folder_unlocked(tmp_path):
+    """A configuration refused after the folder was chosen (a format that cannot hold the strategy's state)
+    does not keep the folder locked for the rest of the process."""
+    folder = tmp_path / "ckpt"
+    with pytest.raises(devplug.ConfigError, match="checkpoint_format='plain'"):
+        devplug.Trainer(device="cpu", precision="32-true", progress=False, strategy="fsdp", checkpoint_format="plain",
+                        checkpoints=devplug.CheckpointPolicy(directory=folder))
+    assert str(folder.resolve()) not in runlock._HELD
+    fixed = _trainer(folder)  # the corrected run takes it, and its close() lets go of it for good
+    fixed.close()
+    assert str(folder.resolve()) not in runlock._HELD
+
+
+@pytest.mark.parametrize("where", ["a_file", "a_file/ckpt"])
+def test_a_checkpoint_folder_a_file_stands_in_the_way_of_is_refused_at_construction(tmp_path, where):
+    """Not after the steps up to the first save, with an OSError from inside the loop."""
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(CheckpointError) as info:
+        _trainer(tmp_path / where)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"cannot make the checkpoint folder {str(tmp_path / where)!r}")
+    assert f"{str(tmp_path / 'a_file')!r} is a file, not a folder" in message

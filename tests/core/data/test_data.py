@@ -111,3 +111,13 @@ def test_nested_batches_move_to_the_device():
     moved = trainer.to_device(batch)
     assert moved["meta"] == ["a", "b"] and moved["pair"][1] == 3
     assert moved["x"].device == trainer.torch_device
+
+
+def test_a_training_loader_with_no_whole_batch_is_one_clear_line_not_an_epoch_of_nothing():
+    trainer = devplug.Trainer(device="cpu", progress=False)
+    dataset = torch.utils.data.TensorDataset(torch.randn(5, 3))
+    with pytest.raises(devplug.DataError, match=r"no batch: 5 samples, fewer than batch_size=8 with drop_last=True; "
+                                                r"lower batch_size or set drop_last=False"):
+        trainer.dataloader(dataset, 8, drop_last=True)
+    assert len(trainer.dataloader(dataset, 8)) == 1  # a partial batch is a batch
+    assert len(trainer.dataloader(dataset, 8, drop_last=True, train=False)) == 0  # evaluation: may be empty

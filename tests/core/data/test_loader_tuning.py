@@ -187,12 +187,11 @@ def test_the_cpu_plugin_and_the_fallback_say_whether_compute_competes(monkeypatc
 @pytest.mark.parametrize(
     ("dataset", "why"),
     [
-        (type("Stream", (IterableDataset,), {"__iter__": lambda self: iter([torch.zeros(2)] * 4)})(),
-         "an IterableDataset is not read ahead"),
+        (type("Unsized", (Dataset,), {"__getitem__": lambda self, i: torch.zeros(2)})(), "the data set has no length"),
         (type("Broken", (Dataset,), {"__len__": lambda self: 4,
                                      "__getitem__": lambda self, i: 1 / 0})(), "raised ZeroDivisionError"),
     ],
-    ids=["iterable", "raises"],
+    ids=["unsized", "raises"],
 )
 def test_a_source_that_cannot_be_read_ahead_keeps_the_defaults_and_says_why(dataset, why):
     options = LoaderOptions(batch_size=2, num_workers=loadtune.default_workers(), automatic=AUTO)
@@ -211,3 +210,54 @@ def test_automatic_names_only_options_devplug_chooses():
     with pytest.raises(ValueError, match="which devplug does not choose"):
         LoaderOptions(batch_size=2, automatic={"shuffle"})
     assert attrs.evolve(LoaderOptions(batch_size=2, automatic=["num_workers"])).automatic == {"num_workers"}
+
+
+def test_a_source_read_a_batch_at_once_is_measured_within_the_time_budget_too():
+    # random_split and Subset give a dataset with __getitems__, which the loader calls for a whole batch
+    source = Counting(length=256, seconds=0.02)  # 20 ms a sample: a batch of 64 costs at least 1.3 s
+    seconds, why = loadtune.main_process_batch_seconds(torch.utils.data.Subset(source, range(256)),
+                                                       LoaderOptions(batch_size=64, automatic=AUTO))
+    assert why == "" and seconds is not None and seconds >= 64 * 0.02
+    assert 2 <= source.reads <= 16  # a few samples, about MEASURE_SECONDS (0.2 s) of them, not the whole batch
+
+
+class Stream(IterableDataset):
+    """Samples 0..length-1 in order, not split among loader workers (it does not call get_worker_info)."""
+
+    def __init__(self, length: int = 8) -> None:
+        self.length = length
+
+    def __iter__(self):
+        return iter(torch.arange(self.length, dtype=torch.float32).view(-1, 1))
+
+
+@pytest.mark.parametrize("compute_competes", [True, False])
+def test_an_iterable_dataset_left_automatic_gets_no_workers_each_would_yield_all_of_it(compute_competes):
+    options = LoaderOptions(batch_size=2, num_workers=3, automatic=AUTO)
+    tuned, reason = tune_loader(Stream(), options, compute_competes=compute_competes)
+    assert tuned == attrs.evolve(options, num_workers=0)
+    assert reason.startswith("auto: 0 workers") and "IterableDataset" in reason and "get_worker_info" in reason
+    explicit = attrs.evolve(options, automatic=frozenset())  # the author's num_workers: one that splits itself
+    assert tune_loader(Stream(), explicit, compute_competes=True) == (explicit, "")
+
+
+@pytest.mark.slow
+def test_an_iterable_dataset_yields_each_sample_once_an_epoch_on_a_machine_with_many_cores(monkeypatch):
+    monkeypatch.setattr(loadtune, "available_cpus", lambda: 4)  # the default would be 3 workers
+    trainer = cpu_trainer()
+    loader = trainer.dataloader(Stream(8), batch_size=2)
+    seen = [value for _ in trainer.epochs(1) for batch in loader for value in batch.view(-1).tolist()]
+    assert sorted(seen) == [float(i) for i in range(8)]
+
+
+def test_an_iterable_dataset_under_several_ranks_is_said_to_be_read_whole_by_each(caplog):
+    from devplug.toolkit import torch_dataloader
+
+    with caplog.at_level("WARNING"):
+        torch_dataloader(Stream(), LoaderOptions(batch_size=2, rank=1, world_size=2))
+    assert any("each of the 2 ranks reads all that the IterableDataset Stream yields" in r.getMessage()
+               for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        torch_dataloader(Stream(), LoaderOptions(batch_size=2))  # one process: nothing to split
+    assert not caplog.records

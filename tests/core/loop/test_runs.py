@@ -217,6 +217,30 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_intact_previous_checkpo
     assert "free some space" in message and _names(tmp_path / "ckpt") == ["step_0000004.pt"]
 
 
+def test_a_folder_that_stops_taking_files_is_one_line_naming_the_file_and_the_intact_previous(tmp_path,
+                                                                                                monkeypatch):
+    """Permission taken away (or the disk remounted read-only) mid-run: one line, as for a full disk."""
+    import errno
+
+    from devplug.core.checkpoint import file as checkpoint_file
+
+    real_create = checkpoint_file.create_temp
+
+    def create_temp(target):
+        if target.name == "step_0000008.pt":
+            raise PermissionError(errno.EACCES, "Permission denied", str(target.parent / ".tmp"))
+        return real_create(target)
+
+    monkeypatch.setattr(checkpoint_file, "create_temp", create_temp)
+    with pytest.raises(devplug.CheckpointError) as info:
+        _loop(tmp_path, devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=4))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("could not write")
+    assert "step_0000008.pt (Permission denied)" in message
+    assert f"the previous checkpoint {tmp_path / 'ckpt' / 'step_0000004.pt'} is intact" in message
+    assert _names(tmp_path / "ckpt") == ["step_0000004.pt"]
+
+
 def test_checkpoint_now_saves_this_step_by_the_policy_once_and_no_index_without_a_monitor(tmp_path):
     policy = devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=100, at_end=False, keep_last=1)
     trainer = _loop(tmp_path, policy, batches=5)
@@ -328,3 +352,37 @@ def test_flush_logs_on_one_rank_fails_with_one_line_instead_of_hanging(tmp_path)
                         extra_env={"DEVPLUG_COLLECTIVE_WAIT": "3"})
     assert "flush_logs() is a collective under 2 processes" in results[0].stdout
     assert "call it on every rank" in results[0].stdout
+
+
+def _resume_outcome(*folders: Path) -> list[str]:
+    results = run_ranks(HERE / "resume_refused.py", [str(f) for f in folders], world_size=2, timeout=120,
+                        expect_code=3)
+    assert all("Traceback" not in r.stderr for r in results), [r.stderr for r in results]
+    lines = [[line for line in r.stdout.splitlines() if line.startswith("rank ")] for r in results]
+    assert [len(found) for found in lines] == [1, 1], lines
+    return [found[0].split(": ", 1)[1] for found in lines]
+
+
+@pytest.mark.slow
+def test_a_resume_rank_0_refuses_is_the_same_one_line_on_every_rank(tmp_path):
+    """Rank 0 finds only damaged checkpoints: every rank raises its error, none is left waiting or crashes."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "step_0000005.pt").write_text("not a checkpoint")
+    said = _resume_outcome(tmp_path)
+    assert said[0] == said[1] and said[0].startswith("CheckpointError: no usable checkpoint to resume from"), said
+
+
+@pytest.mark.slow
+def test_a_checkpoint_another_rank_cannot_load_stops_every_rank(tmp_path):
+    """Rank 1 cannot see the file rank 0 chose (a node without the shared disk): rank 0 does not go on alone to
+    wait at the first collective; both raise a line naming what went wrong."""
+    first, second = tmp_path / "node0", tmp_path / "node1"
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
+    model = trainer.setup(torch.nn.Linear(3, 3), name="net")
+    trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    trainer.save(first / "ckpt" / "step_0000005.pt")
+    trainer.close()
+    second.mkdir()
+    said = _resume_outcome(first, second)
+    assert said[1].startswith("CheckpointError: checkpoint 'ckpt/step_0000005.pt' does not exist"), said
+    assert said[0].startswith("CheckpointError: rank 1 could not load ckpt/step_0000005.pt: "), said

@@ -256,6 +256,19 @@ def test_a_core_taken_during_a_small_matmul_does_not_stop_the_measurement_there(
     assert max(sizes) == 1024  # the first size whose matmul takes over 20 ms of work
 
 
+def test_a_rate_that_seems_to_keep_growing_on_a_busy_host_stops_the_search_at_a_tenth_of_a_second(monkeypatch):
+    sizes: list[int] = []
+
+    def seconds(a: torch.Tensor, _b: torch.Tensor, _device: torch.device) -> float:  # 1.6x faster each doubling
+        n = a.shape[0]
+        sizes.append(n)
+        return 2.0 * n**3 / (1e9 * 1.6 ** (n.bit_length() - 9))
+
+    monkeypatch.setattr(flops_module, "matmul_seconds", seconds)
+    flops_module.timed_matmul_flops("cpu", torch.float32, seconds=0.0)
+    assert max(sizes) == 512  # 0.17 s a matmul at 512: not 8192, whose matmul would take 16 minutes here
+
+
 def test_a_slow_format_is_measured_at_a_small_size(monkeypatch):
     sizes = _fake_matmuls(monkeypatch, 5e9)
     assert flops_module.timed_matmul_flops("cpu", torch.bfloat16, seconds=0.0) == pytest.approx(5e9)

@@ -1,0 +1,38 @@
+"""The CPU device's optimizers: options torch's fused CPU kernels refuse, and options no torch optimizer takes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import devplug
+from devplug.plugins.cpu import plugin as cpu_plugin
+
+
+def _trainer_and_model() -> tuple[devplug.Trainer, torch.nn.Module]:
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
+    return trainer, trainer.setup(torch.nn.Linear(3, 2))
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_an_option_the_fused_kernel_refuses_builds_torchs_default_kernel(name):
+    if not cpu_plugin.supports_fused(name):
+        pytest.skip(f"this torch has no fused CPU {name}")
+    trainer, model = _trainer_and_model()
+    optimizer = trainer.optimizer(name, model.parameters(), lr=0.1, differentiable=True)
+    group = optimizer.param_groups[0]
+    assert group["differentiable"] is True and not group.get("fused")
+    assert trainer.optimizer_implementation(optimizer) == f"torch.optim.{type(optimizer).__name__}"
+    assert trainer._optimizers["linear"].reason.startswith("fused=True does not take these options")
+
+
+@pytest.mark.parametrize(("name", "options", "message"), [
+    ("sgd", {"lr": 0.1, "betas": (0.9, 0.99)}, r"cannot build torch\.optim\.SGD with \['betas', 'lr'\]: .*'betas'"),
+    ("adam", {"lr": -1.0}, r"cannot build torch\.optim\.Adam with \['lr'\]: Invalid learning rate: -1\.0"),
+    ("adam", {"lr": 0.1, "fused": True, "weight_decay": -1}, r"cannot build torch\.optim\.Adam with .*weight_decay"),
+])
+def test_an_option_torch_refuses_is_the_authors_error_in_one_line_not_the_plugins(name, options, message):
+    trainer, model = _trainer_and_model()
+    with pytest.raises(devplug.OptimizerError, match=message) as caught:
+        trainer.optimizer(name, model.parameters(), **options)
+    assert "plugin" not in str(caught.value) and "\n" not in str(caught.value)
