@@ -84,15 +84,6 @@ def choose(source: Path, load: Callable[[Path], dict[str, Any]], *, explicit: bo
                           "start afresh, or restore one from a backup")
 
 
-def newest(source: Path) -> Path | None:
-    """The checkpoint ``source`` names without loading it: itself (one checkpoint of any format), or a folder's
-    newest ``step_NNNNNNN.pt``; ``None`` when there is none."""
-    if source.is_dir() and not is_checkpoint(source):
-        found = steps_newest_first(source)
-        return found[0][1] if found else None
-    return source if source.exists() else None
-
-
 def _check(path: Path) -> None:
     """Raise `CheckpointError` unless the checkpoint ``path`` (of any registered format) reads intact."""
     format_of(path).check(path)
