@@ -77,11 +77,19 @@ def test_linear_and_constant_decays():
         ({"total_steps": 10, "warmup_steps": -1}, "warmup_steps must be an integer >= 0"),
         ({"total_steps": 10, "decay": "step"}, f"unknown decay 'step'; use one of {', '.join(DECAYS)}"),
         ({"total_steps": 10, "min_factor": 2}, "min_factor must be between 0 and 1"),
+        ({"total_steps": 1000, "warmup_steps": 2000},
+         r"warmup_steps \(2000\) is past total_steps \(1000\): the cosine decay would have no steps "
+         r"and the learning rate drop from its peak to min_factor at once"),
     ],
 )
 def test_schedule_rejects_bad_options_clearly(options, message):
     with pytest.raises(ConfigError, match=message):
         devplug.LRSchedule(**options)
+
+
+def test_a_warmup_past_total_steps_is_fine_without_a_decay_and_a_warmup_to_the_end_with_one():
+    assert devplug.LRSchedule(total_steps=10, warmup_steps=20, decay="none").factor(15) == pytest.approx(0.75)
+    assert devplug.LRSchedule(total_steps=10, warmup_steps=10).factor(10) == 1.0
 
 
 def _optimizer() -> torch.optim.Optimizer:

@@ -90,6 +90,10 @@ class CheckpointKeeper:
                           "not built by trainer.optimizer(), so a resume starts it afresh. Build it with "
                           "trainer.optimizer(...), or trainer.register_for_checkpointing(name=optimizer)",
                           RuntimeWarning, stacklevel=3)
+        clashes = sorted(set(extra) & set(self.registered))
+        if clashes:  # the extra would silently stand in for that object's state, and a load would feed it to it
+            raise ConfigError(f"save() extra {clashes[0]!r} has the name of an object registered for checkpointing, "
+                              "whose state is saved under it; give the extra another name")
         if self.registered:
             own = {name: obj if isinstance(obj, torch.Tensor) else obj.state_dict()
                    for name, obj in self.registered.items()}

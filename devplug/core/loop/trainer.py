@@ -867,7 +867,8 @@ class Trainer:
         return self._state.state_dict()
 
     def save(self, path: str | os.PathLike[str], *, async_save: bool = False, **extra: Any) -> str | None:
-        """Write a checkpoint atomically (rank 0 only); ``extra`` holds the author's own state.
+        """Write a checkpoint atomically (rank 0 only); ``extra`` holds the author's own state (under names other
+        than those given to `register_for_checkpointing`, whose objects' states are saved under them).
 
         Returns the path written, or ``None`` on other ranks. Raises ``devplug.NonFiniteLossError`` and
         writes nothing when a weight or optimizer state holds NaN or infinity (docs/trainer.md, Checkpoints).

@@ -253,9 +253,10 @@ def timed_matmul_flops(device_type: str, dtype: torch.dtype, seconds: float = 0.
     The size doubles from 256 while the matmul's rate still grows with its size (the work does not yet
     dominate the call) or one matmul takes under 20 ms, up to 8192 (a GPU's tensor cores need large
     operands to approach their rate), and never past a size whose matmul takes `LONG_MATMUL_SECONDS` (on a
-    busy host, noise can look like growth, and a CPU's 8192² fp32 matmul takes seconds). A slow format (bf16 on a CPU without native bf16) stays quick to
-    measure, and a moment when another process held a core, which makes a small matmul wait for it for
-    tens of milliseconds, does not end the search at a size whose time is that wait. Then it runs for
+    busy host, noise can look like growth, and a CPU's 8192² fp32 matmul takes seconds). A slow format
+    (bf16 on a CPU without native bf16) stays quick to measure, and a moment when another process held a
+    core, which makes a small matmul wait for it for tens of milliseconds, does not end the search at a
+    size whose time is that wait. Then it runs for
     ``seconds`` (5 times at least) and keeps the fastest, so a moment when another process had the cores
     does not lower the figure. A measured peak for devices without a published figure (the host CPU):
     what the device achieves on the operation training spends most of its time in, so MFU against it

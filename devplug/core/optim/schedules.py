@@ -81,7 +81,8 @@ class LRSchedule:
     """A learning-rate multiplier per optimizer step: linear warmup, then a decay.
 
     - ``total_steps``: the step at which the decay ends (steps count from 1).
-    - ``warmup_steps``: linear ramp ``step / warmup_steps`` up to 1 (0: no warmup).
+    - ``warmup_steps``: linear ramp ``step / warmup_steps`` up to 1 (0: no warmup; at most ``total_steps`` with a
+      decay).
     - ``decay``: ``"cosine"``, ``"linear"`` or ``"none"`` (constant after warmup).
     - ``min_factor``: the multiplier at the end of the decay (a fraction of the peak learning rate).
 
@@ -94,6 +95,12 @@ class LRSchedule:
     warmup_steps: int = attrs.field(default=0, validator=non_negative_int)
     decay: str = attrs.field(default="cosine", validator=_decay)
     min_factor: float = attrs.field(default=0.0, converter=float, validator=_fraction)
+
+    def __attrs_post_init__(self) -> None:
+        if self.decay != "none" and self.warmup_steps > self.total_steps:
+            raise ConfigError(f"warmup_steps ({self.warmup_steps}) is past total_steps ({self.total_steps}): the "
+                              f"{self.decay} decay would have no steps and the learning rate drop from its peak to "
+                              "min_factor at once; lower warmup_steps, raise total_steps or use decay='none'")
 
     def factor(self, step: int) -> float:
         """The multiplier for optimizer step ``step`` (1-based)."""

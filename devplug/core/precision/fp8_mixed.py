@@ -129,6 +129,7 @@ class Fp8Mixed(Precision):
             return torch.autocast(device_type=kind, dtype=torch.bfloat16) if inner is None else _nested(kind, inner)
 
         return PrecisionPlan(name=self.name, autocast=autocast, convert_module=params.convert_module,
+                             optimizer_step_context=params.optimizer_step_context,
                              description=self.describe(self.summary, params))
 
 

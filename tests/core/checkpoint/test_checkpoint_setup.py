@@ -154,3 +154,18 @@ def test_a_registered_tensor_of_another_shape_is_a_mismatch_and_changes_nothing(
         second.load(path)
     assert torch.equal(noise, torch.zeros(own_rows, 3))
     assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters(), strict=True))
+
+
+def test_an_extra_named_as_a_registered_object_is_refused_and_nothing_is_written(tmp_path):
+    t = trainer()
+    model = t.setup(make_model(), name="net")
+    opt = t.optimizer("adam", model.parameters(), lr=1e-2)
+    noise = torch.full((2, 3), 7.0)
+    t.register_for_checkpointing(noise=noise)
+    train(t, model, opt)
+    with pytest.raises(devplug.ConfigError, match=r"save\(\) extra 'noise' has the name of an object registered "
+                                                  r"for checkpointing"):
+        t.save(tmp_path / "ck.pt", noise=torch.zeros(2, 3), epoch=3)
+    assert list(tmp_path.iterdir()) == []
+    t.save(tmp_path / "ck.pt", epoch=3)
+    assert t.load(tmp_path / "ck.pt")["epoch"] == 3 and torch.equal(noise, torch.full((2, 3), 7.0))

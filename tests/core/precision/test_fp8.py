@@ -16,7 +16,7 @@ from devplug.plugins.cuda.precision import plan_fp8
 from devplug.plugins.hpu import peaks as hpu_peaks
 from devplug.testing import open_device
 from devplug.testing.checks.precision import check_precision
-from devplug.toolkit import float8_conversion, pays_off
+from devplug.toolkit import PrecisionParams, float8_conversion, pays_off, precision_named
 
 from lm.models import ModelSpec  # examples/lm
 
@@ -189,3 +189,25 @@ def test_gpu_fp8_trains_with_real_fp8_matmuls_within_two_percent_of_bf16_and_res
     assert float8_layers(resumed) == 0
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), resumed.state_dict().values(),
                                                  strict=True))
+
+
+def test_the_fp8_plan_keeps_the_devices_optimizer_step_context():
+    entered: list[str] = []
+    params = PrecisionParams(device_type="cpu", convert_module=lambda module: module,
+                             optimizer_step_context=lambda: _note(entered))
+    plan = precision_named("fp8-mixed").plan(params)
+    assert plan.optimizer_step_context is not None
+    with plan.optimizer_step_context():
+        pass
+    assert entered == ["step"]
+
+
+def _note(entered: list[str]):
+    import contextlib
+
+    @contextlib.contextmanager
+    def noting():
+        entered.append("step")
+        yield
+
+    return noting()
