@@ -26,8 +26,9 @@ from typing import Any
 
 import attrs
 
+from devplug.core.checkpoint.diskfull import disk_full_cause, disk_full_line
 from devplug.core.checkpoint.format import format_of
-from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
+from devplug.core.checkpoint.tempfiles import create_temp, remove_stale_temp_files
 from devplug.core.errors import CheckpointError, CheckpointMismatchError, NonFiniteLossError
 
 #: The checkpoint files a policy writes and recognises.
@@ -135,9 +136,24 @@ class RunCheckpoints:
         if not scores:  # nothing scored (no monitor): no index file beside the checkpoints
             (self.folder / INDEX_NAME).unlink(missing_ok=True)
             return
-        temp = self.folder / f".{INDEX_NAME}.{os.getpid()}.tmp"
-        temp.write_text(json.dumps(scores, indent=1, sort_keys=True))
-        os.replace(temp, self.folder / INDEX_NAME)
+        index = self.folder / INDEX_NAME
+        fd, temp = create_temp(index)  # named after this process: the sweep removes it if the process dies
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(json.dumps(scores, indent=1, sort_keys=True).encode())
+            os.replace(temp, index)
+        except OSError as exc:
+            temp.unlink(missing_ok=True)
+            full = disk_full_cause(exc)
+            keeps = "the checkpoints and the previous index are intact"
+            if full is not None:
+                raise CheckpointError(f"{disk_full_line(str(index), full)}; {keeps}; free some space or save the "
+                                      "checkpoints on another disk") from exc
+            raise CheckpointError(f"could not write {index} ({exc.strerror or exc}); {keeps}; check that the "
+                                  "folder can be written, or save the checkpoints elsewhere") from exc
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
 
     # ---- saving ----------------------------------------------------------------------------------------------
     def save(self, step: int, write: Callable[[Path], Any], score: float | None, *, main: bool = True) -> Path:
@@ -145,8 +161,8 @@ class RunCheckpoints:
 
         A full disk (or quota), or a folder that takes no file (permission, a read-only file system), raises
         one `CheckpointError` line naming the file and the previous checkpoint, which the atomic write left
-        intact. A sharded checkpoint (a folder every rank writes
-        into) is written on every rank; only the ``main`` one records scores and prunes.
+        intact; the same at the index of scores beside them (``checkpoints.json``). A sharded checkpoint (a
+        folder every rank writes into) is written on every rank; only the ``main`` one records scores and prunes.
         """
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / checkpoint_name(step)

@@ -9,6 +9,7 @@ returns what happened as a `Resumed` record, so a script can print its own lines
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -83,15 +84,6 @@ def choose(source: Path, load: Callable[[Path], dict[str, Any]], *, explicit: bo
                           "start afresh, or restore one from a backup")
 
 
-def newest(source: Path) -> Path | None:
-    """The checkpoint ``source`` names without loading it: itself (one checkpoint of any format), or a folder's
-    newest ``step_NNNNNNN.pt``; ``None`` when there is none."""
-    if source.is_dir() and not is_checkpoint(source):
-        found = steps_newest_first(source)
-        return found[0][1] if found else None
-    return source if source.exists() else None
-
-
 def _check(path: Path) -> None:
     """Raise `CheckpointError` unless the checkpoint ``path`` (of any registered format) reads intact."""
     format_of(path).check(path)
@@ -125,11 +117,25 @@ def newest_intact(source: Path, *, explicit: bool) -> tuple[Path | None, tuple[t
                                   "away to start afresh, or restore one from a backup")
 
 
+def _new_folder(parent: Path, name: str) -> Path:
+    """Create ``parent/name``, or ``name-2``, ``name-3``... when it is taken: a folder no one else wrote into."""
+    for number in itertools.count(1):
+        folder = parent / (name if number == 1 else f"{name}-{number}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def set_aside_newer(resumed: Path, *, now: datetime.datetime | None = None) -> tuple[Path | None, int]:
     """Move the checkpoints newer than ``resumed`` in its folder into ``abandoned-<time>/`` beside them.
 
-    They are never deleted, so they are neither pruned nor resumed from by mistake later. Returns that folder
-    and how many were moved (``None`` and 0 when none were newer, or ``resumed`` is not a ``step_*.pt`` file).
+    They are never deleted, so they are neither pruned nor resumed from by mistake later; the folder is a new
+    one each time (``abandoned-<time>-2/`` and so on when one of that second exists), so a file set aside
+    earlier is never replaced. Returns that folder and how many were moved (``None`` and 0 when none were
+    newer, or ``resumed`` is not a ``step_*.pt`` file).
     """
     match = CHECKPOINT_NAME.match(resumed.name)
     if match is None:
@@ -137,8 +143,7 @@ def set_aside_newer(resumed: Path, *, now: datetime.datetime | None = None) -> t
     newer = [path for step, path in steps_newest_first(resumed.parent) if step > int(match[1])]
     if not newer:
         return None, 0
-    aside = resumed.parent / f"abandoned-{(now or datetime.datetime.now()).strftime('%Y%m%d-%H%M%S')}"
-    aside.mkdir(exist_ok=True)
+    aside = _new_folder(resumed.parent, f"abandoned-{(now or datetime.datetime.now()).strftime('%Y%m%d-%H%M%S')}")
     for path in newer:
         path.rename(aside / path.name)
     log.warning("resumed from an older checkpoint (%s): moved %d newer one(s) to %s", resumed.name, len(newer),

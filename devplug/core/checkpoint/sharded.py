@@ -4,7 +4,8 @@ A save writes into ``.<name>.<host>.<pid>.partial`` beside the target (named aft
 jobs never share one); rank 0 writes the small state file (``trainer.pt``: loop position, RNG, scaler, the
 author's extra state), every rank its shards (DCP writes its ``.metadata`` last, after gathering every
 rank's results), then rank 0 lists every file with its digest in ``manifest.json`` and renames the folder
-into place, the previous checkpoint of that name moved aside first and removed after. A save killed midway
+into place, the previous checkpoint of that name moved aside first and removed after (put back if the
+rename fails). A save killed midway
 leaves a ``.partial`` folder that is never taken for a checkpoint and is removed once its writer is gone by
 the next save or the checkpoint policy's tidying (`remove_stale_temp_files`). DCP reshards on load, so a
 folder written by N ranks loads on any number of ranks, or into one process.
@@ -73,12 +74,23 @@ def _barrier() -> None:
 
 
 def _replace(staging: Path, target: Path) -> None:
-    """Rename the complete ``staging`` folder to ``target``; a previous ``target`` is moved aside, then removed."""
+    """Rename the complete ``staging`` folder to ``target``; a previous ``target`` is moved aside, then removed.
+
+    When the rename into place fails, the previous checkpoint is put back. One left aside by a save killed
+    between the two renames (no ``target`` beside it) is put back first, not deleted.
+    """
     aside = target.parent / f".{target.name}.old"
+    if not target.exists() and is_sharded_checkpoint(aside):
+        os.replace(aside, target)
     shutil.rmtree(aside, ignore_errors=True)
     if target.exists():
         os.replace(target, aside)
-    os.replace(staging, target)
+    try:
+        os.replace(staging, target)
+    except BaseException:
+        if aside.exists() and not target.exists():
+            os.replace(aside, target)
+        raise
     shutil.rmtree(aside, ignore_errors=True)
 
 

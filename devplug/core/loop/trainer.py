@@ -967,9 +967,10 @@ class Trainer:
         """Save this step's checkpoint by the checkpoint policy now (named, pruned and checked as its own saves).
 
         For a point of your choosing the policy would not save at, e.g. after an interrupted loop, at a step
-        boundary. Nothing is written when this step is already saved, at step 0, on ranks other than 0, or
-        when the weights are non-finite and ``nonfinite`` is not ``"raise"`` (a warning says so). Returns
-        the path written, else ``None``.
+        boundary. Nothing is written when this step is already saved, at step 0, or when the weights are
+        non-finite and ``nonfinite`` is not ``"raise"`` (a warning says so). A checkpoint file is written by
+        rank 0 alone (``None`` on the other ranks); a sharded checkpoint (FSDP) by every rank, each writing
+        its shards, and every rank gets its path. Returns the path written, else ``None``.
         """
         return self._keeper.save_by_policy()
 

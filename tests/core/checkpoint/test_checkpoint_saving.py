@@ -17,6 +17,7 @@ from paths import REPO
 
 import devplug
 from devplug.core.checkpoint.file import read_checkpoint
+from devplug.core.checkpoint.policy import RunCheckpoints
 from devplug.toolkit import remove_stale_temp_files
 
 HOST = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())
@@ -149,6 +150,38 @@ def test_the_next_save_removes_stale_temp_files(tmp_path):
     stale.write_bytes(b"partial")
     build()[0].save(tmp_path / "step_4.pt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_4.pt"]
+
+
+KILLED_AT_THE_INDEX = r"""
+import os, signal, sys
+import devplug
+from devplug.core.checkpoint.policy import INDEX_NAME, RunCheckpoints
+
+real = os.replace
+
+def replace(src, dst, *args, **kwargs):
+    if os.path.basename(dst) == INDEX_NAME:  # killed between the index's temporary file and its rename
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(src, dst, *args, **kwargs)
+
+os.replace = replace
+runs = RunCheckpoints(devplug.CheckpointPolicy(directory=sys.argv[1], monitor="loss"))
+runs.save(1, lambda path: path.write_bytes(b"checkpoint"), 0.5)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_the_checkpoint_index_of_a_killed_run_leaves_no_temp_file_for_good(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", KILLED_AT_THE_INDEX, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    [left] = temp_files(tmp_path)  # the index's temporary file, named after its (now dead) writer
+    assert left.startswith(".checkpoints.json.")
+    runs = RunCheckpoints(devplug.CheckpointPolicy(directory=tmp_path, monitor="loss"))
+    runs.save(2, lambda path: path.write_bytes(b"checkpoint"), 0.25)  # the next run's first save
+    assert temp_files(tmp_path) == []
+    assert json.loads((tmp_path / "checkpoints.json").read_text()) == {"step_0000002.pt": 0.25}
 
 
 KILL_LOOP = r"""

@@ -18,6 +18,7 @@ from dist_scripts.fsdp_model import Block, lm_loss, make_lm, rank_batch
 import devplug
 from devplug.core.checkpoint import sharded
 from devplug.core.checkpoint.diskfull import disk_full_cause
+from devplug.core.checkpoint.policy import INDEX_NAME, RunCheckpoints
 from devplug.core.errors import CheckpointError
 
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -76,6 +77,31 @@ def test_a_plain_save_that_runs_out_of_space_mid_file_is_one_line_and_keeps_the_
     assert "\n" not in message and message.startswith("the disk is full: could not write")
     assert "step_0000002.pt" in message and f"the previous checkpoint {previous} is intact" in message
     assert _names(folder) == ["step_0000001.pt"] and previous.read_bytes() == kept  # no temporary file left
+
+
+def test_a_full_disk_at_the_checkpoint_index_is_the_same_one_line(tmp_path, monkeypatch):
+    folder = tmp_path / "ckpt"
+    runs = RunCheckpoints(devplug.CheckpointPolicy(directory=folder, monitor="loss"))
+    runs.save(1, lambda path: path.write_bytes(b"checkpoint 1"), 0.5)
+    index = (folder / INDEX_NAME).read_text()
+    real_fdopen, real_write_text = os.fdopen, Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self.name.startswith(f".{INDEX_NAME}."):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write_text(self, *args, **kwargs)
+
+    # whichever way the index is written, its temporary file takes a few bytes and the disk is full
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode="r", *a, **k: _FillsUp(real_fdopen(fd, mode, *a, **k), 4))
+    monkeypatch.setattr(Path, "write_text", write_text)
+    with pytest.raises(CheckpointError) as info:
+        runs.save(2, lambda path: path.write_bytes(b"checkpoint 2"), 0.25)
+    monkeypatch.undo()
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("the disk is full: could not write")
+    assert str(folder / INDEX_NAME) in message and "free some space" in message
+    assert _names(folder) == [INDEX_NAME, "step_0000001.pt", "step_0000002.pt"]  # no temporary file left
+    assert (folder / INDEX_NAME).read_text() == index  # the previous index, whole
 
 
 def test_torchs_zip_writer_hides_the_full_disk_in_its_context():

@@ -386,3 +386,24 @@ def test_a_checkpoint_another_rank_cannot_load_stops_every_rank(tmp_path):
     said = _resume_outcome(first, second)
     assert said[1].startswith("CheckpointError: checkpoint 'ckpt/step_0000005.pt' does not exist"), said
     assert said[0].startswith("CheckpointError: rank 1 could not load ckpt/step_0000005.pt: "), said
+
+
+@pytest.mark.parametrize("collective", [False, True])
+def test_checkpoint_now_on_another_rank_writes_only_a_sharded_checkpoint(tmp_path, collective):
+    # what checkpoint_now says of ranks other than 0: a checkpoint file is rank 0's alone (None elsewhere); a
+    # sharded one is written by every rank (each its shards), and every rank gets its path
+    import types
+    import weakref
+
+    from devplug.core.checkpoint.policy import RunCheckpoints
+    from devplug.core.loop.run_checkpoints import CheckpointKeeper
+
+    written: list[Path] = []
+    state = types.SimpleNamespace(position=types.SimpleNamespace(global_step=4), registered={})
+    keeper = CheckpointKeeper(state, RunCheckpoints(devplug.CheckpointPolicy(directory=tmp_path)),  # type: ignore[arg-type]
+                              checkpoint_format=types.SimpleNamespace(collective=collective),  # type: ignore[arg-type]
+                              combiner=None, is_main=False, nonfinite="raise", stepped=weakref.WeakSet(),
+                              policy_save=written.append)
+    path = keeper.save_by_policy()
+    assert written == ([tmp_path / "step_0000004.pt"] if collective else [])
+    assert path == (str(tmp_path / "step_0000004.pt") if collective else None)
