@@ -285,7 +285,10 @@ class DeviceLoader:
             raise DataError(f"the {kind} loader's source, a {type(self.choice.loader).__name__}, was used up by "
                             "its first pass, so this pass would have no batches; give a list of batches, a "
                             "DataLoader, or an object whose __iter__ starts a fresh pass")
-        yield from batches
+        # not `yield from`: closing this pass (the loop left it early) would close the author's generator too,
+        # and a later pass would find it empty instead of going on where this one stopped
+        for batch in batches:  # noqa: UP028
+            yield batch
         self._used_up = True
 
     def _draw(self, batches: Iterator[Any], pending: Any, lookahead: bool) -> tuple[Any, Any]:

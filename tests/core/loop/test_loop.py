@@ -540,6 +540,22 @@ def test_epochs_entered_again_after_max_steps_continue_the_epoch_where_it_was(sh
     assert steps == 12 and run([2, 5, None]) == (whole, 12)
 
 
+def test_a_generator_source_left_after_max_steps_goes_on_where_it_was_when_epochs_is_entered_again():
+    # leaving the loop must not close the author's generator: the next epochs() reads on from where it stopped
+    trainer = devplug.Trainer(device="cpu", progress=False, loggers=[], stop_signals=(), count_flops=False)
+    model = trainer.setup(torch.nn.Linear(1, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.0)
+    loader = trainer.dataloader(torch.tensor([[float(i)]]) for i in range(12))
+    seen = []
+    for limit in (3, 6, None):
+        for _epoch in trainer.epochs(1, max_steps=limit):
+            for x in loader:
+                seen.append(int(x.item()))
+                trainer.backward(model(x).sum())
+                trainer.step(opt)
+    assert seen == list(range(12)) and trainer.global_step == 12
+
+
 @pytest.mark.parametrize("clip", [False, True])
 def test_two_optimizers_of_one_backward_under_a_grad_scaler_match_torchs_recipe(tmp_path, clip):
     # torch's recipe: scale(loss).backward(); step(o1); step(o2); update() once. Updating after each step
