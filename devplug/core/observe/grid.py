@@ -33,6 +33,10 @@ def image_grid(images: torch.Tensor, *, nrow: int = 8, value_range: tuple[float,
         tensor = tensor.unsqueeze(0)
     if tensor.dim() != 4:
         raise ValueError(f"images must be N x C x H x W, got shape {tuple(images.shape)}")
+    if tensor.size(0) == 0:
+        raise ValueError("no images to lay out: the batch is empty")
+    if nrow < 1:
+        raise ValueError(f"nrow must be at least 1, got {nrow}")
     if tensor.size(1) == 1:
         tensor = tensor.expand(-1, 3, -1, -1)
     low, high = value_range

@@ -49,6 +49,15 @@ def test_grid_refuses_other_shapes():
         image_grid(torch.zeros(1, 2, 3, 4, 5))
 
 
+@pytest.mark.parametrize(("shape", "nrow", "message"), [
+    ((0, 3, 8, 8), 8, "no images to lay out: the batch is empty"),
+    ((4, 3, 8, 8), 0, "nrow must be at least 1, got 0"),
+])
+def test_an_empty_batch_or_no_tiles_per_row_is_one_clear_error(shape, nrow, message):
+    with pytest.raises(ValueError, match=message):
+        image_grid(torch.zeros(shape), nrow=nrow)
+
+
 def test_log_images_writes_the_png_without_importing_torchvision(tmp_path):
     # torchvision's import loads its datasets, models and operators: seconds at the end of a short run
     script = f"""
