@@ -63,6 +63,7 @@ class StepProfiler:
         self._exclude = exclude
         self._profiler: Any = None
         self.traces: list[str] = []
+        self._missed = False  # the window lay before the first step this process ran (said once)
         #: True while the profiler runs (an attribute: the step reads it several times per step).
         self.active = False
 
@@ -76,6 +77,10 @@ class StepProfiler:
             self._start()
         elif self._profiler is not None and upcoming > last:
             self.stop()
+        elif self._profiler is None and upcoming > last and not self.traces and not self._missed:
+            self._missed = True  # a resumed run starts past the window: say so once, rather than write nothing
+            log.warning("profile window steps %d-%d lies before step %d, where this run starts: no trace is written; "
+                        "name later steps", first, last, upcoming)
 
     def region(self, name: str, inner: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
         """``inner`` (the device plugin's mark), inside a ``record_function(name)`` range while profiling."""

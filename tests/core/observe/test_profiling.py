@@ -6,7 +6,8 @@ import collections
 import json
 
 import pytest
-from toys import train_toy
+import torch
+from toys import make_data, make_model, train_toy
 
 import devplug
 from devplug.core.observe.profiling import parse_window
@@ -40,6 +41,31 @@ def test_a_window_the_run_ends_inside_is_written_when_the_loop_ends(tmp_path):
     _train(trainer, steps=8)
     (trace,) = (tmp_path / "profiler").glob("*.pt.trace.json")
     assert _regions(trace)["optimizer_step"] == 2
+
+
+def test_a_window_before_the_step_a_resumed_run_starts_at_is_said_once(tmp_path, caplog):
+    def run(trainer: devplug.Trainer, steps: int, resume: str | None = None) -> None:
+        model = trainer.setup(make_model())
+        opt = trainer.optimizer("sgd", model.parameters(), lr=0.01)
+        loader = trainer.dataloader(make_data(64), batch_size=4, num_workers=0)
+        if resume is not None:
+            trainer.load(resume)
+        for _ in trainer.epochs(1, max_steps=steps):
+            for x, y in loader:
+                trainer.backward(torch.nn.functional.mse_loss(model(x), y))
+                trainer.step(opt)
+
+    first = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_dir=str(tmp_path / "a"))
+    run(first, steps=6)
+    path = first.save(tmp_path / "ck.pt")
+    again = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_dir=str(tmp_path / "b"),
+                            profile="steps 3-5")
+    with caplog.at_level("WARNING", logger="devplug"):
+        run(again, steps=10, resume=path)
+    warnings = [r.getMessage() for r in caplog.records if "profile" in r.getMessage()]
+    assert warnings == ["profile window steps 3-5 lies before step 7, where this run starts: no trace is written; "
+                        "name later steps"]
+    assert again.profiler.traces == []
 
 
 def test_without_a_window_nothing_is_profiled(tmp_path):
