@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -62,6 +62,7 @@ from devplug.core.registry.manager import FALLBACK_NAME, DevplugPluginManager, g
 from devplug.core.registry.watchdog import watchdog
 
 if TYPE_CHECKING:  # what a feature needs is imported when the feature is first used
+    from devplug.core.checkpoint.policy import CheckpointPolicy
     from devplug.core.checkpoint.resume import Resumed
     from devplug.core.checkpoint.runlock import RunLock
     from devplug.core.data.device_loader import DeviceLoader
@@ -147,12 +148,18 @@ class Trainer:
             self._run_lock = runlock.hold_for_run(policy.directory, main=self.is_main_process,
                                                   combiner=self._combiner)
         try:
-            loggers = build_loggers(self._config.logger_items, self._config.log_dir,
-                                    default=self._config.loggers is None) if self.is_main_process else []
-        except BaseException:  # a logger that cannot start (an MLflow store it may not use): the folder is free
+            self._start_run(policy, checkpoint_format, reduce)
+        except BaseException:  # a logger that cannot start or refuses the run's first point: the folder is free
             if self._run_lock is not None:
                 self._run_lock.release()
             raise
+
+    def _start_run(self, policy: CheckpointPolicy | None, checkpoint_format: CheckpointFormat,
+                   reduce: Callable[..., Any] | None) -> None:
+        # the loggers, the throughput and FLOP meters, the profiler and the checkpoint keeper (the run's first
+        # point goes to the loggers here)
+        loggers = build_loggers(self._config.logger_items, self._config.log_dir,
+                                default=self._config.loggers is None) if self.is_main_process else []
         self._reporter = Reporter(log_dir=self._config.log_dir, progress=self._config.progress,
                                  nonfinite=self._config.nonfinite, is_main=self.is_main_process,
                                  world_size=self.world_size, reduce=reduce, loggers=loggers,

@@ -368,6 +368,22 @@ def test_a_trainer_whose_logger_cannot_start_lets_go_of_its_checkpoint_folder(tm
     assert str(folder.resolve()) not in runlock._HELD
 
 
+def test_a_trainer_whose_logger_refuses_the_runs_first_point_lets_go_of_its_checkpoint_folder(tmp_path):
+    from devplug.core.checkpoint import runlock
+
+    class Refusing:
+        def devplug_log(self, point):
+            raise RuntimeError("the tracking server refused the run")
+
+    folder = tmp_path / "ckpt"
+    with pytest.raises(RuntimeError, match="refused the run"):
+        devplug.Trainer(device="cpu", progress=False, stop_signals=(), loggers=[Refusing()], hparams={"lr": 0.1},
+                        checkpoints=devplug.CheckpointPolicy(directory=folder))
+    assert str(folder.resolve()) not in runlock._HELD
+    devplug.Trainer(device="cpu", progress=False, stop_signals=(), loggers=[],
+                    checkpoints=devplug.CheckpointPolicy(directory=folder)).close()  # the next job may use it
+
+
 @pytest.mark.parametrize("value", [None, "n/a", [1.0, 2.0]])
 def test_a_logged_value_that_is_not_a_number_is_one_line_naming_it(value):
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, loggers=[], stop_signals=())
