@@ -128,19 +128,25 @@ def fastest_torch_optimizer(device: Device, name: str, params: Any, options: dic
     was not used, why. ``fused`` or ``foreach`` in ``options`` is the author's choice and is kept.
     """
     cls = torch_optimizer_class(name)
-    base = f"torch.optim.{cls.__name__}"
     authors = _authors_choice(cls, params, options)
     if authors is not None:
         return authors
-    params = list(params)
     kernel, reason = torch_kernel(name.lower(), device.torch_device.type)
+    return _with_kernel(cls, list(params), options, kernel, reason)
+
+
+def _with_kernel(cls: type[torch.optim.Optimizer], params: list[Any], options: dict[str, Any], kernel: str | None,
+                 reason: str) -> OptimizerChoice:
+    """``cls`` with ``kernel=True`` (``None``: torch's default); where the kernel refuses the options (``fused``
+    with ``differentiable=True``), torch's default kernel, the reason saying why."""
+    base = f"torch.optim.{cls.__name__}"
     if kernel:
         try:
             # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
             optimizer = cls(params, **{kernel: True}, **options)  # type: ignore[arg-type]
             return OptimizerChoice(optimizer, f"{base}({kernel}=True)", reason)
         except (RuntimeError, ValueError, TypeError) as exc:  # e.g. fused with differentiable=True
-            reason = f"{kernel}=True does not take these options ({exc})"
+            reason = f"{kernel}=True does not take these options ({' '.join(str(exc).split())})"
     return OptimizerChoice(_build(cls, params, options), base, reason)
 
 
@@ -152,11 +158,8 @@ def sharded_torch_optimizer(name: str, params: Any, options: dict[str, Any], ker
     choice. ``fused`` or ``foreach`` in ``options`` is the author's choice and is kept.
     """
     cls = torch_optimizer_class(name)
-    base = f"torch.optim.{cls.__name__}"
     authors = _authors_choice(cls, params, options)
     if authors is not None:
         return authors
-    if kernel in KERNELS and kernel in inspect.signature(cls).parameters:
-        optimizer = cls(params, **{kernel: True}, **options)  # type: ignore[arg-type]  # a torch.optim subclass
-        return OptimizerChoice(optimizer, f"{base}({kernel}=True)", reason)
-    return OptimizerChoice(_build(cls, params, options), base, reason)
+    usable = kernel in KERNELS and kernel in inspect.signature(cls).parameters
+    return _with_kernel(cls, list(params), options, kernel if usable else None, reason)

@@ -36,3 +36,14 @@ def test_an_option_torch_refuses_is_the_authors_error_in_one_line_not_the_plugin
     with pytest.raises(devplug.OptimizerError, match=message) as caught:
         trainer.optimizer(name, model.parameters(), **options)
     assert "plugin" not in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_sharding_plans_kernel_that_refuses_the_authors_options_gives_way_to_torchs_default():
+    from devplug.core.optim.torch_optimizers import sharded_torch_optimizer
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    choice = sharded_torch_optimizer("adam", iter([weight]), {"lr": 0.1, "differentiable": True}, "fused",
+                                     "the plan's reason")
+    assert choice.implementation == "torch.optim.Adam" and not choice.optimizer.defaults["fused"]
+    assert "fused=True does not take these options" in choice.reason
+    assert choice.optimizer.param_groups[0]["params"] == [weight]
