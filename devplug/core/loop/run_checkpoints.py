@@ -39,13 +39,16 @@ class CheckpointKeeper:
     ``checkpoint_format``: how this run saves (chosen once, by its strategy or the author); ``combiner``: the
     ranks' object collectives (``None`` in one process); ``nonfinite`` is the Trainer's setting for a
     diverged run; ``stepped`` the optimizers the Trainer's ``step`` was given (one a checkpoint would miss is named);
-    ``policy_save`` writes the policy's checkpoints (the Trainer's own ``save``, so a subclass's is used).
+    ``policy_save`` writes the policy's checkpoints (the Trainer's own ``save``, so a subclass's is used);
+    ``bookkeeping`` takes the seconds the policy then spends on its index and pruning, which are not training.
     """
 
     def __init__(self, state: TrainerState, runs: RunCheckpoints | None, *, checkpoint_format: CheckpointFormat,
                  combiner: RankCombiner | None, is_main: bool, nonfinite: str,
-                 stepped: weakref.WeakSet[torch.optim.Optimizer], policy_save: Callable[[Path], Any]) -> None:
+                 stepped: weakref.WeakSet[torch.optim.Optimizer], policy_save: Callable[[Path], Any],
+                 bookkeeping: Callable[[float], None] = lambda _seconds: None) -> None:
         self.state, self.runs, self._stepped, self._policy_save = state, runs, stepped, policy_save
+        self._bookkeeping = bookkeeping
         self.format, self._combiner, self._is_main = checkpoint_format, combiner, is_main
         self._nonfinite = nonfinite
         self.monitor = runs.policy.monitor if runs is not None else None  # trainer.log() hands its values here
@@ -234,8 +237,16 @@ class CheckpointKeeper:
         if score is None and self._saved_in_run:
             self.warn_unseen_monitor()  # a second save of this run and still no value: a misspelt monitor, say
         self._saved_in_run = True
+        written: list[float] = []  # when the write ended: the index and pruning follow it
+
+        def write(path: Path) -> Any:
+            try:
+                return self._policy_save(path)
+            finally:
+                written.append(time.perf_counter())
+
         try:
-            return str(runs.save(step, self._policy_save, score, main=self._is_main))
+            return str(runs.save(step, write, score, main=self._is_main))
         except NonFiniteLossError as exc:
             if self._nonfinite == "raise":
                 raise
@@ -243,6 +254,9 @@ class CheckpointKeeper:
             runs.last_saved_step, runs.last_saved_time = step, time.monotonic()
             log.warning("%s (training goes on: nonfinite=%r)", exc, self._nonfinite)
             return None
+        finally:
+            if written:
+                self._bookkeeping(time.perf_counter() - written[0])
 
     # ---- the monitored value: each checkpoint scored with its own weights' value -------------------------
     def monitor_logged(self, step: int, value: Any) -> None:
@@ -259,7 +273,9 @@ class CheckpointKeeper:
         if runs is not None and runs.awaiting == step and self._is_main:
             score = self._score(step)
             if score is not None:
-                runs.attach(step, score)
+                began = time.perf_counter()
+                runs.attach(step, score)  # the index rewritten and the folder pruned again
+                self._bookkeeping(time.perf_counter() - began)
 
     def _score(self, step: int) -> float | None:
         if self._monitor_step != step or self._monitor_value is None:

@@ -192,7 +192,7 @@ class Trainer:
             self._state, runs,
             checkpoint_format=checkpoint_format,
             combiner=self._combiner, is_main=self.is_main_process, nonfinite=self._config.nonfinite,
-            stepped=self._stepped, policy_save=self._save_by_policy)
+            stepped=self._stepped, policy_save=self._save_by_policy, bookkeeping=self._not_training)
         self._monitor = self._keeper.monitor  # log() hands the policy's monitored value to the keeper
 
     def _checkpoint_format(self) -> CheckpointFormat:
@@ -894,7 +894,8 @@ class Trainer:
     # ---- checkpoints -----------------------------------------------------------------------------------
     @property
     def checkpoint_seconds(self) -> float:
-        """Seconds this process spent writing the checkpoint policy's saves, left out of samples/s and MFU.
+        """Seconds this process spent on the checkpoint policy's saves (writing them, then rewriting their index and
+        pruning old ones), left out of samples/s and MFU.
 
         A throughput meter of your own (`devplug.ThroughputMeter`) can leave them out too:
         ``meter.exclude(trainer.checkpoint_seconds)`` before reading its rate.
@@ -909,9 +910,12 @@ class Trainer:
         try:
             return self.save(path)
         finally:
-            seconds = time.perf_counter() - began
-            self.throughput.exclude(seconds)
-            self._checkpoint_seconds += seconds
+            self._not_training(time.perf_counter() - began)
+
+    def _not_training(self, seconds: float) -> None:
+        # checkpoint time (a policy save, its index and pruning): out of the throughput clock, into checkpoint_seconds
+        self.throughput.exclude(seconds)
+        self._checkpoint_seconds += seconds
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: modules, optimizers, scaler, counters, RNG states."""

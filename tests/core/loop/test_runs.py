@@ -407,3 +407,42 @@ def test_checkpoint_now_on_another_rank_writes_only_a_sharded_checkpoint(tmp_pat
     path = keeper.save_by_policy()
     assert written == ([tmp_path / "step_0000004.pt"] if collective else [])
     assert path == (str(tmp_path / "step_0000004.pt") if collective else None)
+
+
+def test_pruning_old_checkpoints_is_left_out_of_samples_per_second_as_their_writing_is(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from devplug.core.checkpoint import policy as policy_module
+    from devplug.core.loop import run_checkpoints
+    from devplug.core.loop import trainer as trainer_module
+    from devplug.core.observe import metrics
+
+    class Clock:
+        now = 100.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    for module in (metrics, trainer_module, run_checkpoints):
+        monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=clock, monotonic=clock, time=clock))
+    real_prune = policy_module.RunCheckpoints.prune
+
+    def slow_prune(self, scores=None):
+        clock.now += 100.0  # removing a large sharded folder takes long
+        return real_prune(self, scores)
+
+    monkeypatch.setattr(policy_module.RunCheckpoints, "prune", slow_prune)
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, loggers=[], count_flops=False,
+                              stop_signals=(), checkpoints=devplug.CheckpointPolicy(directory=tmp_path / "ckpt",
+                                                                                    every_n_steps=2, keep_last=1))
+    model = trainer.setup(torch.nn.Linear(4, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(40, 4)), batch_size=4, num_workers=0)
+    for _ in trainer.epochs(1):
+        for (x,) in loader:
+            clock.now += 1.0  # each step's work
+            trainer.backward(model(x).square().mean())
+            trainer.step(opt)
+    assert trainer.summary()["samples_per_sec"] == pytest.approx(40 / 10)
+    trainer.close()
