@@ -36,6 +36,28 @@ def train_toy(trainer: devplug.Trainer, *, steps: int, epochs: int = 1) -> None:
             trainer.log(loss=loss)
 
 
+class Clock:
+    """A seconds clock the test moves by hand (``clock.now += 1.0``)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def train_on_a_clock(trainer: devplug.Trainer, clock: Clock, *, samples: int = 40) -> None:
+    """One epoch of ``Linear(4, 1)`` on ``samples`` random rows in batches of 4, each step one second of ``clock``."""
+    model = trainer.setup(torch.nn.Linear(4, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(TensorDataset(torch.randn(samples, 4)), batch_size=4, num_workers=0)
+    for _ in trainer.epochs(1):
+        for (x,) in loader:
+            clock.now += 1.0  # each step's work
+            trainer.backward(model(x).square().mean())
+            trainer.step(opt)
+
+
 class SyncCounter:
     """Counts host reads of tensor values (`.item()`, `.cpu()`, `.tolist()`, `float()`)."""
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_scripts.common import HERE, RANK_PRELOAD, clean_env, run_ranks
+from toys import Clock, train_on_a_clock
 
 import devplug
 
@@ -417,12 +418,6 @@ def test_pruning_old_checkpoints_is_left_out_of_samples_per_second_as_their_writ
     from devplug.core.loop import trainer as trainer_module
     from devplug.core.observe import metrics
 
-    class Clock:
-        now = 100.0
-
-        def __call__(self) -> float:
-            return self.now
-
     clock = Clock()
     for module in (metrics, trainer_module, run_checkpoints):
         monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=clock, monotonic=clock, time=clock))
@@ -436,13 +431,6 @@ def test_pruning_old_checkpoints_is_left_out_of_samples_per_second_as_their_writ
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, loggers=[], count_flops=False,
                               stop_signals=(), checkpoints=devplug.CheckpointPolicy(directory=tmp_path / "ckpt",
                                                                                     every_n_steps=2, keep_last=1))
-    model = trainer.setup(torch.nn.Linear(4, 1))
-    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
-    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(40, 4)), batch_size=4, num_workers=0)
-    for _ in trainer.epochs(1):
-        for (x,) in loader:
-            clock.now += 1.0  # each step's work
-            trainer.backward(model(x).square().mean())
-            trainer.step(opt)
+    train_on_a_clock(trainer, clock)
     assert trainer.summary()["samples_per_sec"] == pytest.approx(40 / 10)
     trainer.close()

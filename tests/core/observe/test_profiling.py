@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from toys import make_data, make_model, train_toy
+from toys import Clock, make_data, make_model, train_on_a_clock, train_toy
 
 import devplug
 from devplug.core.observe.profiling import parse_window
@@ -124,12 +124,6 @@ def test_writing_the_trace_is_left_out_of_samples_per_second(tmp_path, monkeypat
 
     from devplug.core.observe import metrics, profiling
 
-    class Clock:
-        now = 100.0
-
-        def __call__(self) -> float:
-            return self.now
-
     clock = Clock()
     monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
     monkeypatch.setattr(profiling, "time", SimpleNamespace(perf_counter=clock, time_ns=profiling.time.time_ns))
@@ -142,13 +136,6 @@ def test_writing_the_trace_is_left_out_of_samples_per_second(tmp_path, monkeypat
     monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", slow_export)
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, loggers=[], log_dir=str(tmp_path),
                               profile="steps 2-3", count_flops=False, stop_signals=())
-    model = trainer.setup(torch.nn.Linear(4, 1))
-    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
-    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(40, 4)), batch_size=4, num_workers=0)
-    for _ in trainer.epochs(1):
-        for (x,) in loader:
-            clock.now += 1.0  # each step's work
-            trainer.backward(model(x).square().mean())
-            trainer.step(opt)
+    train_on_a_clock(trainer, clock)
     assert len(trainer.profiler.traces) == 1
     assert trainer.summary()["samples_per_sec"] == pytest.approx(40 / 10)

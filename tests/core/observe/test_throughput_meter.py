@@ -6,18 +6,9 @@ import time
 
 import pytest
 import torch
+from toys import Clock
 
 import devplug
-
-
-class Clock:
-    """A seconds clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_rate_leaves_out_the_first_step_and_every_pause():
