@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from devplug.core.checkpoint.tempfiles import create_temp
 
 #: The error numbers of a full disk and of an exhausted quota.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -52,17 +53,6 @@ def disk_full_line(what: str, exc: OSError) -> str:
     return f"the disk is full: could not write {what} ({reason})"
 
 
-def _umask() -> int:
-    """The process umask, read without changing it (``os.umask`` would, for every thread at once)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
-
-
 def write_atomically(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> Path:
     """Write ``path`` through ``write(handle)`` into a temporary file beside it, then rename it into place.
 
@@ -71,9 +61,8 @@ def write_atomically(path: str | os.PathLike[str], write: Callable[[BinaryIO], o
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    fd, temporary = create_temp(target)  # named after this process: a folder's sweep removes it if the process dies
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as handle:
             write(handle)
         os.replace(temporary, target)

@@ -14,7 +14,6 @@ the file to resume from; the Trainer decides when.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -26,9 +25,9 @@ from typing import Any
 
 import attrs
 
-from devplug.core.checkpoint.diskfull import disk_full_cause, disk_full_line
+from devplug.core.checkpoint.diskfull import disk_full_cause, disk_full_line, write_atomically
 from devplug.core.checkpoint.format import format_of
-from devplug.core.checkpoint.tempfiles import create_temp, remove_stale_temp_files
+from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.errors import CheckpointError, CheckpointMismatchError, NonFiniteLossError
 
 #: The checkpoint files a policy writes and recognises.
@@ -111,6 +110,16 @@ def damaged(exc: BaseException) -> bool:
     return isinstance(exc, (CheckpointError, NonFiniteLossError)) and not isinstance(exc, CheckpointMismatchError)
 
 
+def _unwritten(path: Path, exc: OSError, kept: str) -> str:
+    """One line for a policy file that could not be written: a full disk (or quota), or a folder that takes no
+    file (permission, a read-only file system); ``kept`` says what is intact."""
+    full = disk_full_cause(exc)
+    if full is not None:
+        return f"{disk_full_line(str(path), full)}; {kept}; free some space or save the checkpoints on another disk"
+    return (f"could not write {path} ({exc.strerror or exc}); {kept}; check that the folder can be written, or save "
+            "the checkpoints elsewhere")
+
+
 class RunCheckpoints:
     """The files of one `CheckpointPolicy`: saving, pruning, resuming (the main process writes)."""
 
@@ -137,23 +146,11 @@ class RunCheckpoints:
             (self.folder / INDEX_NAME).unlink(missing_ok=True)
             return
         index = self.folder / INDEX_NAME
-        fd, temp = create_temp(index)  # named after this process: the sweep removes it if the process dies
+        text = json.dumps(scores, indent=1, sort_keys=True).encode()
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(json.dumps(scores, indent=1, sort_keys=True).encode())
-            os.replace(temp, index)
+            write_atomically(index, lambda handle: handle.write(text))  # whole or not at all, its temp file swept
         except OSError as exc:
-            temp.unlink(missing_ok=True)
-            full = disk_full_cause(exc)
-            keeps = "the checkpoints and the previous index are intact"
-            if full is not None:
-                raise CheckpointError(f"{disk_full_line(str(index), full)}; {keeps}; free some space or save the "
-                                      "checkpoints on another disk") from exc
-            raise CheckpointError(f"could not write {index} ({exc.strerror or exc}); {keeps}; check that the "
-                                  "folder can be written, or save the checkpoints elsewhere") from exc
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
+            raise CheckpointError(_unwritten(index, exc, "the checkpoints and the previous index are intact")) from exc
 
     # ---- saving ----------------------------------------------------------------------------------------------
     def save(self, step: int, write: Callable[[Path], Any], score: float | None, *, main: bool = True) -> Path:
@@ -169,11 +166,7 @@ class RunCheckpoints:
         try:
             write(path)
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise CheckpointError(f"could not write {path} ({exc.strerror or exc}); {self._previous(path)}; "
-                                      "check that the folder can be written, or save the checkpoints elsewhere"
-                                      ) from exc
-            raise CheckpointError(self._disk_full(path, exc)) from exc
+            raise CheckpointError(_unwritten(path, exc, self._previous(path))) from exc
         self.last_saved_step, self.last_saved_time, self.last_path = step, time.monotonic(), path
         if not main:
             return path
@@ -204,10 +197,6 @@ class RunCheckpoints:
     def _previous(self, path: Path) -> str:
         previous = next((found for _step, found in steps_newest_first(self.folder) if found != path), None)
         return f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint was touched"
-
-    def _disk_full(self, path: Path, exc: OSError) -> str:
-        return (f"the disk is full: could not write {path} ({exc.strerror or exc}); {self._previous(path)}; free "
-                "some space or save the checkpoints on another disk")
 
     def keep(self, scores: dict[str, float]) -> set[Path]:
         """The files the policy keeps: the newest (always), the last ``keep_last``, the best ``keep_best``.
