@@ -7,7 +7,7 @@ at, boost included), else the GHz in the model name, else ``cpu MHz``. The last 
 clock the cores run at: a model name gives the base clock, and a virtual machine (most cloud hosts have
 no ``cpufreq``) reports the hypervisor's nominal rate. A peak computed from them is checked against a
 matmul in the same format, measured once per machine and cached
-(``devplug.toolkit.cached_matmul_flops``); where the matmul runs faster, the peak is the matmul's rate
+(``devplug.toolkit.plain_gemm_flops``, the figure ``measure_gemm`` reports); where the matmul runs faster, the peak is the matmul's rate
 and the clock the least that rate needs, so MFU is never overstated by a clock read too low. Where the
 features or clock cannot be read (another OS, an unknown architecture), the peak is that measured
 matmul. Either way the figure does not move with the machine's load.
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from devplug import PeakFlops
-from devplug.toolkit import cached_matmul_flops
+from devplug.toolkit import cached_matmul_flops, plain_gemm_flops
 
 log = logging.getLogger("devplug")
 
@@ -194,7 +194,7 @@ def computed_peak(dtype: torch.dtype) -> PeakFlops | None:
 def _measured_matmul(dtype: torch.dtype) -> float | None:
     """A matmul's FLOP/s in ``dtype`` here, measured once per machine; ``None`` where it failed (a warning)."""
     try:
-        return cached_matmul_flops("cpu", dtype, cpu_model())
+        return plain_gemm_flops("cpu", dtype)  # the figure `Trainer(measure_gemm=True)` reports, measured once
     except Exception as exc:
         log.warning("the CPU's clock was not checked against a measured matmul (%s): MFU may read high",
                     " ".join(str(exc).split()) or type(exc).__name__)
