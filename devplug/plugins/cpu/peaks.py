@@ -6,9 +6,9 @@ Zen 4 runs AVX-512 on 256-bit pipes). The clock is ``cpuinfo_max_freq`` (the hig
 at, boost included), else the GHz in the model name, else ``cpu MHz``. The last two can lie below the
 clock the cores run at: a model name gives the base clock, and a virtual machine (most cloud hosts have
 no ``cpufreq``) reports the hypervisor's nominal rate. A peak computed from them is checked against a
-matmul in the same format, measured once per machine and cached
-(``devplug.toolkit.plain_gemm_flops``, the figure ``measure_gemm`` reports); where the matmul runs faster, the peak is the matmul's rate
-and the clock the least that rate needs, so MFU is never overstated by a clock read too low. Where the
+matmul in the same format, measured once per machine and cached (``devplug.toolkit.plain_gemm_flops``,
+the figure ``measure_gemm`` reports); where the matmul runs faster, the peak is the matmul's rate and the
+clock the least that rate needs, so MFU is never overstated by a clock read too low. Where the
 features or clock cannot be read (another OS, an unknown architecture), the peak is that measured
 matmul. Either way the figure does not move with the machine's load.
 """
