@@ -15,8 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from devplug.core.checkpoint.tempfiles import create_temp
-
 #: The error numbers of a full disk and of an exhausted quota.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _WORDS = {os.strerror(code): code for code in DISK_FULL}
@@ -59,6 +57,8 @@ def write_atomically(path: str | os.PathLike[str], write: Callable[[BinaryIO], o
     A failed write (a full disk) leaves no partial file and no temporary one: the path holds the whole
     previous content or the whole new one. The file gets the usual permissions (0666 less the umask).
     """
+    from devplug.core.checkpoint.tempfiles import create_temp  # loaded with the first write, not at import
+
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = create_temp(target)  # named after this process: a folder's sweep removes it if the process dies
