@@ -997,6 +997,9 @@ class Trainer:
         """Flush and close the loggers (their final point, with the run's summary) and the progress bar, shut
         down the data loaders' worker processes and let go of the checkpoint folder's run lock.
 
+        Values logged since the last log point are reported first, this rank's (as when a loop is left): under
+        several processes call ``flush_logs()`` on every rank before, for values averaged across ranks.
+
         A background save (``save(..., async_save=True)``) is waited for first; if it failed, its error is
         raised after everything else is closed.
 
@@ -1012,6 +1015,8 @@ class Trainer:
         try:
             self._keeper.writer.wait()  # a background save's failure is raised once the rest is closed
         finally:
+            # values logged since the last log point (after the loop, say): reported, this rank's, as a loop left does
+            self._reporter.flush_quietly(lambda: self._flush_logs(across_ranks=False))
             summary: dict[str, Any] = {}
             if self.is_main_process and not self._reporter.closed:
                 try:
