@@ -41,3 +41,11 @@ def test_each_option_names_its_default_once(program):
         if len(defaults) != len(set(defaults)):
             twice[flag] = text
     assert not twice, f"{program} --help names a default twice: {twice}"
+
+
+@pytest.mark.parametrize("program", ["dcgan", "lm"])
+def test_the_examples_help_names_every_exit_status_a_run_ends_with(program):
+    epilog = _parsers()[program].epilog or ""
+    statuses = epilog[epilog.index("Exit status"):]
+    for status in ("0 done", "2 bad input", "130 interrupted", "143 SIGTERM", "138 SIGUSR1"):
+        assert status in statuses, f"{program} --help leaves out exit status {status!r}: {statuses!r}"
