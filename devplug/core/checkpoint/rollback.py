@@ -7,6 +7,10 @@ tensor is copied); a module or a tensor a copy of its tensors in host memory (re
 place); any other object registered for checkpointing (an LR scheduler, the author's own) a deep copy of its
 ``state_dict()``, small for the objects people register. Tensors are copied to host memory, not beside
 themselves on the device, so a load never needs twice a model's device memory.
+
+A sharded load (models too large for one device) copies no tensor: everything is checked, and the parts
+that are cheap to keep are restored, before the checkpoint's tensors are read into the run's own; only a
+read that fails half-way (an I/O error) can leave them part-loaded, and its error says so.
 """
 
 from __future__ import annotations
@@ -47,11 +51,29 @@ class Rollback:
 
     def __init__(self) -> None:
         self._undo: list[tuple[str, Callable[[], None]]] = []
+        #: what is being written that cannot be put back (``None`` until then): a failure names it
+        self.exposed: str | None = None
 
     def keep_optimizer(self, optimizer: torch.optim.Optimizer, what: str = "an optimizer") -> None:
         """Keep ``optimizer``'s state and parameter groups before torch's ``load_state_dict`` replaces them."""
         before = {"state": optimizer.state, "param_groups": optimizer.param_groups}
         self._undo.append((what, functools.partial(optimizer.__setstate__, before)))
+
+    def keep_optimizer_entries(self, optimizer: torch.optim.Optimizer, what: str = "an optimizer") -> None:
+        """Keep ``optimizer``'s containers and what they hold (torch's state-dict helpers add state to them in
+        place, and a sharded load updates group settings in place); its state tensors are not copied."""
+        state, groups = optimizer.state, optimizer.param_groups
+        entries, settings = {param: dict(values) for param, values in state.items()}, [dict(g) for g in groups]
+
+        def put_back() -> None:
+            optimizer.__setstate__({"state": state, "param_groups": groups})
+            state.clear()
+            state.update(entries)
+            for group, saved in zip(groups, settings, strict=True):
+                group.clear()
+                group.update(saved)
+
+        self._undo.append((what, put_back))
 
     def keep_module(self, module: torch.nn.Module, what: str = "a module") -> None:
         """Keep host copies of ``module``'s tensors (its load copies into them in place)."""
@@ -131,10 +153,12 @@ def all_or_nothing(path: Any) -> Iterator[Rollback]:
         failed = rollback.undo()
         cause = exc.__cause__ if isinstance(exc, _Named) and exc.__cause__ is not None else exc
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-        if isinstance(exc, CheckpointError) and not failed:
+        if isinstance(exc, CheckpointError) and not failed and rollback.exposed is None:
             raise  # already one line about this checkpoint, and everything was put back
         kind = type(exc) if isinstance(exc, CheckpointError) else CheckpointError
+        if rollback.exposed is not None:
+            failed.insert(0, rollback.exposed)
         if failed:
             raise kind(f"checkpoint {str(path)!r} could not be restored ({reason}), and {', '.join(failed)} could not "
-                       "be put back as it was: load a checkpoint that fits, or restart the run") from cause
+                       "be put back: load a checkpoint that fits before training on, or restart the run") from cause
         raise kind(f"checkpoint {str(path)!r} could not be restored, and nothing was changed: {reason}") from cause

@@ -126,3 +126,90 @@ def test_a_failed_load_then_a_good_one_restores_the_saved_run(saved):
     ref_state, state = everything(ref_model, ref_opt, ref_objects), everything(model, opt, objects)
     ref_state.pop("rng"), state.pop("rng")
     assert same(ref_state, state) and t.global_step == reference.global_step == 3
+
+
+# ---- sharded checkpoints (FSDP in one process) and plain files loaded into a sharded run ------------------------
+def _lm_run(seed: int, strategy: str = "auto") -> tuple[devplug.Trainer, torch.nn.Module, torch.optim.Optimizer,
+                                                         Picky]:
+    from dist_scripts.fsdp_model import Block, make_lm
+
+    t = devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=seed, strategy=strategy)
+    shard = {"shard": [Block]} if strategy == "fsdp" else {}
+    model = t.setup(make_lm(seed), name="lm", **shard)
+    opt = t.optimizer("adamw", model.parameters(), lr=1e-2)
+    picky = Picky()
+    t.register_for_checkpointing(picky=picky)
+    return t, model, opt, picky
+
+
+def _lm_steps(t: devplug.Trainer, model: torch.nn.Module, opt: torch.optim.Optimizer, picky: Picky) -> None:
+    from dist_scripts.fsdp_model import lm_loss, rank_batch
+
+    for step in range(2):
+        t.backward(lm_loss(model, rank_batch(step, 0, 1)))
+        t.step(opt)
+        picky.value += 1
+
+
+def _full(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (value.full_tensor() if hasattr(value, "full_tensor") else value).detach().clone()
+    if isinstance(value, dict):
+        return {k: _full(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_full(v) for v in value]
+    return value
+
+
+def _lm_state(model: torch.nn.Module, opt: torch.optim.Optimizer, picky: Picky) -> Any:
+    return _full({"model": model.state_dict(), "opt": opt.state_dict(), "picky": picky.state_dict(),
+                  "rng": torch.get_rng_state()})
+
+
+@pytest.mark.parametrize("saved_as, loaded_by", [("fsdp", "auto"), ("fsdp", "fsdp"), ("auto", "fsdp")])
+def test_a_sharded_load_whose_registered_object_refuses_its_state_changes_nothing(tmp_path, saved_as, loaded_by):
+    first = _lm_run(0, saved_as)
+    _lm_steps(*first)
+    path = first[0].save(tmp_path / ("folder" if saved_as == "fsdp" else "plain.pt"))
+    t, model, opt, picky = _lm_run(1, loaded_by)
+    _lm_steps(t, model, opt, picky)
+    picky.version = 2
+    before, step = _lm_state(model, opt, picky), t.global_step
+    with pytest.raises(CheckpointError) as caught:
+        t.load(path)
+    assert str(caught.value) == (f"checkpoint {path!r} could not be restored, and nothing was changed: registered "
+                                 "object 'picky': this version cannot read that state")
+    assert same(before, _lm_state(model, opt, picky)) and t.global_step == step
+    picky.version = 1
+    t.load(path)  # and then loads as a good checkpoint does
+    assert same(_full(first[1].state_dict()), _full(model.state_dict())) and picky.value == 2
+
+
+def test_a_sharded_read_failing_half_way_says_the_weights_may_be_part_loaded(tmp_path, monkeypatch):
+    from devplug.core.checkpoint import safe_dcp
+
+    first = _lm_run(0, "fsdp")
+    _lm_steps(*first)
+    path = first[0].save(tmp_path / "folder")
+    t, model, opt, picky = _lm_run(1)
+    calls = []
+    real = safe_dcp.SafeLoadPlanner.commit_tensor
+
+    def failing(self: Any, read_item: Any, tensor: torch.Tensor) -> None:
+        calls.append(read_item)
+        if len(calls) == 3:
+            raise OSError("Input/output error")
+        real(self, read_item, tensor)
+
+    monkeypatch.setattr(safe_dcp.SafeLoadPlanner, "commit_tensor", failing)
+    before = _lm_state(model, opt, picky)
+    with pytest.raises(CheckpointError, match=r"could not be read \(.*Input/output error.*\) after part of it was "
+                                              r"copied into this run's weights and optimizer states: load an "
+                                              r"intact checkpoint before training on") as caught:
+        t.load(path)
+    assert "\n" not in str(caught.value)
+    after = _lm_state(model, opt, picky)
+    assert same(before["picky"], after["picky"]) and same(before["rng"], after["rng"])  # the cheap parts put back
+    monkeypatch.undo()
+    t.load(path)  # a load that succeeds writes over all of it
+    assert same(_full(first[1].state_dict()), _full(model.state_dict()))
