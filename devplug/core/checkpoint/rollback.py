@@ -41,6 +41,17 @@ def _copy_back(module: torch.nn.Module, saved: Mapping[str, Any]) -> None:
     _copy_into(module.state_dict(), saved)
 
 
+def _on_host(value: Any) -> Any:
+    """A deep copy of ``value`` (dicts, lists, tuples and leaves) with every tensor copied to host memory."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _on_host(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_on_host(v) for v in value)
+    return copy.deepcopy(value)
+
+
 def _plain_optimizer(obj: Any) -> bool:
     """True for an optimizer whose ``load_state_dict`` is torch's (it replaces its containers, changing none)."""
     return isinstance(obj, torch.optim.Optimizer) and type(obj).load_state_dict is torch.optim.Optimizer.load_state_dict
@@ -86,10 +97,14 @@ class Rollback:
         self._undo.append((what, functools.partial(_copy_into, {"": tensor}, {"": saved})))
 
     def keep_stateful(self, obj: Any, what: str) -> None:
-        """Keep a deep copy of ``obj.state_dict()``, to hand back to its ``load_state_dict``."""
+        """Keep a deep copy of ``obj.state_dict()``, to hand back to its ``load_state_dict``.
+
+        An optimizer's tensors are copied to host memory (its ``load_state_dict`` moves them to its parameters'
+        device); another object's stay where they are, as it may keep what it is given.
+        """
         state = obj.state_dict()
         try:
-            state = copy.deepcopy(state)
+            state = _on_host(state) if isinstance(obj, torch.optim.Optimizer) else copy.deepcopy(state)
         except Exception:  # a state that cannot be copied is kept as the object gave it
             pass
         self._undo.append((what, functools.partial(obj.load_state_dict, state)))

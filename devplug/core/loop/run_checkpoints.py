@@ -67,11 +67,12 @@ class CheckpointKeeper:
                                   "state_dict() and load_state_dict(), or a tensor")
             self.registered[name] = obj
 
-    def _restore_registered(self, path: Path, extra: dict[str, Any]) -> None:
-        # for a format whose load did not restore them with the rest (its own parts cannot be put back from here)
+    def _restore_registered(self, path: Path, extra: dict[str, Any], restored_by: str) -> None:
+        # for a format whose load did not restore them with the rest: what it restored cannot be put back from here
         from devplug.core.checkpoint.rollback import all_or_nothing, restore_registered
 
         with all_or_nothing(path) as rollback:
+            rollback.exposed = f"what the {restored_by} format restored"
             restore_registered(self.registered, extra, rollback)
 
     @property
@@ -106,9 +107,10 @@ class CheckpointKeeper:
 
         self.format.wait()
         self.state.registered_restored = False
-        extra = format_of(path, self.format).load(self.state, Path(path))
+        checkpoint_format = format_of(path, self.format)
+        extra = checkpoint_format.load(self.state, Path(path))
         if not self.state.registered_restored:
-            self._restore_registered(Path(path), extra)
+            self._restore_registered(Path(path), extra, checkpoint_format.name)
         return extra
 
     # ---- resume --------------------------------------------------------------------------------------

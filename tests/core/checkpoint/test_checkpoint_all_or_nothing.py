@@ -33,8 +33,8 @@ def make_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
 
-def build(seed: int) -> tuple[devplug.Trainer, torch.nn.Module, torch.optim.Optimizer, dict[str, Any]]:
-    t = devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=seed)
+def build(seed: int, **options: Any) -> tuple[devplug.Trainer, torch.nn.Module, torch.optim.Optimizer, dict[str, Any]]:
+    t = devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=seed, **options)
     model = t.setup(make_model(), name="net")
     opt = t.optimizer("adam", model.parameters(), lr=1e-2)
     own = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -213,3 +213,50 @@ def test_a_sharded_read_failing_half_way_says_the_weights_may_be_part_loaded(tmp
     monkeypatch.undo()
     t.load(path)  # a load that succeeds writes over all of it
     assert same(_full(first[1].state_dict()), _full(model.state_dict()))
+
+
+# ---- a registered format whose load restores the run its own way -----------------------------------------------
+class OwnWay(devplug.toolkit.CheckpointFormat):
+    """Restores the modules itself (not through ``run.load``), so the Trainer restores the registered objects."""
+
+    name = "own-way"
+
+    def save(self, run: Any, path: Any, extra: Any, *, main: bool, async_save: bool = False) -> str | None:
+        return run.save(path, extra) if main else None
+
+    def load(self, run: Any, path: Any) -> dict[str, Any]:
+        from devplug.core.checkpoint.file import read_checkpoint
+
+        state = read_checkpoint(path)
+        for key, module in run.modules.items():
+            module.load_state_dict(state["modules"][key])
+        return dict(state["extra"])
+
+    def recognises(self, path: Any) -> bool:
+        return path.suffix == ".own" and path.is_file()
+
+
+@pytest.fixture
+def own_way():
+    from devplug.core.checkpoint.format import unregister_format
+
+    devplug.toolkit.register_checkpoint_format(OwnWay)
+    yield
+    unregister_format(OwnWay.name)
+
+
+def test_after_a_format_that_restores_its_own_way_the_trainer_restores_the_registered_objects(tmp_path, own_way):
+    t, model, opt, objects = build(seed=0, checkpoint_format="own-way")
+    train(t, model, opt, objects)
+    path = t.save(tmp_path / "ck.own")
+    second, model2, _opt2, objects2 = build(seed=1, checkpoint_format="own-way")
+    second.load(path)
+    assert objects2["picky"].value == 3 and torch.equal(objects2["noise"], torch.zeros(2, 3))
+    assert same(_full(model.state_dict()), _full(model2.state_dict()))
+    third, _model3, _opt3, objects3 = build(seed=1, checkpoint_format="own-way")
+    objects3["picky"].version = 2
+    with pytest.raises(CheckpointError, match=r"could not be restored \(registered object 'picky': this version "
+                                              r"cannot read that state\), and what the own-way format restored "
+                                              r"could not be put back"):
+        third.load(path)
+    assert torch.equal(objects3["noise"], torch.ones(2, 3))  # the registered objects restored before it, put back
