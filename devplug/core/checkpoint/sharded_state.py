@@ -143,19 +143,36 @@ def save_sharded(ts: TrainingRun, writer: ShardedWriter, path: str | os.PathLike
     return str(writer.save(path, _tensors(ts, owners), state, async_save=async_save))
 
 
-def _restore_small(ts: TrainingRun, state: Mapping[str, Any], rollback: Rollback) -> None:
+def _restore_small(ts: TrainingRun, state: Mapping[str, Any], rollback: Rollback, path: Any) -> None:
     """Restore the registered objects, the grad scaler and the RNG states (kept in ``rollback``), and keep the
-    optimizers' containers: the parts put back cheaply, restored before any of the run's tensors is written."""
-    restore_registered(ts.registered, state["extra"], rollback)
-    if ts.scaler is not None and state["scaler"]:
-        rollback.keep_stateful(ts.scaler, "the grad scaler")
-        ts.scaler.load_state_dict(state["scaler"])
-    device_module = ts.device_rng()
-    rng_before = rng.rng_state(device_module)
-    rollback.on_undo("the RNG states", lambda: rng.restore_rng_state(rng_before, device_module))
-    rng.restore_rng_state(state["rng"], device_module)
-    for key, choice in ts.optimizers.items():
-        rollback.keep_optimizer_entries(choice.optimizer, f"optimizer {key!r}")
+    optimizers' containers: the parts put back cheaply, restored before any of the run's tensors is written.
+
+    The tensor reads that follow are collectives: a rank that failed here tells the others, and every rank
+    raises (none is left waiting).
+    """
+    failure: Exception | None = None
+    try:
+        restore_registered(ts.registered, state["extra"], rollback)
+        if ts.scaler is not None and state["scaler"]:
+            rollback.keep_stateful(ts.scaler, "the grad scaler")
+            ts.scaler.load_state_dict(state["scaler"])
+        device_module = ts.device_rng()
+        rng_before = rng.rng_state(device_module)
+        rollback.on_undo("the RNG states", lambda: rng.restore_rng_state(rng_before, device_module))
+        rng.restore_rng_state(state["rng"], device_module)
+        for key, choice in ts.optimizers.items():
+            rollback.keep_optimizer_entries(choice.optimizer, f"optimizer {key!r}")
+    except Exception as exc:
+        failure = exc
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        flag = torch.tensor([dist.get_rank() + 1 if failure is not None else 0]).to(ts.device.torch_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        failed_rank = int(flag.item()) - 1
+        if failure is None and failed_rank >= 0:
+            raise CheckpointError(f"checkpoint {str(path)!r} could not be restored on rank {failed_rank} (its error "
+                                  "says why), and nothing was changed")
+    if failure is not None:
+        raise failure
 
 
 def load_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -181,7 +198,7 @@ def load_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> dict[str, Any
     points = ts.resume_points(state)
     readers = {key: reader for key, choice in ts.optimizers.items() if (reader := torch_reader(choice)) is not None}
     with all_or_nothing(path) as rollback, _gradients_aside(ts):
-        _restore_small(ts, state, rollback)
+        _restore_small(ts, state, rollback, path)
         tensors = _tensors(ts, owners, readers)
         natives: dict[str, dict[str, Any]] = {}
         if readers:  # read into the readers' own new state and checked: nothing of the run's is written yet
@@ -223,7 +240,7 @@ def load_plain_into_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> di
     natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in ts.optimizers.items()}
     full = _options(full_state_dict=True)
     with all_or_nothing(path) as rollback, _gradients_aside(ts):
-        _restore_small(ts, state, rollback)
+        _restore_small(ts, state, rollback, path)
         for key, choice in ts.optimizers.items():
             module = ts.modules[owners[key]]
             set_optimizer_state_dict(module, choice.optimizer, by_name(module, choice.optimizer, natives[key]),

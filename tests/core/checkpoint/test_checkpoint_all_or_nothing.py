@@ -260,3 +260,17 @@ def test_after_a_format_that_restores_its_own_way_the_trainer_restores_the_regis
                                               r"could not be put back"):
         third.load(path)
     assert torch.equal(objects3["noise"], torch.ones(2, 3))  # the registered objects restored before it, put back
+
+
+@pytest.mark.slow
+def test_a_rank_whose_registered_object_refuses_makes_every_rank_raise_and_none_wait(tmp_path):
+    from dist_scripts.common import HERE, run_ranks
+
+    done = run_ranks(HERE / "sharded_refused.py", [str(tmp_path)], world_size=2, timeout=240, expect_code=3)
+    lines = [next(line for line in p.stdout.splitlines() if line.startswith("rank ")) for p in done]
+    assert lines[1].startswith("rank 1: CheckpointError: checkpoint ") and lines[1].endswith(
+        "could not be restored, and nothing was changed: registered object 'picky': this version cannot read that "
+        "state | weights kept: True | position kept: True"), lines[1]
+    assert lines[0].startswith("rank 0: CheckpointError: checkpoint ") and lines[0].endswith(
+        "could not be restored on rank 1 (its error says why), and nothing was changed | weights kept: True | "
+        "position kept: True"), lines[0]
