@@ -235,8 +235,8 @@ def test_wandb_logger_by_name_offline(tmp_path, monkeypatch):
 def test_wandb_keeps_the_steps_logged_again_after_going_back_to_an_earlier_checkpoint(tmp_path, monkeypatch, go_back):
     # W&B drops a ``log(step=N)`` below the run's current step ("Tried to log to step 3 that is less than the
     # current step 4"): wandb-core's handler, wandb/wandb core/internal/stream/handler.go,
-    # handlePartialHistorySync. A run that goes back to the checkpoint of step 2 in the same process logs
-    # steps 3 and 4 again: every one of them must reach the run, at its own step.
+    # handlePartialHistorySync (the real wandb 0.31.0 installed here does it). A run that goes back to the
+    # checkpoint of step 2 in the same process logs steps 3 and 4 again: each must reach the run, at its step.
     wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install 'devplug[wandb]')")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
