@@ -67,8 +67,9 @@ class WandbLogger:
 
     @hookimpl
     def devplug_log(self, point: LogPoint) -> None:
-        """``run.log`` of the point's values and images with its step as ``trainer/global_step``; hyperparameters
-        and facts into the config; on the final point the summary into ``run.summary``, then ``run.finish()``."""
+        """``run.log`` of the point's values and images (the PNG file the Trainer wrote of an image, when it wrote
+        one) with its step as ``trainer/global_step``; hyperparameters and facts into the config; on the final
+        point the summary into ``run.summary``, then ``run.finish()``."""
         if point.final:
             if self.run is not None:
                 if point.summary:
@@ -86,6 +87,10 @@ class WandbLogger:
             run.config.update({"devplug": {**run.config.get("devplug", {}), **point.tags}}, allow_val_change=True)
         data: dict[str, Any] = {board_tag(name): value for name, value in point.values.items()}
         for tag, image in point.images.items():
+            path = point.files.get(tag)
+            if path is not None and os.path.isfile(path):  # the PNG the Trainer wrote: uploaded as it is
+                data[tag] = self._wandb.Image(path)
+                continue
             pixels = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0)
             data[tag] = self._wandb.Image(pixels.squeeze(-1).cpu().numpy() if pixels.shape[-1] == 1
                                           else pixels.cpu().numpy())

@@ -231,6 +231,22 @@ def test_wandb_logger_by_name_offline(tmp_path, monkeypatch):
     assert summaries and summaries[-1]["steps"] == 4
 
 
+def test_wandb_uploads_the_png_file_the_trainer_wrote_as_it_is(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install 'devplug[wandb]')")
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    log_dir = tmp_path / "run"
+    trainer = devplug.Trainer(device="cpu", progress=False, log_dir=str(log_dir), loggers=["wandb"])
+    images = torch.rand(6, 3, 8, 8, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    trainer.log_images("samples", images, nrow=3, path=str(tmp_path / "grid.png"))
+    trainer.close()
+    wandb.teardown()
+    uploaded = glob.glob(str(log_dir / "wandb" / "offline-run-*" / "files" / "media" / "images" / "samples_*.png"))
+    assert [open(p, "rb").read() for p in uploaded] == [(tmp_path / "grid.png").read_bytes()]
+
+
 @pytest.mark.parametrize("go_back", ["resume", "load"])
 def test_wandb_keeps_the_steps_logged_again_after_going_back_to_an_earlier_checkpoint(tmp_path, monkeypatch, go_back):
     # W&B drops a ``log(step=N)`` below the run's current step ("Tried to log to step 3 that is less than the
