@@ -13,8 +13,9 @@ speed and the PSNR against a full decode).
 Pixel formats: integer images are scaled to 8 bits from the full range of their samples' type, never
 clipped or wrapped: 16-bit (``I;16*``) from 0..65535, and Pillow's 32-bit mode ``I`` from the type the
 file declares (a TIFF's bits per sample and signedness: signed 16-bit from -32768..32767, unsigned 32-bit
-from 0..2**32-1, signed 32-bit from -2**31..2**31-1); without a declaration (a 16-bit PGM, or a 16-bit PNG
-in older Pillow) from 0..65535 where the values fit, else the signed 32-bit range. Float images are
+from 0..2**32-1, signed 32-bit from -2**31..2**31-1, except that values which all fit 0..65535 are 16-bit data
+in the 32-bit file Pillow writes of mode ``I``: from 0..65535); without a declaration (a 16-bit PGM, or a 16-bit
+PNG in older Pillow) from 0..65535 where the values fit, else the signed 32-bit range. Float images are
 scaled from 0..1 or 0..255 where their values lie within either, else from their own least to greatest
 finite value. Palette, grayscale, bilevel, CMYK and YCbCr are converted, and alpha composited
 over white (what an image viewer shows on a white page). An image over Pillow's decompression-bomb limit
@@ -122,9 +123,11 @@ def _to_uint8(pixels: np.ndarray, mode: str, declared: tuple[int, int] | None = 
         if declared is not None and declared[1] > np.iinfo(np.int32).max and pixels.dtype == np.int32:
             pixels = pixels.view(np.uint32)  # unsigned 32-bit samples, which Pillow keeps in signed ones
         values = pixels.astype(np.float64)
-        if declared is not None:
+        int32 = (int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max))
+        fits_16_bits = not values.size or (values.min() >= 0 and values.max() <= 65535)
+        if declared is not None and not (declared == int32 and fits_16_bits):
             low, high = declared
-        elif mode == "I" and values.size and (values.max() > 65535 or values.min() < 0):
+        elif mode == "I" and not fits_16_bits:
             low, high = np.iinfo(np.int32).min, np.iinfo(np.int32).max  # the full signed 32-bit range
         else:
             low, high = 0, 65535  # 16-bit range: 65535 -> 255, 32768 -> 127.5

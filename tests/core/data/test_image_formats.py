@@ -101,13 +101,13 @@ def test_a_rotated_signed_tiff_keeps_its_range(tmp_path):
     assert (pixels[:, -3:] == 255).all() and (pixels[:, :3] == 0).all()
 
 
-def test_a_32_bit_tiffs_scale_follows_its_type_not_whether_its_values_fit_in_16_bits(tmp_path):
+def test_16_bit_data_in_a_signed_32_bit_tiff_is_scaled_from_16_bits_and_wider_data_from_the_type(tmp_path):
     fits = one(tmp_path, "fits.tif")
     Image.fromarray(stripes("int32", 0, 32768, 65535)).save(fits)  # Pillow writes mode I as signed 32-bit
     over = one(tmp_path, "over.tif")
-    Image.fromarray(stripes("int32", 0, 32768, 65536)).save(over)
+    Image.fromarray(stripes("int32", -(2**31), 0, 2**31 - 1)).save(over)
     assert Image.open(fits).mode == Image.open(over).mode == "I"
-    assert stripe_values(decoded_both_ways(fits)) == stripe_values(decoded_both_ways(over)) == (128, 128, 128)
+    assert stripe_values(decoded_both_ways(fits)) == stripe_values(decoded_both_ways(over)) == (0, 128, 255)
 
 
 def test_a_16_bit_pgm_in_mode_i_is_scaled_from_16_bits(tmp_path):
