@@ -12,6 +12,7 @@ from devplug.toolkit import display_path, list_images
 
 from . import cli
 from .cache import CachedImages, CacheReport, prepare_cache
+from .cache.prepare import build_workers
 from .embedded_data import FakeImages, ShapesDataset
 
 
@@ -76,7 +77,8 @@ def _cached_folder(settings: cli.Settings, root: Path, trainer: devplug.Trainer 
     show = main and not settings.args.no_progress
     try:
         # The build decodes on every core (--workers, when given, caps it); the cache is then reused.
-        dataset, report = prepare_cache(root, size, settings.cache_dir, workers=settings.args.workers, build=main,
+        workers = None if settings.args.workers is None else min(settings.args.workers, build_workers())
+        dataset, report = prepare_cache(root, size, settings.cache_dir, workers=workers, build=main,
                                         progress=progress if show else None, on_wait=_waiting)
     except Exception as exc:
         if ranks is not None and main:

@@ -1,4 +1,5 @@
-"""The DCGAN example on several processes: one rank that cannot build or open the image cache stops them all."""
+"""The DCGAN example's image cache on several processes (one rank that cannot build or open it stops them
+all), and the processes that build it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dist_scripts.common import run_ranks
 from paths import REPO
 
 import devplug
+from devplug.toolkit import available_cpus
 
 from dcgan import cli
 from dcgan.data import load_training_data
@@ -73,3 +75,16 @@ def test_a_rank_hears_the_main_processs_error_and_opens_nothing(tmp_path):
         load_training_data(settings_for(tmp_path, tmp_path), ranks)
     assert ranks.calls == ["broadcast None"]
     assert not (tmp_path / "cache").exists()
+
+
+def test_workers_caps_the_cache_build_at_the_cores_there_are(tmp_path):
+    """``--workers`` "also caps the processes that build the cache (default: every CPU core)": a cap, so more
+    workers than cores build with one process per core, not with as many decode processes as asked."""
+    write_images(tmp_path / "images", 6)
+    cores = available_cpus()
+    settings = cli.resolve(cli.parse([*TINY, "--workers", str(cores + 1), "--data", str(tmp_path / "images"),
+                                      "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]))
+    data = load_training_data(settings, None)
+    data.close()
+    assert data.cache is not None and data.cache.built
+    assert data.cache.workers == cores
