@@ -38,7 +38,7 @@ from devplug.core.contract.records import (
     ShardingPlan,
 )
 from devplug.core.data.position import LoopPosition
-from devplug.core.distributed.launch import detect_launch, die_with_launcher
+from devplug.core.distributed.launch import check_process_group, detect_launch, die_with_launcher
 from devplug.core.distributed.strategy import StrategyContext, build_strategy
 from devplug.core.distributed.strategy import resolve as resolve_strategy
 from devplug.core.errors import ConfigError, DataError, DevplugError, PluginError
@@ -91,6 +91,7 @@ class Trainer:
         self._config = config if config is not None else TrainerConfig.build(**options)
         self._registry = DeviceRegistry(plugin_manager or get_plugin_manager())
         self._launch = detect_launch()
+        check_process_group(self._launch)  # a group of several ranks joined without the launcher variables
         die_with_launcher()  # under torchrun: no worker outlives its launcher
         self._hooks = self._registry.open(self._config.device, options=self._config.device_options,
                                         channels_last=self._config.channels_last)
