@@ -121,6 +121,15 @@ def test_the_corpus_is_deterministic_and_holds_out_whole_files():
     assert text not in bytes(corpus.load_corpus(50_000_000).train.tolist())  # never in the training text
 
 
+@pytest.mark.parametrize(("length", "starts"), [(17, [0]), (33, [0, 16]), (40, [0, 16])])
+def test_the_training_windows_tile_the_text_up_to_its_last_byte(length, starts):
+    """Windows of context + 1 bytes every context bytes: the last one may end on the text's last byte."""
+    text = torch.arange(length, dtype=torch.uint8)
+    windows = corpus.Windows.tiling(text, 16)
+    assert windows.starts.tolist() == starts
+    assert all(len(windows[i]) == 17 for i in range(len(windows)))
+
+
 def interrupt_at_window(monkeypatch, window: int, signum: int) -> None:
     """Send ``signum`` to this process when the training loader fetches its ``window``-th window."""
     calls = {"n": 0}
