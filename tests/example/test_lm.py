@@ -80,6 +80,22 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, expected):
     assert not list(tmp_path.iterdir())
 
 
+#: Another process takes a folder's lock at once, or fails (BlockingIOError) while someone holds it.
+TAKE_FOLDER_LOCK = ("import fcntl, os, sys; "
+                    "fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)")
+
+
+def test_a_run_stopped_by_bad_input_lets_go_of_its_folder(tmp_path, capsys):
+    """The Trainer was made before the data check failed: its run lock on the folder is let go when main returns
+    (another job, started while this process lives on, may write there), not when this process ends."""
+    out = tmp_path / "run"
+    assert run("--batch-size", "100000", "--out", str(out)) == 2
+    assert "fewer than one step's" in capsys.readouterr().err
+    probe = subprocess.run([sys.executable, "-c", TAKE_FOLDER_LOCK, str(out / "checkpoints")], capture_output=True,
+                           text=True)
+    assert probe.returncode == 0, probe.stderr
+
+
 def test_device_options_are_parsed_as_json_where_they_parse_and_repeat():
     args = cli.parse(["--device-option", "fp8_recipe=rowwise", "--device-option", "fp8_all_gather=false",
                       "--device-option", "fp8_skip=[\"head\"]", "--device-option", "n=3",
