@@ -141,6 +141,10 @@ class RunCheckpoints:
         return {str(k): float(v) for k, v in scores.items() if isinstance(v, (int, float))} \
             if isinstance(scores, dict) else {}
 
+    def has_scores(self) -> bool:
+        """True when ``checkpoints.json`` holds the score of a checkpoint in the folder."""
+        return any((self.folder / name).exists() for name in self._read_index())
+
     def _write_index(self, scores: dict[str, float]) -> None:
         if not scores:  # nothing scored (no monitor): no index file beside the checkpoints
             (self.folder / INDEX_NAME).unlink(missing_ok=True)

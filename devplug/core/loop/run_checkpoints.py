@@ -285,11 +285,17 @@ class CheckpointKeeper:
         return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
     def warn_unseen_monitor(self) -> None:
-        """One warning when the policy's monitor was never logged (no checkpoint can be scored), else nothing."""
+        """One warning when the policy's monitor was never logged (no checkpoint can be scored), else nothing.
+
+        Nothing either when this process saved nothing and a checkpoint in the folder has a score: a run resumed
+        with nothing left to train logs no value, and its checkpoints were scored when they were written.
+        """
         if self.monitor is None or self._monitor_seen or self._monitor_warned or not self._is_main:
             return
-        self._monitor_warned = True
         runs = self.runs
+        if runs is not None and not self._saved_in_run and runs.has_scores():
+            return
+        self._monitor_warned = True
         keeps = " only the newest checkpoints are kept" if runs is not None and runs.policy.keep_best else ""
         warnings.warn(f"the checkpoint policy's monitor {self.monitor!r} was never logged, so no checkpoint has a "
                       f"score;{keeps}. Log it after each evaluation (trainer.log({self.monitor}=...)) or fix "

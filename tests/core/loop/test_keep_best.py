@@ -182,3 +182,24 @@ def test_the_readme_loop_itself_keeps_its_best_epochs_scored_with_their_own_accu
         with torch.no_grad():
             own = (model(val_set.tensors[0]).argmax(dim=1) == val_set.tensors[1]).double().mean().item()
         assert scores[path.name] == pytest.approx(own, abs=1e-6) == accuracy[step]
+
+
+def test_a_resumed_run_with_nothing_left_to_train_does_not_say_its_monitor_was_never_logged(tmp_path):
+    _run(tmp_path, log_every=1, every=None, epochs=2)  # a finished run: its checkpoints are scored
+    assert json.loads((tmp_path / "checkpoints.json").read_text())
+    policy = devplug.CheckpointPolicy(directory=tmp_path, every_n_steps=4, keep_last=1, keep_best=2,
+                                      monitor="val_loss", mode="min")
+    trainer = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False, checkpoints=policy,
+                              stop_signals=(), count_flops=False, loggers=[])
+    model = trainer.setup(torch.nn.Linear(1, 1, bias=False))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.03)
+    loader = trainer.dataloader(_data(TRAIN_SLOPE, 16, 0), 4, num_workers=0)
+    assert trainer.resume(tmp_path) is not None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in trainer.epochs(2):  # the same 2 epochs: nothing left to train
+            for x, y in loader:
+                trainer.backward(torch.nn.functional.mse_loss(model(x), y))
+                trainer.step(opt)
+        trainer.close()
+    assert not [str(w.message) for w in caught if "val_loss" in str(w.message)]
