@@ -348,7 +348,7 @@ def _as_specs(answer: Any, label: str) -> tuple[DeviceSpec, ...]:
             "Availability.no(reason, fix)); a device-neutral plugin does not implement this hook"
         )
     if isinstance(answer, DeviceSpec):
-        return (answer,)
+        return _as_specs([answer], label)
     if isinstance(answer, (str, bytes)) or not isinstance(answer, Iterable):
         raise PluginError(f"{label} returned {answer!r} (a {type(answer).__name__}), not a devplug.DeviceSpec; "
                           "return DeviceSpec(name=..., description=..., priority=..., probe=...) or a list of them")
@@ -359,6 +359,10 @@ def _as_specs(answer: Any, label: str) -> tuple[DeviceSpec, ...]:
                               "every item must be a devplug.DeviceSpec")
     if not specs:
         return _as_specs(None, label)
+    for spec in specs:
+        if isinstance(spec.priority, bool) or not isinstance(spec.priority, int):
+            raise PluginError(f"{label} declared device {spec.name!r} with priority {spec.priority!r} (a "
+                              f"{type(spec.priority).__name__}); DeviceSpec.priority is an int (higher wins 'auto')")
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise PluginError(f"{label} declared the same device name twice: {names}")

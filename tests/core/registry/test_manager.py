@@ -270,3 +270,21 @@ def test_a_loaded_plugin_passed_again_under_another_name_is_skipped_in_one_line(
     assert pm.get_name(cpu) == "cpu" and pm.distribution_of("cpu") == "devplug (built-in)"
     (failure,) = pm.failures
     assert failure.name == "cpu-again" and "already loaded as 'cpu'" in failure.error and "\n" not in failure.error
+
+
+def test_a_device_declared_with_a_priority_that_is_not_a_number_skips_its_plugin_and_auto_still_works():
+    import types
+
+    bad = types.ModuleType("toyprio")
+
+    @devplug.hookimpl
+    def devplug_register_devices():
+        return DeviceSpec(name="toyprio", description="toy", priority="5", probe=Availability.yes, torch_type="cpu")
+
+    bad.devplug_register_devices = devplug_register_devices
+    pm = create_plugin_manager(autoload=False, extra_plugins=[bad])
+    registry = DeviceRegistry(pm)
+    assert "toyprio" not in registry.names()
+    assert registry.resolve("auto").name == "cpu"
+    (failure,) = pm.failures
+    assert failure.name == "toyprio" and "priority" in failure.error and "'5'" in failure.error
