@@ -37,6 +37,9 @@ ITEMS = ("train", "autocast[bfloat16]", "autocast[float16]", "pin_memory")
 #: The cache file in devplug's cache folder.
 TRIALS_FILE = "trials.json"
 TIMED_OUT = "did not finish within"
+#: What the trial checks, in the cache key: a trial kept by a devplug that checked less is tried again.
+#: 2: autocast counts only where a layer computed in the dtype asked for.
+TRIAL_VERSION = 2
 _lock = threading.Lock()
 _answers: dict[str, Trial] = {}
 
@@ -87,7 +90,7 @@ def backend_distribution(device_type: str) -> str:
 def _key(device_type: str, backend: str) -> str:
     import torch
 
-    return f"{device_type}|{backend}|torch {torch.__version__}"
+    return f"{device_type}|{backend}|torch {torch.__version__}|trial {TRIAL_VERSION}"
 
 
 def trial(device_type: str, time_limit: float) -> Trial:

@@ -15,7 +15,10 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 from openreg_scripts import AUTO, CROSS_DEVICE_RESUME, LOADER, MLP_LOSSES, PRECISION, SAVE_ON_DEVICE
+
+from devplug.plugins.generic.trial import ITEMS
 
 pytestmark = pytest.mark.accelerator
 
@@ -151,6 +154,10 @@ def test_bf16_is_refused_where_torch_turns_autocast_off_for_it(openreg, tmp_path
     """torch.autocast only warns and casts nothing for a dtype the backend does not list: the trial must see that
     bf16 did not run, not that entering autocast raised nothing."""
     cache = {"DEVPLUG_CACHE_DIR": str(tmp_path / "cache")}
+    # a trial kept by a devplug that took entering autocast for working: not trusted, tried again
+    (tmp_path / "cache").mkdir()
+    old_key = f"openreg|devplug-openreg 0.1.0|torch {torch.__version__}"
+    (tmp_path / "cache" / "trials.json").write_text(json.dumps({old_key: dict.fromkeys(ITEMS, "")}))
     done = openreg.run(["-c", PRECISION, "bf16-mixed"], variant=FP16_AUTOCAST_ONLY, **cache)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "refused: PrecisionError" in done.stdout and "bfloat16" in done.stdout
