@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
@@ -431,10 +431,20 @@ def consolidate(source: str, target: str, module: str | None = None) -> str:
     return f"wrote {written}: the full weights as one plain state_dict (torch.load(path, weights_only=True))"
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """argparse's parser (its sub-commands' too) keeping its last usage error, which ``--json`` prints as data."""
+
+    last_error: str | None = None
+
+    def error(self, message: str) -> NoReturn:
+        _CommandParser.last_error = f"{self.prog}: {message}"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``devplug`` command."""
-    parser = argparse.ArgumentParser(prog="devplug", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _CommandParser(prog="devplug", description=DESCRIPTION,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"devplug {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     devices = sub.add_parser("devices", help="list device plugins, availability and why not")
@@ -499,7 +509,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``devplug`` console script."""
     logging.basicConfig(level=logging.WARNING, format="devplug: %(message)s")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _CommandParser.last_error = None
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error: with --json, the error as data on stdout too
+        if exc.code == EXIT_ERROR and "--json" in argv and _CommandParser.last_error:
+            _print_json({"error": _CommandParser.last_error, "exit_code": EXIT_ERROR})
+        raise
     if args.command is None:
         parser.print_help()
         return 0

@@ -7,6 +7,7 @@ import struct
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -22,6 +23,25 @@ def write_png(path: Path, width: int, height: int, bit_depth: int, color_type: i
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, bit_depth,
                                                                         color_type, 0, 0, 0))
                      + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return path
+
+
+def write_tiff(path: Path, pixels: np.ndarray, orientation: int = 1) -> Path:
+    """A one-strip grayscale TIFF written byte by byte, its samples of ``pixels``' type (Pillow writes 16-bit
+    signed and 32-bit unsigned images as signed 32-bit): bits per sample and signedness from the dtype, and
+    ``orientation`` (the TIFF tag EXIF shares: 6 shows the stored image turned 90 degrees clockwise)."""
+    height, width = pixels.shape
+    data = pixels.astype(pixels.dtype.newbyteorder("<")).tobytes()
+    sample_format = {"u": 1, "i": 2, "f": 3}[pixels.dtype.kind]
+    short, long = 3, 4
+    entries = [(256, long, width), (257, long, height), (258, short, pixels.dtype.itemsize * 8), (259, short, 1),
+               (262, short, 1), (273, long, 0), (274, short, orientation), (277, short, 1), (278, long, height),
+               (279, long, len(data)), (339, short, sample_format)]
+    offset = 8 + 2 + 12 * len(entries) + 4  # the pixels follow the header and the one directory
+    directory = b"".join(struct.pack("<HHII", tag, kind, 1, offset if tag == 273 else value)
+                         for tag, kind, value in entries)  # a one-value SHORT sits in the low bytes, little-endian
+    path.write_bytes(b"II*\0" + struct.pack("<I", 8) + struct.pack("<H", len(entries)) + directory
+                     + struct.pack("<I", 0) + data)
     return path
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import socket
 from pathlib import Path
 
@@ -102,8 +103,12 @@ def _exists(path: Path) -> bool:
 
 
 def _probe(folder: Path) -> None:
-    """Create and remove a file with the longest name the run writes in ``folder``."""
-    probe = folder / (".dcgan-probe-" + "x" * max(0, _longest_file_name() - 12))
+    """Create and remove a file with the longest name the run writes in ``folder``.
+
+    The name is this process's own (every rank of a job probes the shared ``--out`` at the same moment).
+    """
+    prefix = f".dcgan-probe-{os.getpid()}-{secrets.token_hex(4)}-"
+    probe = folder / (prefix + "x" * max(0, _longest_file_name() + 1 - len(prefix)))
     fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     os.close(fd)
     probe.unlink()

@@ -50,7 +50,8 @@ pytorch/examples' DCGAN sizes, tiny-32 learns the embedded data in minutes on a 
 outputs under --out: tensorboard/ (train/loss_D, train/loss_G, train/D_x, train/D_G_z, lr/<optimizer>,
 perf/samples_per_sec = images/s, samples),
 samples/step_NNNNNNN.png, checkpoints/step_NNNNNNN.pt, summary.json.
-Exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted (summary still printed).
+Exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted, 143 SIGTERM, 138 SIGUSR1 (the
+summary still printed; a checkpoint is written at the step reached).
 """
 
 

@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import torch
 
 import devplug
 from devplug.toolkit import display_path, list_images
 
 from . import cli
 from .cache import CachedImages, CacheReport, prepare_cache
+from .cache.prepare import build_workers
 from .embedded_data import FakeImages, ShapesDataset
 
 
@@ -34,7 +34,9 @@ class TrainingData:
 def load_training_data(settings: cli.Settings, trainer: devplug.Trainer | None) -> TrainingData:
     """The data ``settings`` name; for a folder, its cache is reused or built first (``--no-cache``: not).
 
-    Under ``torchrun`` the main process builds a missing cache while the others wait, then all map it.
+    Under ``torchrun`` the main process builds a missing cache while the others wait, then all map it; a
+    process that cannot (the main one's build failed, or the cache is not in a folder every machine sees)
+    stops every process with one error line.
     ``trainer=None`` (``--cache-only``) builds the cache in this process.
     """
     size = settings.spec.image_size
@@ -55,8 +57,13 @@ def load_training_data(settings: cli.Settings, trainer: devplug.Trainer | None) 
 def _cached_folder(settings: cli.Settings, root: Path, trainer: devplug.Trainer | None) -> TrainingData:
     size = settings.spec.image_size
     main = trainer is None or trainer.is_main_process
-    if not main:
-        _barrier()  # wait for the main process to build the cache
+    # Under torchrun the main process builds while the others wait for its word (its error ends them too);
+    # then every process says whether it could open the cache, so no rank trains on while another stopped.
+    ranks = trainer if trainer is not None and trainer.world_size > 1 else None
+    if ranks is not None and not main:
+        failure = ranks.broadcast(None)
+        if failure is not None:
+            raise devplug.DataError(f"the main process could not prepare the image cache: {failure}")
     bar: Any = None
 
     def progress(done: int, total: int) -> None:
@@ -70,21 +77,28 @@ def _cached_folder(settings: cli.Settings, root: Path, trainer: devplug.Trainer 
     show = main and not settings.args.no_progress
     try:
         # The build decodes on every core (--workers, when given, caps it); the cache is then reused.
-        dataset, report = prepare_cache(root, size, settings.cache_dir, workers=settings.args.workers, build=main,
+        workers = None if settings.args.workers is None else min(settings.args.workers, build_workers())
+        dataset, report = prepare_cache(root, size, settings.cache_dir, workers=workers, build=main,
                                         progress=progress if show else None, on_wait=_waiting)
+    except Exception as exc:
+        if ranks is not None and main:
+            ranks.broadcast(" ".join(str(exc).split()) or type(exc).__name__)
+        elif ranks is not None:
+            ranks.all_reduce(1, op="max")
+        raise
     finally:
         if bar is not None:
             bar.close()
-    if main and trainer is not None:
-        _barrier()
+    if ranks is not None and main:
+        ranks.broadcast(None)
+    if ranks is not None and ranks.all_reduce(0, op="max"):
+        dataset.close()  # another process could not open the cache this one built or opened
+        where = display_path(settings.cache_dir)
+        raise devplug.DataError(f"another process could not open the image cache in {where!r} that the main process "
+                                "built; on several machines, pass a --cache-dir that all of them share (or --no-cache)")
     description = f"{display_path(root)} ({report.images} images, cached at {size}x{size})"
     return TrainingData(dataset, description, report.images, report)
 
 
 def _waiting(path: Path) -> None:
     print(f"image cache: another process is building {display_path(path)}; waiting for it", flush=True)
-
-
-def _barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()

@@ -111,4 +111,8 @@ def main() -> int:
     return trainer.exit_code
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except devplug.DevplugError as exc:  # bad input (a device, a flag value): one line and status 2
+        print(f"minimal.py: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        sys.exit(2)

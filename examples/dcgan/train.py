@@ -20,6 +20,7 @@ loader, sample noise), `resume_if_asked`, `announce`, `train_loop`,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -97,14 +98,25 @@ class Saved:
 def train(settings: cli.Settings) -> int:
     """Train as ``settings`` say; print the summary at the end or on Ctrl-C. Returns the exit status."""
     trainer = build_trainer(settings)
-    with library_warnings_printed(trainer.is_main_process):  # e.g. a checkpoint not saved: non-finite weights
-        run = build_run(trainer, settings)
-        resume_if_asked(run)
-        run.fixed_noise = trainer.to_device(run.fixed_noise)  # after the resume, which may bring the noise back
-        announce(run)
-        progress = train_loop(run)
-        save_last_outputs(run, progress)
-        return finish(run, progress)
+    try:
+        with library_warnings_printed(trainer.is_main_process):  # e.g. a checkpoint not saved: non-finite weights
+            run = build_run(trainer, settings)
+            resume_if_asked(run)
+            run.fixed_noise = trainer.to_device(run.fixed_noise)  # after the resume, which may bring the noise back
+            announce(run)
+            progress = train_loop(run)
+            save_last_outputs(run, progress)
+            return finish(run, progress)
+    except BaseException:
+        close_after_error(trainer)
+        raise
+
+
+def close_after_error(trainer: devplug.Trainer) -> None:
+    """Close the trainer of a run that stopped with an error (bad data, a non-finite loss): its folder's run lock,
+    loggers and loader workers are let go now, not when the process ends; the run's error is the one reported."""
+    with contextlib.suppress(Exception):
+        trainer.close()
 
 
 def build_trainer(settings: cli.Settings) -> devplug.Trainer:

@@ -99,7 +99,7 @@ def build_parser() -> ConfigParser:
                        help="sequences per micro-batch on each process (default: 32)")
     parser.bind(TrainerConfig, [
         Flag("accumulate_grad_batches", "--accumulate", help="micro-batches per optimizer step (gradient "
-                                                             "accumulation; default: 1)"),
+                                                             "accumulation)"),
         Flag("seed", default=0, help="seed for the weights and the data order (default: 0)"),
     ], group=train)
     train.add_argument("--lr", type=number(0, strict=True), default=3e-3,

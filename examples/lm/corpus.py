@@ -119,7 +119,7 @@ class Windows(Dataset[torch.Tensor]):
     @classmethod
     def tiling(cls, text: torch.Tensor, context: int) -> Windows:
         """``text`` cut into non-overlapping windows (the training samples)."""
-        return cls(text, context, torch.arange(0, len(text) - context - 1, context))
+        return cls(text, context, torch.arange(0, len(text) - context, context))  # the last may end on the last byte
 
     @classmethod
     def spread(cls, text: torch.Tensor, context: int, count: int) -> Windows:

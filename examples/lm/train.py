@@ -20,6 +20,7 @@ uninterrupted one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -111,17 +112,23 @@ class Run:
 
 def train(settings: cli.Settings, corpus: Corpus) -> int:
     """Train as ``settings`` say, evaluate, sample, write the summary; the exit status."""
-    run = build_run(build_trainer(settings), settings, corpus)
-    resume_if_asked(run)
-    announce(run)
-    if run.trainer.global_step == 0:
-        report_eval(run, evaluate(run))
-    train_loop(run)
-    if not run.interrupted:
-        report_eval(run, evaluate(run))
-        run.sample = sample(run)
-    consolidate(run)
-    return finish(run)
+    trainer = build_trainer(settings)
+    try:
+        run = build_run(trainer, settings, corpus)
+        resume_if_asked(run)
+        announce(run)
+        if run.trainer.global_step == 0:
+            report_eval(run, evaluate(run))
+        train_loop(run)
+        if not run.interrupted:
+            report_eval(run, evaluate(run))
+            run.sample = sample(run)
+        consolidate(run)
+        return finish(run)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the run's error is the one reported
+            trainer.close()  # the folder's run lock, loggers and loader workers let go now, not at the process's end
+        raise
 
 
 def build_trainer(settings: cli.Settings) -> devplug.Trainer:

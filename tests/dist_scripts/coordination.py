@@ -1,4 +1,7 @@
-"""Two ranks: barrier, main_process_first, broadcast and unwrap (tests/core/loop/test_coordination.py)."""
+"""Two ranks: barrier, main_process_first (its block passing, then failing on rank 0), broadcast and unwrap.
+
+Run by tests/core/loop/test_coordination.py.
+"""
 
 from __future__ import annotations
 
@@ -27,10 +30,19 @@ def main() -> None:
     (out / f"arrived{rank}").write_text("x")
     trainer.barrier()  # after it, every rank has written its file
     arrived = sorted(p.name for p in out.glob("arrived*"))
+    ran, failure = False, None
+    try:
+        with trainer.main_process_first():  # rank 0's block fails: rank 1 must not run it, and must hear why
+            if rank == 0:
+                raise OSError("the download failed")
+            ran = True
+    except Exception as exc:
+        failure = f"{type(exc).__name__}: {exc}"
     model = torch.nn.Linear(2, 1)
     plain = trainer.unwrap(trainer.setup(model))
     (out / f"rank{rank}.json").write_text(json.dumps({
-        "seen": seen, "chosen": chosen, "arrived": arrived, "unwrapped": plain is model}))
+        "seen": seen, "chosen": chosen, "arrived": arrived, "unwrapped": plain is model,
+        "after_failure": {"ran": ran, "error": failure}}))
     trainer.close()
     torch.distributed.destroy_process_group()
     os._exit(0)

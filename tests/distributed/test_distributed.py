@@ -280,6 +280,21 @@ def test_init_process_group_keeps_an_existing_group_and_checks_it(one_rank_group
 
 
 
+def test_a_group_of_several_ranks_without_launcher_variables_is_refused(one_rank_group, monkeypatch):
+    """mp.spawn and the author's own init_process_group, no RANK/WORLD_SIZE exported: every process would train
+    alone as rank 0 of 1 (no DDP, no data shard, every one writing as the main process)."""
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    with pytest.raises(ConfigError, match=r"rank 1 of a process group of 2, .* RANK, WORLD_SIZE"):
+        devplug.Trainer(device="cpu", precision="32-true", progress=False, loggers=[])
+
+
+def test_a_group_of_one_without_launcher_variables_is_a_single_process(one_rank_group):
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, loggers=[])
+    assert (trainer.rank, trainer.world_size, trainer.strategy) == (0, 1, "none")
+    trainer.close()
+
+
 def test_elastic_store_gives_each_restart_attempt_its_own_keys():
     port = free_port()
     agent_store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=10))

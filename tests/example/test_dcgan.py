@@ -394,6 +394,16 @@ def test_the_minimal_example_trains_and_saves(tmp_path):
     assert "2 steps on cpu (32-true)" in result.stdout
 
 
+@pytest.mark.parametrize(("argv", "needle"), [(["--device", "nosuchdevice"], "nosuchdevice"),
+                                              (["--device", "cpu", "--steps", "0"], "max_steps")])
+def test_the_minimal_example_reports_bad_input_in_one_line(tmp_path, argv, needle):
+    result = subprocess.run([sys.executable, str(REPO / "examples" / "dcgan" / "minimal.py"), *argv,
+                             "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("minimal.py: error: ") and needle in lines[0], lines[0]
+
+
 def test_the_training_script_also_runs_as_a_file_in_its_folder(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "examples" / "dcgan" / "train.py"), "--help"],
                             capture_output=True, text=True, cwd=tmp_path, timeout=120)

@@ -56,6 +56,23 @@ def test_fewer_images_than_one_batch(tmp_path, capsys):
                         "--out", str(tmp_path / "o")], "fewer than one batch")
 
 
+#: Another process takes a folder's lock at once, or fails (BlockingIOError) while someone holds it.
+TAKE_FOLDER_LOCK = ("import fcntl, os, sys; "
+                    "fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)")
+
+
+def test_a_run_stopped_by_bad_input_lets_go_of_its_folder(tmp_path, capsys):
+    """The Trainer was made before the data check failed: its run lock on a run folder that stays (it held
+    checkpoints before) is let go when main returns, not when this process ends."""
+    write_images(tmp_path / "few", 3)
+    (tmp_path / "o" / "checkpoints").mkdir(parents=True)
+    fails_with(capsys, ["--data", str(tmp_path / "few"), "--cache-dir", str(tmp_path / "cache"),
+                        "--out", str(tmp_path / "o")], "fewer than one batch")
+    probe = subprocess.run([sys.executable, "-c", TAKE_FOLDER_LOCK, str(tmp_path / "o" / "checkpoints")],
+                           capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stderr
+
+
 @pytest.mark.parametrize("size", ["48", "8", "2048"])
 def test_unsupported_image_size(tmp_path, capsys, size):
     fails_with(capsys, ["--image-size", size, "--out", str(tmp_path / "o")], f"image size {size} is not supported")

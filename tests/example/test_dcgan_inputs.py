@@ -17,6 +17,7 @@ from dcgan_runs import TINY, write_images
 from image_samples import decompression_bomb, latin1_names
 from paths import REPO
 
+from dcgan import checks
 from dcgan import train as example  # examples/dcgan/train.py
 from dcgan.step import DCGANStep
 
@@ -54,6 +55,35 @@ def bad_input(capsys, argv: list[str], *needles: str) -> str:
 def test_out_is_a_file(tmp_path, capsys, no_step):
     (tmp_path / "file").write_text("x")
     bad_input(capsys, ["--out", str(tmp_path / "file")], "--out", "is a file, not a folder")
+
+
+def test_every_rank_checks_the_shared_out_at_once(tmp_path):
+    """Under torchrun every process checks --out at the same moment: one rank's probe file, present for that
+    moment, must not make another rank's check fail ("it exists and is not a folder")."""
+    out = tmp_path / "run"
+    checks.prepare_output_dir(out)
+    names = set()
+    real_open = os.open
+
+    def open_and_note(path, flags, mode=0o777, **kwargs):
+        names.add(os.path.basename(path))
+        return real_open(path, flags, mode, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(checks.os, "open", open_and_note)
+        checks.prepare_output_dir(out)
+    for name in names:  # another rank's probe, there at the instant this process probes
+        (out / name).write_bytes(b"")
+        (out / "checkpoints" / name).write_bytes(b"")
+    pid = os.fork()
+    if pid == 0:  # the other rank: a process of its own
+        try:
+            checks.prepare_output_dir(out)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_out_is_below_a_file(tmp_path, capsys, no_step):

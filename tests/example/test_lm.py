@@ -80,6 +80,22 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, expected):
     assert not list(tmp_path.iterdir())
 
 
+#: Another process takes a folder's lock at once, or fails (BlockingIOError) while someone holds it.
+TAKE_FOLDER_LOCK = ("import fcntl, os, sys; "
+                    "fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)")
+
+
+def test_a_run_stopped_by_bad_input_lets_go_of_its_folder(tmp_path, capsys):
+    """The Trainer was made before the data check failed: its run lock on the folder is let go when main returns
+    (another job, started while this process lives on, may write there), not when this process ends."""
+    out = tmp_path / "run"
+    assert run("--batch-size", "100000", "--out", str(out)) == 2
+    assert "fewer than one step's" in capsys.readouterr().err
+    probe = subprocess.run([sys.executable, "-c", TAKE_FOLDER_LOCK, str(out / "checkpoints")], capture_output=True,
+                           text=True)
+    assert probe.returncode == 0, probe.stderr
+
+
 def test_device_options_are_parsed_as_json_where_they_parse_and_repeat():
     args = cli.parse(["--device-option", "fp8_recipe=rowwise", "--device-option", "fp8_all_gather=false",
                       "--device-option", "fp8_skip=[\"head\"]", "--device-option", "n=3",
@@ -119,6 +135,15 @@ def test_the_corpus_is_deterministic_and_holds_out_whole_files():
     some = next(f for f in held_out if 2000 < (first.root / f).stat().st_size < 20_000)
     text = (first.root / some).read_bytes()[:2000]
     assert text not in bytes(corpus.load_corpus(50_000_000).train.tolist())  # never in the training text
+
+
+@pytest.mark.parametrize(("length", "starts"), [(17, [0]), (33, [0, 16]), (40, [0, 16])])
+def test_the_training_windows_tile_the_text_up_to_its_last_byte(length, starts):
+    """Windows of context + 1 bytes every context bytes: the last one may end on the text's last byte."""
+    text = torch.arange(length, dtype=torch.uint8)
+    windows = corpus.Windows.tiling(text, 16)
+    assert windows.starts.tolist() == starts
+    assert all(len(windows[i]) == 17 for i in range(len(windows)))
 
 
 def interrupt_at_window(monkeypatch, window: int, signum: int) -> None:

@@ -31,7 +31,11 @@ class TrainingRun(Protocol):
     """What a format reads and writes: the Trainer's modules, optimizers, scaler and loop position.
 
     The Trainer's state (``TrainerState``) is one; a format uses these and writes nothing else of the run.
+    Its ``load`` restores the objects ``registered`` for checkpointing with the rest, all or nothing, and sets
+    ``registered_restored``; after a format's load that did not, the Trainer restores them itself.
     """
+
+    registered_restored: bool
 
     @property
     def modules(self) -> Mapping[str, torch.nn.Module]: ...

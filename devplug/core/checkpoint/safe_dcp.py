@@ -146,7 +146,18 @@ class _DataOnlyBytes:
 
 
 class SafeLoadPlanner(_DataOnlyBytes, DefaultLoadPlanner):
-    """DCP's load planner with the non-tensor entries read by torch's weights-only unpickler."""
+    """DCP's load planner with the non-tensor entries read by torch's weights-only unpickler.
+
+    ``wrote`` turns True once DCP is about to copy a read tensor into one of the state dict's tensors:
+    until then (the plan: keys, shapes; the metadata) a failed load has changed none of them.
+    """
+
+    wrote = False
+
+    def resolve_tensor(self, read_item: Any) -> torch.Tensor:
+        """The tensor the read item is copied into (the first one marks ``wrote``)."""
+        self.wrote = True
+        return super().resolve_tensor(read_item)
 
 
 class SafeEmptyLoadPlanner(_DataOnlyBytes, _EmptyStateDictLoadPlanner):

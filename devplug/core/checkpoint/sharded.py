@@ -224,28 +224,38 @@ class ShardedWriter:
         log.info("asynchronous checkpoint %s written", target)
 
 
-def load_tensors(path: str | os.PathLike[str], tensors: dict[str, Any]) -> None:
-    """Read a sharded checkpoint's tensors into ``tensors`` in place (DCP reshards to this run's layout)."""
+def load_tensors(path: str | os.PathLike[str], tensors: dict[str, Any], *, live: bool = False) -> None:
+    """Read a sharded checkpoint's tensors into ``tensors`` in place (DCP reshards to this run's layout).
+
+    ``live``: ``tensors`` are the run's own (its weights, its optimizers' states), so a read that fails
+    after it began copying into them says they may hold part of the checkpoint; a failure before (a key or
+    shape of another setup) changed nothing either way.
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     from devplug.core.checkpoint import safe_dcp
 
+    planner = safe_dcp.SafeLoadPlanner()
     try:
         with warnings.catch_warnings():
             # Reading without a process group is a documented use (a sharded checkpoint resumed on one process
             # without sharding); DCP warns that it "assumes" exactly that.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized",
                                     category=UserWarning)
-            dcp.load(tensors, storage_reader=safe_dcp.SafeReader(str(path)), planner=safe_dcp.SafeLoadPlanner())
+            dcp.load(tensors, storage_reader=safe_dcp.SafeReader(str(path)), planner=planner)
     except (Exception, CheckpointException) as exc:  # a missing or mismatched entry (DCP's is a BaseException)
         # DCP's exception holds each failed rank's (exception, trace): its own words, without the traces
         failures = [failure[0] for failure in exc.failures.values()] if isinstance(exc, CheckpointException) else []
         cause = failures[0] if failures else exc
         ours = next((f for f in [exc, *failures] if isinstance(f, CheckpointError)), None)
+        reason = ckpt.one_line(str(ours if ours is not None else cause), 300) or type(cause).__name__
+        if live and planner.wrote:  # damaged or unreadable half-way: another checkpoint loads over all of it
+            raise CheckpointError(f"sharded checkpoint {str(path)!r} could not be read ({reason}) after part of it "
+                                  "was copied into this run's weights and optimizer states: load an intact "
+                                  "checkpoint before training on") from exc
         if ours is not None:  # the checkpoint refused as it was read (not data only, damaged)
             raise CheckpointError(ckpt.one_line(str(ours))) from exc
-        reason = ckpt.one_line(str(cause), 300) or type(cause).__name__
         # a key or shape of this run's the checkpoint lacks: a checkpoint of another setup, not a damaged one
         kind = CheckpointError if isinstance(cause, OSError) else CheckpointMismatchError
         raise kind(f"sharded checkpoint {str(path)!r} does not fit this run, and nothing was "

@@ -26,8 +26,9 @@ from devplug.core.checkpoint import file as ckpt
 from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.finite import nonfinite
 from devplug.core.checkpoint.format import TrainingRun
+from devplug.core.checkpoint.rollback import Rollback, all_or_nothing, restore_registered
 from devplug.core.checkpoint.sharded import ShardedWriter, load_tensors, read_state
-from devplug.core.checkpoint.validate import check_loaded_optimizers, registered_problems
+from devplug.core.checkpoint.validate import check_loaded_optimizers, module_problems, registered_problems
 from devplug.core.contract.records import OptimizerChoice
 from devplug.core.errors import CheckpointError, CheckpointMismatchError, NonFiniteLossError
 from devplug.core.optim.canonical import CANONICAL, canonical_class, import_state, state_problems
@@ -142,8 +143,43 @@ def save_sharded(ts: TrainingRun, writer: ShardedWriter, path: str | os.PathLike
     return str(writer.save(path, _tensors(ts, owners), state, async_save=async_save))
 
 
+def _restore_small(ts: TrainingRun, state: Mapping[str, Any], rollback: Rollback, path: Any) -> None:
+    """Restore the registered objects, the grad scaler and the RNG states (kept in ``rollback``), and keep the
+    optimizers' containers: the parts put back cheaply, restored before any of the run's tensors is written.
+
+    The tensor reads that follow are collectives: a rank that failed here tells the others, and every rank
+    raises (none is left waiting).
+    """
+    failure: Exception | None = None
+    try:
+        restore_registered(ts.registered, state["extra"], rollback)
+        if ts.scaler is not None and state["scaler"]:
+            rollback.keep_stateful(ts.scaler, "the grad scaler")
+            ts.scaler.load_state_dict(state["scaler"])
+        device_module = ts.device_rng()
+        rng_before = rng.rng_state(device_module)
+        rollback.on_undo("the RNG states", lambda: rng.restore_rng_state(rng_before, device_module))
+        rng.restore_rng_state(state["rng"], device_module)
+        for key, choice in ts.optimizers.items():
+            rollback.keep_optimizer_entries(choice.optimizer, f"optimizer {key!r}")
+    except Exception as exc:
+        failure = exc
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        flag = torch.tensor([dist.get_rank() + 1 if failure is not None else 0]).to(ts.device.torch_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        failed_rank = int(flag.item()) - 1
+        if failure is None and failed_rank >= 0:
+            raise CheckpointError(f"checkpoint {str(path)!r} could not be restored on rank {failed_rank} (its error "
+                                  "says why), and nothing was changed")
+    if failure is not None:
+        raise failure
+
+
 def load_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Restore a sharded checkpoint folder into this run, whatever its world size and strategy; ``extra``."""
+    """Restore a sharded checkpoint folder into this run, whatever its world size and strategy; ``extra``.
+
+    All or nothing as far as a sharded run allows without copying its tensors (`devplug.core.checkpoint.rollback`).
+    """
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     state = read_state(path)
@@ -161,10 +197,16 @@ def load_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> dict[str, Any
         raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
     points = ts.resume_points(state)
     readers = {key: reader for key, choice in ts.optimizers.items() if (reader := torch_reader(choice)) is not None}
-    with _gradients_aside(ts):
+    with all_or_nothing(path) as rollback, _gradients_aside(ts):
+        _restore_small(ts, state, rollback, path)
         tensors = _tensors(ts, owners, readers)
-        load_tensors(path, tensors)
-        natives = _converted(ts, readers, owners, tensors["optimizers"], path)
+        natives: dict[str, dict[str, Any]] = {}
+        if readers:  # read into the readers' own new state and checked: nothing of the run's is written yet
+            load_tensors(path, {"optimizers": {key: tensors["optimizers"][key] for key in readers}})
+            natives = _converted(ts, readers, owners, tensors["optimizers"], path)
+        load_tensors(path, {"modules": tensors["modules"], "optimizers": {
+            key: value for key, value in tensors["optimizers"].items() if key not in readers}}, live=True)
+        rollback.exposed = "the weights and optimizer states"  # read into in place
         for key, module in ts.modules.items():
             set_model_state_dict(module, tensors["modules"][key])
         for key, choice in ts.optimizers.items():
@@ -173,12 +215,16 @@ def load_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> dict[str, Any
             else:
                 set_optimizer_state_dict(ts.modules[owners[key]], choice.optimizer, tensors["optimizers"][key])
             restore_group_settings(choice.optimizer, state.get("optimizer_groups", {}).get(key))
-    _restore_rest(ts, state)
+    ts.registered_restored = True
     return ts.continue_from(state, points)
 
 
 def load_plain_into_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Restore a plain checkpoint file (one process or DDP) into sharded modules and optimizers; ``extra``."""
+    """Restore a plain checkpoint file (one process or DDP) into sharded modules and optimizers; ``extra``.
+
+    Everything is checked and converted before the first weight is written, and the optimizers, registered
+    objects, scaler and RNG states are put back if a later part fails; the modules are written last.
+    """
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     state = ckpt.read_checkpoint(path)
@@ -186,20 +232,23 @@ def load_plain_into_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> di
         raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: it holds modules "
                                       f"{sorted(state['modules'])} and optimizers {sorted(state['optimizers'])}, "
                                       f"this run set up {sorted(ts.modules)} and {sorted(ts.optimizers)}")
-    problems = registered_problems(state["extra"], ts.registered)
+    problems = registered_problems(state["extra"], ts.registered) + module_problems(state["modules"], ts.modules)
     if problems:
         raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
     owners = optimizer_owners(ts)
     points = ts.resume_points(state)
+    natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in ts.optimizers.items()}
     full = _options(full_state_dict=True)
-    with _gradients_aside(ts):
+    with all_or_nothing(path) as rollback, _gradients_aside(ts):
+        _restore_small(ts, state, rollback, path)
+        for key, choice in ts.optimizers.items():
+            module = ts.modules[owners[key]]
+            set_optimizer_state_dict(module, choice.optimizer, by_name(module, choice.optimizer, natives[key]),
+                                     options=full)
+        rollback.exposed = "the weights"  # copied into the sharded modules in place: the last part written
         for key, module in ts.modules.items():
             set_model_state_dict(module, state["modules"][key], options=full)
-        for key, choice in ts.optimizers.items():
-            native = import_state(choice, state["optimizers"][key], key)
-            module = ts.modules[owners[key]]
-            set_optimizer_state_dict(module, choice.optimizer, by_name(module, choice.optimizer, native), options=full)
-    _restore_rest(ts, state)
+    ts.registered_restored = True
     return ts.continue_from(state, points)
 
 
@@ -226,9 +275,3 @@ def by_name(module: torch.nn.Module, optimizer: torch.optim.Optimizer, native: M
     state = {order[int(i)]: value for i, value in native["state"].items()}
     groups = [{**g, "params": [order[int(i)] for i in g["params"]]} for g in native["param_groups"]]
     return {"state": state, "param_groups": groups}
-
-
-def _restore_rest(ts: TrainingRun, state: Mapping[str, Any]) -> None:
-    if ts.scaler is not None and state["scaler"]:
-        ts.scaler.load_state_dict(state["scaler"])
-    rng.restore_rng_state(state["rng"], ts.device_rng())

@@ -104,6 +104,12 @@ class DeviceLoader:
     drawn, once, so a resumed run sees the same data in the same order as an uninterrupted one: a torch
     loader devplug built starts its sampler past them (their samples are never read); other loaders
     draw them and throw them away.
+
+    A primary loader of unknown length under gradient accumulation draws one batch ahead, to know whether
+    the current micro-batch is the epoch's last. When the loop leaves the pass before that batch is handed
+    out (``max_steps``, a ``break``, a stop signal), it is kept: an iterator source (a generator) hands it
+    out first on its next pass, which goes on where this one stopped; a loader that starts a fresh pass
+    draws it again (the position counts only the batches handed out, so a resume skips no more).
     """
 
     def __init__(self, choice: LoaderChoice, seed: int, position: LoopPosition, move: Callable[[Any], Any],
@@ -126,6 +132,7 @@ class DeviceLoader:
         self._before_batch = before_batch
         self._after_batches = after_batches
         self._used_up = False  # an iterator source that reached its end
+        self._held: Any = _END  # an iterator source's batch drawn ahead by a pass left early: its next pass's first
         self._region = region
         self._on_data_lost = on_data_lost
 
@@ -217,6 +224,7 @@ class DeviceLoader:
     def __iter__(self) -> Iterator[Any]:
         # one generator, no delegation: the loop resumes it once per batch
         started: Any = None  # the loader's iterator for this pass, once made
+        pending: Any = _END  # the primary loader's batch drawn ahead (looked at), not yet handed out
         try:
             position = self.position
             if self.train and self._epoch != position.epoch:
@@ -261,6 +269,8 @@ class DeviceLoader:
                 on_batch(batch_size(batch), clock() - asked)
                 yield batch
         finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
+            if pending is not _END and started is self.choice.loader:
+                self._held = pending  # drawn from the author's iterator and never trained on: the next pass's first
             if started is not None and started is not getattr(self.choice.loader, "_iterator", None):
                 stop_workers(started)  # this pass's own workers (not persistent ones): now, not at GC
             if self.primary:
@@ -285,6 +295,9 @@ class DeviceLoader:
             raise DataError(f"the {kind} loader's source, a {type(self.choice.loader).__name__}, was used up by "
                             "its first pass, so this pass would have no batches; give a list of batches, a "
                             "DataLoader, or an object whose __iter__ starts a fresh pass")
+        held, self._held = self._held, _END
+        if held is not _END:  # drawn ahead by the pass before, which was left early
+            yield held
         # not `yield from`: closing this pass (the loop left it early) would close the author's generator too,
         # and a later pass would find it empty instead of going on where this one stopped
         for batch in batches:  # noqa: UP028

@@ -10,8 +10,14 @@ Speed: a JPEG much larger than the target is decoded at 1/2, 1/4 or 1/8 scale in
 antialiases from at least that many source pixels per output pixel (``benchmarks/decode.py`` measures the
 speed and the PSNR against a full decode).
 
-Pixel formats: 16-bit (``I;16*``) and 32-bit integer images are scaled to 8 bits (not clipped), float
-images from 0..1 or 0..255, palette, grayscale, bilevel, CMYK and YCbCr converted, and alpha composited
+Pixel formats: integer images are scaled to 8 bits from the full range of their samples' type, never
+clipped or wrapped: 16-bit (``I;16*``) from 0..65535, and Pillow's 32-bit mode ``I`` from the type the
+file declares (a TIFF's bits per sample and signedness: signed 16-bit from -32768..32767, unsigned 32-bit
+from 0..2**32-1, signed 32-bit from -2**31..2**31-1, except that values which all fit 0..65535 are 16-bit data
+in the 32-bit file Pillow writes of mode ``I``: from 0..65535); without a declaration (a 16-bit PGM, or a 16-bit
+PNG in older Pillow) from 0..65535 where the values fit, else the signed 32-bit range. Float images are
+scaled from 0..1 or 0..255 where their values lie within either, else from their own least to greatest
+finite value. Palette, grayscale, bilevel, CMYK and YCbCr are converted, and alpha composited
 over white (what an image viewer shows on a white page). An image over Pillow's decompression-bomb limit
 raises `ImageTooLarge`, which says what the limit is and how to raise it.
 """
@@ -30,6 +36,8 @@ DRAFT_MARGIN = 2
 EXIF_ORIENTATION = 0x0112
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+#: TIFF tags: bits per sample, and the sample format (1 unsigned integer, 2 signed integer, 3 float).
+_BITS_PER_SAMPLE, _SAMPLE_FORMAT = 258, 339
 
 
 class ImageTooLarge(ValueError):
@@ -53,8 +61,12 @@ def printable(text: str) -> str:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def to_rgb(image: Any) -> Any:
-    """An 8-bit ``RGB`` Pillow image for ``image`` in any mode (see the module docstring for the rules)."""
+def to_rgb(image: Any, sample_range: tuple[int, int] | None = None) -> Any:
+    """An 8-bit ``RGB`` Pillow image for ``image`` in any mode (see the module docstring for the rules).
+
+    ``sample_range``: the least and greatest value of the integer type the file stores its samples in
+    (`declared_range`); by default read from ``image`` itself, which a transposed copy no longer tells.
+    """
     from PIL import Image
 
     mode = image.mode
@@ -63,7 +75,8 @@ def to_rgb(image: Any) -> Any:
     if mode in _SIXTEEN_BIT or mode in ("I", "F"):
         import numpy as np
 
-        return Image.fromarray(_to_uint8(np.asarray(image), mode), "L").convert("RGB")
+        declared = sample_range if sample_range is not None else declared_range(image)
+        return Image.fromarray(_to_uint8(np.asarray(image), mode, declared), "L").convert("RGB")
     if mode == "P" and "transparency" in image.info:
         image, mode = image.convert("RGBA"), "RGBA"
     if mode in _ALPHA_MODES:
@@ -73,20 +86,63 @@ def to_rgb(image: Any) -> Any:
     return image.convert("RGB")
 
 
-def _to_uint8(pixels: np.ndarray, mode: str) -> np.ndarray:
-    """Scale a single-channel 16-bit, 32-bit integer or float array to 0..255 uint8."""
+def declared_range(image: Any) -> tuple[int, int] | None:
+    """The range of the integer type a TIFF declares for its samples (bits per sample, signed or not).
+
+    ``None`` for float samples and for any other format: Pillow's mode then says all there is to know
+    (``I;16`` is unsigned 16-bit; ``I`` holds signed 32-bit values, or 16-bit ones from a PGM or PNG).
+    """
+    tags = getattr(image, "tag_v2", None)
+    if tags is None:
+        return None
+    bits, kind = _first(tags.get(_BITS_PER_SAMPLE, 1)), _first(tags.get(_SAMPLE_FORMAT, 1))
+    if not isinstance(bits, int) or not 1 <= bits <= 32:
+        return None
+    if kind == 1:  # unsigned integer
+        return 0, 2**bits - 1
+    if kind == 2:  # two's complement signed integer
+        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    return None  # IEEE float or undefined
+
+
+def _first(value: Any) -> Any:
+    """A TIFF tag's first value (Pillow gives per-sample tags as tuples)."""
+    return value[0] if isinstance(value, tuple) and value else value
+
+
+def _to_uint8(pixels: np.ndarray, mode: str, declared: tuple[int, int] | None = None) -> np.ndarray:
+    """Scale a single-channel 16-bit, 32-bit integer or float array to 0..255 uint8 (see the module docstring)."""
     import numpy as np
 
-    values = pixels.astype(np.float64)
     if mode == "F":
+        values = pixels.astype(np.float64)
         finite = values[np.isfinite(values)]
-        scale = 255.0 if finite.size and finite.max() <= 1.0 else 1.0  # 0..1 floats, else already 0..255
-        values = np.nan_to_num(values, nan=0.0, posinf=255.0 / scale, neginf=0.0) * scale
-    elif mode == "I" and values.size and (values.max() > 65535 or values.min() < 0):
-        values = (values - np.iinfo(np.int32).min) / (2**32 - 1) * 255.0  # the full 32-bit range
+        low, high = _float_range(finite) if finite.size else (0.0, 1.0)
+        values = np.nan_to_num(values, nan=low, posinf=high, neginf=low)
     else:
-        values = values / 257.0  # 16-bit range: 65535 -> 255, 32768 -> 127.5
+        if declared is not None and declared[1] > np.iinfo(np.int32).max and pixels.dtype == np.int32:
+            pixels = pixels.view(np.uint32)  # unsigned 32-bit samples, which Pillow keeps in signed ones
+        values = pixels.astype(np.float64)
+        int32 = (int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max))
+        fits_16_bits = not values.size or (values.min() >= 0 and values.max() <= 65535)
+        if declared is not None and not (declared == int32 and fits_16_bits):
+            low, high = declared
+        elif mode == "I" and not fits_16_bits:
+            low, high = np.iinfo(np.int32).min, np.iinfo(np.int32).max  # the full signed 32-bit range
+        else:
+            low, high = 0, 65535  # 16-bit range: 65535 -> 255, 32768 -> 127.5
+    values = (values - low) / ((high - low) or 1) * 255.0
     return np.clip(np.rint(values), 0, 255).astype(np.uint8)
+
+
+def _float_range(finite: np.ndarray) -> tuple[float, float]:
+    """The values a float image's 0 and 255 stand for: 0..1 or 0..255 where it lies within, else its own range."""
+    low, high = float(finite.min()), float(finite.max())
+    if low >= 0 and high <= 1:
+        return 0.0, 1.0
+    if low >= 0 and high <= 255:
+        return 0.0, 255.0
+    return low, high
 
 
 def crop_box(width: int, height: int, size: int) -> tuple[float, float, float, float]:
@@ -125,9 +181,10 @@ def load_rgb(path: str | os.PathLike[str], size: int, *, draft: bool = True, mar
             scale = next((s for s in (8, 4, 2) if s <= factor), 1)
             if scale > 1:
                 image.draft(image.mode, (image.size[0] // scale, image.size[1] // scale))
+        declared = declared_range(image)  # before a transpose, whose copy no longer tells it
         if orientation != 1:
             image = ImageOps.exif_transpose(image)
-        rgb = to_rgb(image)
+        rgb = to_rgb(image, declared)
         scale_x, scale_y = rgb.size[0] / width, rgb.size[1] / height  # < 1 after a reduced-scale decode
         left, top, right, bottom = crop_box(width, height, size)
         box = (left * scale_x, top * scale_y, right * scale_x, bottom * scale_y)

@@ -279,6 +279,26 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     return LaunchInfo()
 
 
+def check_process_group(launch: LaunchInfo) -> None:
+    """A `ConfigError` when the launcher variables say one process but a group of several ranks is joined.
+
+    A script that starts its processes itself (``torch.multiprocessing.spawn``) and calls
+    ``init_process_group`` without exporting ``RANK``/``WORLD_SIZE`` would otherwise have every process
+    train alone as rank 0 of 1: no DDP, no data shard, each one writing as the main process. A group of one
+    is a single process. (With launcher variables, `init_process_group` checks the group against them.)
+    """
+    distributed = sys.modules.get("torch.distributed")  # never imported here: a group someone joined imported it
+    if launch.distributed or distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return
+    world = distributed.get_world_size()
+    if world > 1:
+        raise ConfigError(
+            f"this process is rank {distributed.get_rank()} of a process group of {world}, but no launcher variables "
+            "say so, so it would train alone as rank 0 of 1; set RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE "
+            "in each process before making the Trainer (or start it with torchrun)"
+        )
+
+
 #: Linux's prctl option that sends a signal to this process when its parent ends.
 _PR_SET_PDEATHSIG = 1
 

@@ -67,15 +67,13 @@ class CheckpointKeeper:
                                   "state_dict() and load_state_dict(), or a tensor")
             self.registered[name] = obj
 
-    def _restore_registered(self, extra: dict[str, Any]) -> None:
-        for name, obj in self.registered.items():
-            if name not in extra:
-                continue
-            if isinstance(obj, torch.Tensor):
-                with torch.no_grad():
-                    obj.copy_(extra[name])
-            else:
-                obj.load_state_dict(extra[name])
+    def _restore_registered(self, path: Path, extra: dict[str, Any], restored_by: str) -> None:
+        # for a format whose load did not restore them with the rest: what it restored cannot be put back from here
+        from devplug.core.checkpoint.rollback import all_or_nothing, restore_registered
+
+        with all_or_nothing(path) as rollback:
+            rollback.exposed = f"what the {restored_by} format restored"
+            restore_registered(self.registered, extra, rollback)
 
     @property
     def writer(self) -> CheckpointFormat:
@@ -108,8 +106,11 @@ class CheckpointKeeper:
         from devplug.core.checkpoint.format import format_of
 
         self.format.wait()
-        extra = format_of(path, self.format).load(self.state, Path(path))
-        self._restore_registered(extra)
+        self.state.registered_restored = False
+        checkpoint_format = format_of(path, self.format)
+        extra = checkpoint_format.load(self.state, Path(path))
+        if not self.state.registered_restored:
+            self._restore_registered(Path(path), extra, checkpoint_format.name)
         return extra
 
     # ---- resume --------------------------------------------------------------------------------------

@@ -38,10 +38,10 @@ from devplug.core.contract.records import (
     ShardingPlan,
 )
 from devplug.core.data.position import LoopPosition
-from devplug.core.distributed.launch import detect_launch, die_with_launcher
+from devplug.core.distributed.launch import check_process_group, detect_launch, die_with_launcher
 from devplug.core.distributed.strategy import StrategyContext, build_strategy
 from devplug.core.distributed.strategy import resolve as resolve_strategy
-from devplug.core.errors import ConfigError, DataError, PluginError
+from devplug.core.errors import ConfigError, DataError, DevplugError, PluginError
 from devplug.core.fallback.accelerator import current_index_carrier
 from devplug.core.log_once import log_once
 from devplug.core.loop.config import TrainerConfig
@@ -91,6 +91,7 @@ class Trainer:
         self._config = config if config is not None else TrainerConfig.build(**options)
         self._registry = DeviceRegistry(plugin_manager or get_plugin_manager())
         self._launch = detect_launch()
+        check_process_group(self._launch)  # a group of several ranks joined without the launcher variables
         die_with_launcher()  # under torchrun: no worker outlives its launcher
         self._hooks = self._registry.open(self._config.device, options=self._config.device_options,
                                         channels_last=self._config.channels_last)
@@ -639,15 +640,20 @@ class Trainer:
         """Run the block on rank 0 first, then on the other ranks (a collective: enter it on every rank).
 
         For work whose result the other ranks then reuse: a download, a preprocessed cache. In one process
-        the block simply runs.
+        the block simply runs. When the block raises on rank 0, the other ranks do not run it: they raise a
+        `devplug.DevplugError` saying so (rank 0's own error says why).
         """
-        if not self.is_main_process:
-            self.barrier()
+        combiner = self._combiner
+        if combiner is not None and not self.is_main_process and combiner.max(0):
+            raise DevplugError("the main process failed inside main_process_first(), so this rank did not run the "
+                               "block; the main process's error says why")
+        failed = True
         try:
             yield
+            failed = False
         finally:
-            if self.is_main_process:
-                self.barrier()
+            if combiner is not None and self.is_main_process:
+                combiner.max(int(failed))  # the other ranks wait for this word
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Rank ``src``'s ``obj`` (any picklable object), returned on every rank (a collective; one process: ``obj``).
@@ -997,6 +1003,9 @@ class Trainer:
         """Flush and close the loggers (their final point, with the run's summary) and the progress bar, shut
         down the data loaders' worker processes and let go of the checkpoint folder's run lock.
 
+        Values logged since the last log point are reported first, this rank's (as when a loop is left): under
+        several processes call ``flush_logs()`` on every rank before, for values averaged across ranks.
+
         A background save (``save(..., async_save=True)``) is waited for first; if it failed, its error is
         raised after everything else is closed.
 
@@ -1012,6 +1021,8 @@ class Trainer:
         try:
             self._keeper.writer.wait()  # a background save's failure is raised once the rest is closed
         finally:
+            # values logged since the last log point (after the loop, say): reported, this rank's, as a loop left does
+            self._reporter.flush_quietly(lambda: self._flush_logs(across_ranks=False))
             summary: dict[str, Any] = {}
             if self.is_main_process and not self._reporter.closed:
                 try:

@@ -10,10 +10,9 @@ or nothing.
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -22,7 +21,7 @@ import torch
 from devplug.core.checkpoint.compiled import module_state, plain_key, plain_state
 from devplug.core.checkpoint.finite import nonfinite
 from devplug.core.data.position import ResumePoint
-from devplug.core.errors import CheckpointError, NonFiniteLossError
+from devplug.core.errors import NonFiniteLossError
 
 if TYPE_CHECKING:  # the checkpoint file, RNG and optimizer-state modules load with the first save or load
     from devplug.core.contract.records import Device, OptimizerChoice, PrecisionPlan
@@ -42,8 +41,10 @@ class TrainerState:
         self.device, self.precision, self.scaler = device, precision, precision.scaler
         self.modules, self.optimizers, self.loaders, self.position = modules, optimizers, loaders, position
         self.world_size = world_size
-        #: the objects registered for checkpointing, by name (kept in ``extra``, restored by the Trainer)
+        #: the objects registered for checkpointing, by name (kept in ``extra``, restored with the rest by `load`)
         self.registered: dict[str, Any] = {}
+        #: set by a load that restored ``registered`` with the rest (a format's own load may not)
+        self.registered_restored = False
 
     def training_loaders(self) -> list[Any]:
         """The training loaders, primary first (evaluation loaders hold no position)."""
@@ -143,7 +144,8 @@ class TrainerState:
         check_loaded_optimizers(state["optimizers"], natives, self.optimizers, path)
         points = self.resume_points(state)
         restore(state, natives, modules=self.modules, optimizers=self.optimizers, scaler=self.scaler,
-                device_module=self.device_rng(), path=path)
+                device_module=self.device_rng(), path=path, registered=self.registered)
+        self.registered_restored = True
         return self.continue_from(state, points)
 
     def resume_points(self, state: Mapping[str, Any]) -> dict[int, ResumePoint]:
@@ -182,42 +184,28 @@ class TrainerState:
 
 def restore(state: Mapping[str, Any], natives: Mapping[str, dict[str, Any]], *,
             modules: Mapping[str, torch.nn.Module], optimizers: Mapping[str, OptimizerChoice], scaler: Any,
-            device_module: Any, path: Any) -> None:
-    """Load a checked ``state`` into optimizers (``natives``: their converted states), scaler, modules and RNGs.
+            device_module: Any, path: Any, registered: Mapping[str, Any] | None = None) -> None:
+    """Load a checked ``state`` into optimizers (``natives``: their converted states), scaler, modules, RNGs and
+    the objects ``registered`` for checkpointing (from its ``extra``).
 
-    All or nothing: if any part fails, the parts already restored are put back as they were and one
-    `CheckpointError` says what failed.
+    All or nothing (`devplug.core.checkpoint.rollback`): if any part fails, the parts already restored are
+    put back as they were and one `CheckpointError` says what failed.
     """
     from devplug.core.checkpoint import rng
+    from devplug.core.checkpoint.rollback import all_or_nothing, restore_registered
 
-    undo: list[Callable[[], None]] = []
-    try:
+    with all_or_nothing(path) as rollback:
+        for choice in optimizers.values():
+            rollback.keep_optimizer(choice.optimizer)  # load_state_dict replaces its state and groups
         for key, choice in optimizers.items():
-            optimizer = choice.optimizer
-            before = {"state": optimizer.state, "param_groups": optimizer.param_groups}  # load_state_dict replaces both
-            undo.append(functools.partial(optimizer.__setstate__, before))
-            optimizer.load_state_dict(natives[key])
+            choice.optimizer.load_state_dict(natives[key])
         if scaler is not None and state["scaler"]:
-            scaler_before = scaler.state_dict()
-            undo.append(lambda: scaler.load_state_dict(scaler_before))
+            rollback.keep_stateful(scaler, "the grad scaler")
             scaler.load_state_dict(state["scaler"])
         for key, module in modules.items():
-            module_before = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-            undo.append(functools.partial(_copy_back, module, module_before))
+            rollback.keep_module(module, f"module {key!r}")
             module.load_state_dict(state["modules"][key])
         rng_before = rng.rng_state(device_module)
-        undo.append(lambda: rng.restore_rng_state(rng_before, device_module))
+        rollback.on_undo("the RNG states", lambda: rng.restore_rng_state(rng_before, device_module))
         rng.restore_rng_state(state["rng"], device_module)
-    except Exception as exc:
-        for action in reversed(undo):
-            action()  # plain assignments and in-place copies: they do not fail where the restore did
-        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise CheckpointError(f"checkpoint {str(path)!r} could not be restored, and nothing was changed: {reason}") \
-            from exc
-
-
-def _copy_back(module: torch.nn.Module, saved: Mapping[str, torch.Tensor]) -> None:
-    """Put ``saved`` values back into the module's own tensors (in place, bypassing its load hooks)."""
-    with torch.no_grad():
-        for key, tensor in module.state_dict().items():
-            tensor.copy_(saved[key])
+        restore_registered(registered or {}, state["extra"], rollback)

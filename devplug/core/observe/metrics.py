@@ -60,10 +60,15 @@ class MetricBuffer:
         return bool(self._values)
 
     def flush(self, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
-        """Mean of each name since the last flush, read back in one transfer; clears the buffer."""
+        """Mean of each name since the last flush, read back in one transfer; clears the buffer.
+
+        The names come back in the order they were first logged (the progress bar shows the first ones); the
+        transfer packs them by name, so that every rank reduces the same figures in the same order.
+        """
         if not self._values:
             return {}
-        names = sorted(self._values)
+        logged = list(self._values)
+        names = sorted(logged)
         means: list[torch.Tensor] = []
         device = next(
             (v.device for vs in self._values.values() for v in vs if isinstance(v, torch.Tensor)),
@@ -75,7 +80,8 @@ class MetricBuffer:
         if reduce is not None:
             packed = reduce(packed)
         self._values.clear()
-        return dict(zip(names, packed.tolist(), strict=True))
+        means_by_name = dict(zip(names, packed.tolist(), strict=True))
+        return {name: means_by_name[name] for name in logged}
 
 
 def _mean(values: list[torch.Tensor | float], device: torch.device) -> torch.Tensor:

@@ -14,6 +14,10 @@ file with the first values (TensorBoard reads the first one only, so hyperparame
 in the other loggers, with a warning), its end info at the final point. The dashboard's metric columns are
 then the run's own scalars with their last values: nothing is duplicated into a second, timestamped run
 directory with metric values fixed in advance, as ``SummaryWriter.add_hparams`` does.
+
+An image grid the Trainer wrote as a PNG file (``Trainer.log_images(..., path=...)``) goes into the event file
+as those bytes, not encoded a second time; the event records' checksums are computed in C where google-crc32c
+is installed (`devplug.core.observe.event_checksums`).
 """
 
 from __future__ import annotations
@@ -66,14 +70,18 @@ class TensorBoardLogger:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy
 
+            from devplug.core.observe.event_checksums import use_native_record_checksums
+
             _quiet_background_write_failures()
+            use_native_record_checksums()
             self._writer = SummaryWriter(self.log_dir, purge_step=self._purge_step)
         return self._writer
 
     @hookimpl
     def devplug_log(self, point: LogPoint) -> None:
-        """``add_scalar`` per value (grouped tags), ``add_image`` per image, hyperparameters to the hparams
-        dashboard; closes the writer on the final point. On a resume, the points past the resumed step that
+        """``add_scalar`` per value (grouped tags), an image per image (the PNG file the Trainer wrote of it, when
+        it wrote one, else ``add_image``), hyperparameters to the hparams dashboard; closes the writer on the final
+        point. On a resume, the points past the resumed step that
         the interrupted run wrote are purged (``SummaryWriter(purge_step=...)``)."""
         if point.resumed:
             if self._writer is not None:
@@ -100,7 +108,11 @@ class TensorBoardLogger:
         for name, value in point.values.items():
             self.writer.add_scalar(board_tag(name), value, point.step)
         for tag, image in point.images.items():
-            self.writer.add_image(tag, image, point.step)
+            png = _read_png(point.files.get(tag))
+            if png is None:
+                self.writer.add_image(tag, image, point.step)
+            else:  # the PNG the Trainer just wrote of this grid: the same pixels, not encoded a second time
+                self.writer.file_writer.add_summary(_image_summary(tag, png, image), point.step)
 
     def _start_session(self) -> None:
         # TensorBoard reads one session start per run (the first), so it is written once, with the run's
@@ -115,6 +127,27 @@ class TensorBoardLogger:
     def _write(self, summary: Any) -> None:
         self.writer.file_writer.add_summary(summary)
         self.writer.flush()
+
+
+def _read_png(path: str | None) -> bytes | None:
+    """The bytes of the PNG file at ``path`` (None without a path, when it cannot be read, or is no PNG)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    return data if data.startswith(b"\x89PNG\r\n\x1a\n") else None
+
+
+def _image_summary(tag: str, png: bytes, grid: Any) -> Any:
+    """A TensorBoard image summary of ``png``, the encoded ``grid`` (C×H×W), as ``add_image`` writes one."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    channels, height, width = grid.shape
+    image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=png)
+    return Summary(value=[Summary.Value(tag=tag, image=image)])
 
 
 def _quiet_background_write_failures() -> None:

@@ -2,7 +2,10 @@
 
 Computed: physical cores torch runs on × clock × FLOP per cycle per core, the last from the vector
 units the feature flags in ``/proc/cpuinfo`` announce (two FMA pipes of the widest vector width; AMD
-Zen 4 runs AVX-512 on 256-bit pipes). The clock is ``cpuinfo_max_freq`` (the highest the cores may run
+Zen 4 runs AVX-512 on 256-bit pipes; Intel parts with one 512-bit FMA unit, `avx512_fma_units`, half
+that). Where an Intel part's model does not tell one unit from two, two are counted (MFU is never
+overstated) and the peak's line says whether a measured fp32 matmul showed them or they are assumed.
+The clock is ``cpuinfo_max_freq`` (the highest the cores may run
 at, boost included), else the GHz in the model name, else ``cpu MHz``. The last two can lie below the
 clock the cores run at: a model name gives the base clock, and a virtual machine (most cloud hosts have
 no ``cpufreq``) reports the hypervisor's nominal rate. A peak computed from them is checked against a
@@ -115,6 +118,44 @@ def fp32_flops_per_cycle(flags: frozenset[str], vendor: str, family: int, model:
     return None
 
 
+#: CPUID models (family 6) of Intel's client cores with AVX-512: one 512-bit FMA unit (ports 0 and 1 fused,
+#: no second unit on port 5). Intel's optimization reference manual: "All processors based on Ice Lake Client
+#: microarchitecture contain a single 512-bit FMA unit"; Cannon Lake, Tiger Lake and Rocket Lake (Xeon
+#: W-1300, E-2300 included) are client cores of that design.
+ONE_FMA_CLIENT_MODELS = {102: "Cannon Lake", 125: "Ice Lake", 126: "Ice Lake", 140: "Tiger Lake", 141: "Tiger Lake",
+                         167: "Rocket Lake"}
+#: Xeon Scalable model names: metal, then the number (thousands: tier; hundreds: generation, 1 Skylake-SP,
+#: 2 Cascade Lake, 3 Cooper/Ice Lake ...).
+_XEON_SCALABLE = re.compile(r"Xeon(?:\(R\))?\s+(Platinum|Gold|Silver|Bronze)\s+(\d)(\d)\d\d")
+#: Xeon W-2100/2200/3200 and Core X-series (Skylake-X, Cascade Lake-X): two units on every model.
+_TWO_FMA_WORKSTATION = re.compile(r"Xeon(?:\(R\))?\s+(?:CPU\s+)?W-[23]\d{3}|Core(?:\(TM\))?\s+i[79]-\d{4,5}X")
+
+
+def avx512_fma_units(vendor: str, family: int, model: int | None, model_name: str) -> int | None:
+    """512-bit FMA units per core of an Intel CPU with AVX-512: 1 or 2, ``None`` where its model does not say.
+
+    From Intel's specifications (ark.intel.com, "# of AVX-512 FMA Units"): in the 1st and 2nd generation
+    Xeon Scalable (Skylake-SP ``x1xx``, Cascade Lake ``x2xx``) Bronze, Silver and Gold 5xxx have one, except
+    Gold 5122 and 5222; Gold 6xxx and Platinum of every generation, Xeon W-2100/2200/3200 and the Core
+    X-series have two; client cores (`ONE_FMA_CLIENT_MODELS`) have one. Anything else (a later Silver, a
+    Xeon D, a cloud guest's ``Intel Xeon Processor (Cascadelake)``) is ``None``; so is AMD, whose AVX-512
+    width `fp32_flops_per_cycle` counts from the family.
+    """
+    if vendor != "GenuineIntel":
+        return None
+    if family == 6 and model in ONE_FMA_CLIENT_MODELS:
+        return 1
+    match = _XEON_SCALABLE.search(model_name)
+    if match:
+        metal, tier, generation = match.groups()
+        if metal == "Platinum" or (metal == "Gold" and tier == "6"):
+            return 2
+        if generation in ("1", "2"):
+            return 2 if re.search(r"Gold\s+5[12]22\b", model_name) else 1
+        return None
+    return 2 if _TWO_FMA_WORKSTATION.search(model_name) else None
+
+
 #: Short names of the number formats a peak is given for.
 FORMAT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -173,12 +214,22 @@ def computed_peak(dtype: torch.dtype) -> PeakFlops | None:
         return None
     ghz, source = read
     units = vector_units(flags, vendor, family)
+    fma_units: int | None = 2  # two FMA pipes of the widest width, unless an Intel model says one or none
+    if units == "avx512f" and vendor == "GenuineIntel":
+        fma_units = avx512_fma_units(vendor, family, model, first.get("model name", ""))
+    if fma_units == 1:
+        per_cycle //= 2
+        units = "avx512f on one 512-bit FMA unit"
     per_cycle_here, feature = flops_per_cycle(flags, dtype, per_cycle, units)
     if feature.startswith("avx512_") and units.endswith("256-bit pipes"):  # Zen 4's dot products, half width
         feature += " on 256-bit pipes"
+    elif feature.startswith("avx512_") and fma_units == 1:  # the dot products run on the one FMA unit
+        feature += " on one 512-bit FMA unit"
     cores = min(physical_cores(), torch.get_num_threads())
     name = FORMAT_NAMES.get(dtype, str(dtype).removeprefix("torch."))
     described = feature if feature.endswith("fp32 rate") else f"{feature}, {name}"
+    if fma_units is None and not feature.startswith("amx_"):  # AMX tiles do not run on the FMA units
+        described += "; " + _two_fma_units(cores * ghz * 1e9 * per_cycle / 2, source)
     peak = cores * ghz * 1e9 * per_cycle_here
     if source != CPUFREQ_MAX:
         matmul = _measured_matmul(dtype)
@@ -191,13 +242,31 @@ def computed_peak(dtype: torch.dtype) -> PeakFlops | None:
     return PeakFlops(peak, "computed", detail)
 
 
-def _measured_matmul(dtype: torch.dtype) -> float | None:
-    """A matmul's FLOP/s in ``dtype`` here, measured once per machine; ``None`` where it failed (a warning)."""
+def _two_fma_units(one_unit_peak: float, source: str) -> str:
+    """How the peak's line counts two 512-bit FMA units on an Intel part whose model does not say.
+
+    Shown: the fp32 matmul measured here (once per machine) runs faster than one unit allows at a clock no
+    core exceeds (``cpuinfo_max_freq``). Otherwise assumed, and the line says one unit would halve the peak:
+    a slower matmul proves nothing (a busy host, or cores slowed under AVX-512 load, also measure low).
+    """
+    if source == CPUFREQ_MAX and torch.get_float32_matmul_precision() == "highest":  # fp32 on the FMA units
+        matmul = _measured_matmul(torch.float32, "the CPU's FMA units were not counted from a measured matmul "
+                                                 "(%s): two are assumed")
+        if matmul is not None and matmul > one_unit_peak:
+            return (f"two FMA units: the fp32 matmul measured here, {matmul / 1e9:.4g} GFLOP/s, beats one "
+                    f"unit's {one_unit_peak / 1e9:.4g} GFLOP/s")
+    return "two FMA units assumed, one would halve this peak"
+
+
+def _measured_matmul(dtype: torch.dtype,
+                     failed: str = "the CPU's clock was not checked against a measured matmul (%s): MFU may read high",
+                     ) -> float | None:
+    """A matmul's FLOP/s in ``dtype`` here, measured once per machine; ``None`` where it failed (``failed``, a
+    warning whose ``%s`` is the error)."""
     try:
         return plain_gemm_flops("cpu", dtype)  # the figure `Trainer(measure_gemm=True)` reports, measured once
     except Exception as exc:
-        log.warning("the CPU's clock was not checked against a measured matmul (%s): MFU may read high",
-                    " ".join(str(exc).split()) or type(exc).__name__)
+        log.warning(failed, " ".join(str(exc).split()) or type(exc).__name__)
         return None
 
 

@@ -242,3 +242,46 @@ def test_a_save_checks_the_optimizer_state_in_fused_reductions(tmp_path, monkeyp
     trainer.save(tmp_path / "step_1.pt")
     assert len(calls) <= 2, calls  # the weights' check and the optimizer state's (20 parameters, 40 moments)
     read_checkpoint(tmp_path / "step_1.pt")
+
+
+# ---- temporary files of earlier versions, which name no host ---------------------------------------------------
+LEGACY = [".checkpoints.json.4242.tmp", ".step_0000002.pt.k2x_9q0a.tmp"]  # the index's, a checkpoint's (mkstemp)
+
+
+def _aged(path: Path, seconds: float) -> None:
+    stamp = path.stat().st_mtime - seconds
+    os.utime(path, (stamp, stamp))
+
+
+def test_an_earlier_versions_temp_files_left_for_an_hour_are_removed(tmp_path):
+    for name in [*LEGACY, ".notes.json.4242.tmp", ".model.pt.k2x_9q0a.tmp"]:  # the last two: not devplug's names
+        (tmp_path / name).write_bytes(b"partial")
+        _aged(tmp_path / name, 2 * 3600)
+    (tmp_path / "step_0000003.pt").write_bytes(b"checkpoint")  # written now, after them
+    removed = remove_stale_temp_files(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(LEGACY)
+    assert temp_files(tmp_path) == [".model.pt.k2x_9q0a.tmp", ".notes.json.4242.tmp"]
+
+
+def test_an_earlier_versions_temp_file_is_kept_while_it_may_be_written(tmp_path):
+    """Written a minute ago: its writer (an older devplug, maybe on another host of a shared file system) may
+    still rename it, and its pid says nothing on this host."""
+    for name in LEGACY:
+        (tmp_path / name).write_bytes(b"partial")
+        _aged(tmp_path / name, 60)
+    (tmp_path / "step_0000003.pt").write_bytes(b"checkpoint")
+    assert remove_stale_temp_files(tmp_path) == []
+    assert temp_files(tmp_path) == sorted(LEGACY)
+
+
+def test_the_age_of_an_earlier_versions_temp_file_is_read_on_the_folders_clock(tmp_path):
+    """A folder untouched for days (a run resumed long after) does not make its files old: only a write to the
+    folder an hour after them does, so a host whose clock runs ahead removes nothing young either."""
+    for name in [*LEGACY, "step_0000001.pt"]:
+        (tmp_path / name).write_bytes(b"partial")
+        _aged(tmp_path / name, 3 * 86400)
+    _aged(tmp_path, 3 * 86400)
+    assert remove_stale_temp_files(tmp_path) == []
+    runs = RunCheckpoints(devplug.CheckpointPolicy(directory=tmp_path, monitor="loss"))
+    runs.save(2, lambda path: path.write_bytes(b"checkpoint"), 0.25)  # the resumed run's first save sweeps them
+    assert temp_files(tmp_path) == []

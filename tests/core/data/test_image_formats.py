@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from image_samples import decompression_bomb, latin1_names, write_png
+from image_samples import decompression_bomb, latin1_names, write_png, write_tiff
 from PIL import Image, JpegImagePlugin
 
 import devplug
@@ -63,6 +63,70 @@ def test_sixteen_bit_rgb_png(tmp_path):
     pixels = np.full((20, 24, 3), (65535, 32896, 1028), ">u2")  # big-endian 16-bit samples, as PNG stores them
     path = write_png(one(tmp_path, "rgb16.png"), 24, 20, 16, 2, pixels.tobytes())
     assert (decoded_both_ways(path) == (255, 128, 4)).all()
+
+
+def stripes(dtype: str, left: float, middle: float, right: float) -> np.ndarray:
+    """A 48 x 30 image of three vertical stripes, 16 columns each."""
+    values = np.empty((30, 48), dtype)
+    values[:, :16], values[:, 16:32], values[:, 32:] = left, middle, right
+    return values
+
+
+def stripe_values(pixels: np.ndarray) -> tuple[int, int, int]:
+    """The gray of each stripe after decoding (each must be flat, the same in R, G and B)."""
+    shown = []
+    for part in (pixels[:, :3], pixels[:, 7:9], pixels[:, -3:]):
+        assert len(np.unique(part)) == 1, np.unique(part)
+        shown.append(int(part[0, 0, 0]))
+    return shown[0], shown[1], shown[2]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "values"),
+    [("int16", (-32768, 0, 32767)),  # signed 16-bit: Pillow holds it in mode I; 0 is mid gray
+     ("uint32", (0, 2**31, 2**32 - 1)),  # unsigned 32-bit: Pillow holds it in signed 32 bits, the top half negative
+     ("int32", (-(2**31), 0, 2**31 - 1)),
+     ("uint16", (0, 32768, 65535))],
+)
+def test_integer_tiffs_are_scaled_from_their_sample_types_full_range(tmp_path, dtype, values):
+    path = write_tiff(one(tmp_path, f"{dtype}.tif"), stripes(dtype, *values))
+    assert stripe_values(decoded_both_ways(path)) == (0, 128, 255)
+
+
+def test_a_rotated_signed_tiff_keeps_its_range(tmp_path):
+    stored = np.full((48, 30), -32768, np.int16)
+    stored[:16] = 32767  # stored: white top, black below; displayed turned clockwise: white on the right
+    path = write_tiff(one(tmp_path, "rotated.tif"), stored, orientation=6)
+    pixels = decoded_both_ways(path)
+    assert (pixels[:, -3:] == 255).all() and (pixels[:, :3] == 0).all()
+
+
+def test_16_bit_data_in_a_signed_32_bit_tiff_is_scaled_from_16_bits_and_wider_data_from_the_type(tmp_path):
+    fits = one(tmp_path, "fits.tif")
+    Image.fromarray(stripes("int32", 0, 32768, 65535)).save(fits)  # Pillow writes mode I as signed 32-bit
+    over = one(tmp_path, "over.tif")
+    Image.fromarray(stripes("int32", -(2**31), 0, 2**31 - 1)).save(over)
+    assert Image.open(fits).mode == Image.open(over).mode == "I"
+    assert stripe_values(decoded_both_ways(fits)) == stripe_values(decoded_both_ways(over)) == (0, 128, 255)
+
+
+def test_a_16_bit_pgm_in_mode_i_is_scaled_from_16_bits(tmp_path):
+    path = one(tmp_path, "gray16.pgm")
+    path.write_bytes(b"P5\n48 30\n65535\n" + stripes(">u2", 0, 32768, 65535).tobytes())
+    assert Image.open(path).mode == "I"
+    assert stripe_values(decoded_both_ways(path)) == (0, 128, 255)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [(0.0, 0.5, 1.0), (0.0, 128.0, 255.0),  # the two conventions: 0..1 and 0..255
+     (-1.0, 0.0, 1.0),  # -1..1 (a generator's tanh output): not clipped at 0
+     (0.0, 32767.5, 65535.0)],  # beyond 255 (16-bit data in floats): not clipped to white
+)
+def test_float_tiffs_show_their_whole_range(tmp_path, values):
+    path = write_tiff(one(tmp_path, "float.tif"), stripes("float32", *values))
+    assert Image.open(path).mode == "F"
+    assert stripe_values(decoded_both_ways(path)) == (0, 128, 255)
 
 
 def _palette(path: Path) -> tuple[int, int, int]:

@@ -36,3 +36,8 @@ def test_on_two_ranks_they_order_share_and_unwrap(tmp_path):
     assert [r["chosen"] for r in results] == [{"run": "chosen by rank 1", "rank": 1}] * 2
     assert [r["arrived"] for r in results] == [["arrived0", "arrived1"]] * 2
     assert [r["unwrapped"] for r in results] == [True, True]  # the DDP wrapper taken off
+    # rank 0's block failed: rank 1 did not run it (a second download, say) and was told, rather than going on
+    # to wait at its next collective for a rank that has gone
+    main, other = (r["after_failure"] for r in results)
+    assert main == {"ran": False, "error": "OSError: the download failed"}
+    assert other["ran"] is False and other["error"].startswith("DevplugError: the main process failed"), other

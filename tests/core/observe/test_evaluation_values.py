@@ -100,16 +100,12 @@ def test_mlflow_gets_each_epochs_accuracy_at_its_step(tmp_path, monkeypatch):
 
 def test_wandb_gets_each_epochs_accuracy_at_its_step(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install 'devplug[wandb]')")
-    from test_tracking import _wandb_records
+    from test_tracking import _wandb_history, _wandb_records
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     _readme_loop(tmp_path, loggers=("wandb",))
     wandb.teardown()  # the W&B service writes the run file completely when it stops
-    accuracy = {}
-    for record in _wandb_records(tmp_path):
-        if record.WhichOneof("record_type") == "history":
-            for item in record.history.item:
-                if (item.key or "/".join(item.nested_key)) == "eval/accuracy":
-                    accuracy[record.history.step.num] = json.loads(item.value_json)
+    accuracy = {step: values["eval/accuracy"] for step, values in _wandb_history(_wandb_records(tmp_path))
+                if "eval/accuracy" in values}
     assert sorted(accuracy.items()) == [(STEPS * (e + 1), pytest.approx(a, abs=1e-6)) for e, a in enumerate(ACCURACY)]

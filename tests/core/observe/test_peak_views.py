@@ -32,6 +32,18 @@ CPUS = {
                             "fpu sse2 avx fma avx2 avx512f avx512_bf16", None),
     "amx (Sapphire Rapids)": ("GenuineIntel", 6, 143, "Intel(R) Xeon(R) Platinum 8480+", 2000.0,
                               "fpu sse2 avx fma avx2 avx512f avx512_bf16 avx512_fp16 amx_tile amx_bf16", 3_800_000),
+    "avx-512 on one FMA unit (Xeon Silver)": ("GenuineIntel", 6, 85, "Intel(R) Xeon(R) Silver 4114 CPU @ 2.20GHz",
+                                              2200.0, "fpu sse2 avx fma avx2 avx512f avx512bw", 3_000_000),
+    "avx-512 on one FMA unit (Ice Lake client)": ("GenuineIntel", 6, 126, "Intel(R) Core(TM) i7-1065G7 CPU @ 1.30GHz",
+                                                  1300.0, "fpu sse2 avx fma avx2 avx512f avx512bw", 3_900_000),
+    "avx-512, FMA units unknown (Ice Lake-SP Silver)": ("GenuineIntel", 6, 106, "Intel(R) Xeon(R) Silver 4314 CPU @ "
+                                                        "2.40GHz", 2400.0, "fpu sse2 avx fma avx2 avx512f", 3_400_000),
+    "avx-512, FMA units unknown (cloud guest)": ("GenuineIntel", 6, 85, "Intel Xeon Processor (Cascadelake)", 2800.0,
+                                                 "fpu sse2 avx fma avx2 avx512f avx512bw", None),
+    "avx512_bf16 (Zen 5)": ("AuthenticAMD", 26, 2, "AMD EPYC 9755 128-Core Processor", 2700.0,
+                            "fpu sse2 avx fma avx2 avx512f avx512_bf16", None),
+    "amx, FMA units unknown (cloud guest)": ("GenuineIntel", 6, 143, "Intel Xeon Processor (SapphireRapids)", 2000.0,
+                                             "fpu sse2 avx fma avx2 avx512f avx512_bf16 amx_tile amx_bf16", None),
 }
 
 #: name -> the one-line peak of 2 cores in fp32 and in bf16, worked out by hand from the features and clock.
@@ -51,6 +63,33 @@ EXPECTED = {
     "amx (Sapphire Rapids)": (
         "486.4 GFLOP/s fp32, computed: 2 cores × 3.8 GHz × 64 FLOP/cycle (avx512f, fp32)",
         "7.782 TFLOP/s bf16, computed: 2 cores × 3.8 GHz × 1024 FLOP/cycle (amx_bf16, bf16)"),
+    "avx-512 on one FMA unit (Xeon Silver)": (
+        "192 GFLOP/s fp32, computed: 2 cores × 3 GHz × 32 FLOP/cycle (avx512f on one 512-bit FMA unit, fp32)",
+        "192 GFLOP/s bf16, computed: 2 cores × 3 GHz × 32 FLOP/cycle (avx512f on one 512-bit FMA unit, bf16 at the "
+        "fp32 rate)"),
+    "avx-512 on one FMA unit (Ice Lake client)": (
+        "249.6 GFLOP/s fp32, computed: 2 cores × 3.9 GHz × 32 FLOP/cycle (avx512f on one 512-bit FMA unit, fp32)",
+        "249.6 GFLOP/s bf16, computed: 2 cores × 3.9 GHz × 32 FLOP/cycle (avx512f on one 512-bit FMA unit, bf16 at "
+        "the fp32 rate)"),
+    # Where the model does not say, two units are counted, and the line says they are assumed (the fake matmul,
+    # 1 GFLOP/s, shows nothing); a faster one shows them (see the test below).
+    "avx-512, FMA units unknown (Ice Lake-SP Silver)": (
+        "435.2 GFLOP/s fp32, computed: 2 cores × 3.4 GHz × 64 FLOP/cycle (avx512f, fp32; two FMA units assumed, one "
+        "would halve this peak)",
+        "435.2 GFLOP/s bf16, computed: 2 cores × 3.4 GHz × 64 FLOP/cycle (avx512f, bf16 at the fp32 rate; two FMA "
+        "units assumed, one would halve this peak)"),
+    "avx-512, FMA units unknown (cloud guest)": (
+        "358.4 GFLOP/s fp32, computed: 2 cores × 2.8 GHz × 64 FLOP/cycle (avx512f, fp32; two FMA units assumed, one "
+        "would halve this peak)",
+        "358.4 GFLOP/s bf16, computed: 2 cores × 2.8 GHz × 64 FLOP/cycle (avx512f, bf16 at the fp32 rate; two FMA "
+        "units assumed, one would halve this peak)"),
+    "avx512_bf16 (Zen 5)": (  # full-width AVX-512 pipes, and no Intel FMA-unit question
+        "345.6 GFLOP/s fp32, computed: 2 cores × 2.7 GHz × 64 FLOP/cycle (avx512f, fp32)",
+        "691.2 GFLOP/s bf16, computed: 2 cores × 2.7 GHz × 128 FLOP/cycle (avx512_bf16, bf16)"),
+    "amx, FMA units unknown (cloud guest)": (  # AMX tiles do not run on the FMA units: bf16 needs no note
+        "256 GFLOP/s fp32, computed: 2 cores × 2 GHz × 64 FLOP/cycle (avx512f, fp32; two FMA units assumed, one "
+        "would halve this peak)",
+        "4.096 TFLOP/s bf16, computed: 2 cores × 2 GHz × 1024 FLOP/cycle (amx_bf16, bf16)"),
 }
 
 
@@ -130,6 +169,72 @@ def test_a_failed_clock_check_is_one_warning_and_keeps_the_computed_peak(fake_cp
         assert _peak_line("bf16-mixed", "bf16") == EXPECTED["avx512_bf16 (Zen 4)"][1]
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "oneDNN has no kernel" in warning and "MFU may read high" in warning
+
+
+@pytest.mark.parametrize(
+    ("name", "units"),
+    [("Intel(R) Xeon(R) Bronze 3104 CPU @ 1.70GHz", 1), ("Intel(R) Xeon(R) Silver 4216 CPU @ 2.10GHz", 1),
+     ("Intel(R) Xeon(R) Gold 5120 CPU @ 2.20GHz", 1), ("Intel(R) Xeon(R) Gold 5218 CPU @ 2.30GHz", 1),
+     ("Intel(R) Xeon(R) Gold 5122 CPU @ 3.60GHz", 2), ("Intel(R) Xeon(R) Gold 5222 CPU @ 3.80GHz", 2),
+     ("Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz", 2), ("Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz", 2),
+     ("Intel(R) Xeon(R) Platinum 8480+", 2), ("Intel(R) Xeon(R) W-2123 CPU @ 3.60GHz", 2),
+     ("Intel(R) Core(TM) i9-7900X CPU @ 3.30GHz", 2), ("Intel(R) Core(TM) i9-10980XE CPU @ 3.00GHz", 2),
+     ("Intel(R) Xeon(R) Silver 4314 CPU @ 2.40GHz", None), ("Intel(R) Xeon(R) Gold 5318H CPU @ 2.50GHz", None),
+     ("Intel(R) Xeon(R) D-2146NT CPU @ 2.30GHz", None), ("Intel(R) Xeon(R) CPU @ 2.20GHz", None),
+     ("Intel Xeon Processor (Cascadelake)", None)],
+)
+def test_intels_avx512_fma_units_come_from_its_published_specifications(name, units):
+    assert cpu_peak.avx512_fma_units("GenuineIntel", 6, 85, name) == units
+
+
+def test_intels_client_cores_have_one_fma_unit_and_amd_is_not_counted_here():
+    assert cpu_peak.avx512_fma_units("GenuineIntel", 6, 140, "11th Gen Intel(R) Core(TM) i7-1185G7 @ 3.00GHz") == 1
+    assert cpu_peak.avx512_fma_units("GenuineIntel", 6, 167, "Intel(R) Xeon(R) W-1390P @ 3.50GHz") == 1
+    assert cpu_peak.avx512_fma_units("AuthenticAMD", 25, 17, "AMD EPYC 9654 96-Core Processor") is None
+
+
+def test_a_measured_fp32_matmul_beyond_one_fma_units_peak_shows_two(fake_cpu):
+    gemm = fake_cpu("avx-512, FMA units unknown (Ice Lake-SP Silver)")  # one unit: 2 × 3.4 GHz × 32 = 217.6 G
+    gemm.figure = 300e9  # more than one unit can do at a clock no core exceeds
+    fp32_line, bf16_line = EXPECTED["avx-512, FMA units unknown (Ice Lake-SP Silver)"]
+    assumed, shown = ("two FMA units assumed, one would halve this peak)",
+                      "two FMA units: the fp32 matmul measured here, 300 GFLOP/s, beats one unit's 217.6 GFLOP/s)")
+    assert _peak_line("32-true", "fp32") == fp32_line.replace(assumed, shown)
+    assert _peak_line("bf16-mixed", "bf16") == bf16_line.replace(assumed, shown)
+    assert cpu_peak.peak_flops(torch.float32).value == pytest.approx(2 * 3.4e9 * 64)
+    assert gemm.calls == [torch.float32]  # measured once per machine, for either format
+
+
+def test_a_slower_matmul_leaves_two_fma_units_assumed(fake_cpu):
+    gemm = fake_cpu("avx-512, FMA units unknown (Ice Lake-SP Silver)")
+    gemm.figure = 200e9  # below one unit's 217.6 GFLOP/s: one unit, or two on a busy host or at an AVX-512 clock
+    assert _peak_line("32-true", "fp32") == EXPECTED["avx-512, FMA units unknown (Ice Lake-SP Silver)"][0]
+    assert cpu_peak.peak_flops(torch.float32).value == pytest.approx(2 * 3.4e9 * 64)  # MFU never overstated
+
+
+def test_a_failed_matmul_is_one_warning_and_leaves_two_fma_units_assumed(fake_cpu, caplog):
+    gemm = fake_cpu("avx-512, FMA units unknown (Ice Lake-SP Silver)")
+    gemm.figure = RuntimeError("no\nkernel")
+    with caplog.at_level(logging.WARNING, logger="devplug"):
+        assert _peak_line("32-true", "fp32") == EXPECTED["avx-512, FMA units unknown (Ice Lake-SP Silver)"][0]
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "FMA units were not counted" in warning and "no kernel" in warning and "two are assumed" in warning
+
+
+def test_without_an_upper_bound_of_the_clock_a_matmul_shows_no_fma_units(fake_cpu):
+    gemm = fake_cpu("avx-512, FMA units unknown (cloud guest)")  # cpu MHz only: the cores may run faster
+    gemm.figure = 300e9  # beats one unit at 2.8 GHz (179.2 G), but one unit at a higher clock could do it too
+    assert _peak_line("32-true", "fp32") == EXPECTED["avx-512, FMA units unknown (cloud guest)"][0]
+    assert gemm.calls == [torch.float32]  # the clock's check, nothing more
+
+
+def test_a_one_fma_unit_xeon_without_cpufreq_still_raises_its_clock_to_the_matmuls(fake_cpu, monkeypatch):
+    gemm = fake_cpu("avx-512 on one FMA unit (Xeon Silver)")
+    monkeypatch.setattr(cpu_peak, "MAX_FREQ", cpu_peak.MAX_FREQ.parent / "absent")  # the model name's 2.2 GHz
+    gemm.figure = 160e9  # above 2 cores × 2.2 GHz × 32 (140.8 G): turbo
+    assert _peak_line("32-true", "fp32") == (
+        "160 GFLOP/s fp32, computed: 2 cores × 2.5 GHz × 32 FLOP/cycle (avx512f on one 512-bit FMA unit, fp32); "
+        "that clock is the least that the fp32 matmul measured here needs (the model name says 2.2 GHz)")
 
 
 def test_a_runs_summary_prints_the_peak_line_and_rates_in_flop_per_second(fake_cpu):

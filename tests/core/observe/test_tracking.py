@@ -185,6 +185,19 @@ def _wandb_records(run_dir) -> list:
     return out
 
 
+def _wandb_history(records: list) -> list[tuple[int | None, dict]]:
+    """Each history row of a W&B run, in order: the Trainer's step (``trainer/global_step``, ``None`` when the row
+    has none) and the row's values by name (W&B's own ``_step``, ``_timestamp`` ... left out)."""
+    rows = []
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            values = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                      for item in record.history.item}
+            step = values.pop("trainer/global_step", None)
+            rows.append((step, {k: v for k, v in values.items() if not k.startswith("_")}))
+    return rows
+
+
 def test_wandb_logger_by_name_offline(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install 'devplug[wandb]')")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -208,16 +221,70 @@ def test_wandb_logger_by_name_offline(tmp_path, monkeypatch):
             config.update({item.key: json.loads(item.value_json) for item in updates})
     assert {k: v for k, v in config.items() if k in FLAT} == FLAT
     assert config["devplug"]["device"] == "cpu" and "optimizer/sequential" in config["devplug"]
-    history = {}
-    for record in records:
-        if record.WhichOneof("record_type") == "history":
-            keys = {item.key or "/".join(item.nested_key) for item in record.history.item}
-            history.setdefault(record.history.step.num, set()).update(k for k in keys if not k.startswith("_"))
+    history: dict = {}
+    for step, values in _wandb_history(records):
+        history.setdefault(step, set()).update(k for k in values if not k.startswith("_"))
     assert {"train/loss", "perf/samples_per_sec", "lr/sequential"} <= history[2]
     assert {"eval/loss", "samples/_type"} <= history[4]
     summaries = [json.loads(item.value_json) for record in records if record.WhichOneof("record_type") == "summary"
                  for item in record.summary.update if item.key == "run"]
     assert summaries and summaries[-1]["steps"] == 4
+
+
+def test_wandb_uploads_the_png_file_the_trainer_wrote_as_it_is(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install 'devplug[wandb]')")
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    log_dir = tmp_path / "run"
+    trainer = devplug.Trainer(device="cpu", progress=False, log_dir=str(log_dir), loggers=["wandb"])
+    images = torch.rand(6, 3, 8, 8, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    trainer.log_images("samples", images, nrow=3, path=str(tmp_path / "grid.png"))
+    trainer.close()
+    wandb.teardown()
+    uploaded = glob.glob(str(log_dir / "wandb" / "offline-run-*" / "files" / "media" / "images" / "samples_*.png"))
+    assert [open(p, "rb").read() for p in uploaded] == [(tmp_path / "grid.png").read_bytes()]
+
+
+@pytest.mark.parametrize("go_back", ["resume", "load"])
+def test_wandb_keeps_the_steps_logged_again_after_going_back_to_an_earlier_checkpoint(tmp_path, monkeypatch, go_back):
+    # W&B drops a ``log(step=N)`` below the run's current step ("Tried to log to step 3 that is less than the
+    # current step 4"): wandb-core's handler, wandb/wandb core/internal/stream/handler.go,
+    # handlePartialHistorySync (the real wandb 0.31.0 installed here does it). A run that goes back to the
+    # checkpoint of step 2 in the same process logs steps 3 and 4 again: each must reach the run, at its step.
+    wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install 'devplug[wandb]')")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    log_dir, checkpoint = tmp_path / "run", tmp_path / "step2.pt"
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_every=1, log_dir=str(log_dir),
+                              loggers=["wandb"])
+    model = trainer.setup(make_model())
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.01)
+    loader = trainer.dataloader(make_data(64), batch_size=4, num_workers=0)
+    trained = []
+    for attempt in range(2):
+        for _ in trainer.epochs(1, max_steps=4):
+            for x, y in loader:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                trainer.backward(loss)
+                trainer.step(opt)
+                trainer.log(loss=loss)
+                trained.append((trainer.global_step, loss.item()))
+                if trainer.global_step == 2 and attempt == 0:
+                    trainer.save(checkpoint)
+        if attempt == 0:
+            trainer.resume(checkpoint) if go_back == "resume" else trainer.load(checkpoint)
+    trainer.close()
+    wandb.teardown()  # the W&B service writes the run file completely when it stops
+    assert [step for step, _ in trained] == [1, 2, 3, 4, 3, 4]
+    records = _wandb_records(log_dir)
+    logged = [(step, values["train/loss"]) for step, values in _wandb_history(records) if "train/loss" in values]
+    assert logged == [(step, pytest.approx(loss)) for step, loss in trained]
+    # every metric is plotted against the Trainer's step
+    metrics = {(r.metric.glob_name or r.metric.name): r.metric.step_metric for r in records
+               if r.WhichOneof("record_type") == "metric"}
+    assert metrics.get("*") == "trainer/global_step"
 
 
 def test_wandb_without_the_package_is_one_clear_line(monkeypatch):
