@@ -193,7 +193,7 @@ class DevplugPluginManager(pluggy.PluginManager):
             if problem is not None:
                 raise PluginError(problem)
             if self.is_registered(plugin):
-                other = self.get_name(plugin)
+                other = self.get_name(plugin) or "?"
                 raise PluginError(f"it is the plugin already loaded as {other!r} ({self.distribution_of(other)})")
             self.distributions[source.name] = source.distribution
             self.register(plugin, name=source.name)
