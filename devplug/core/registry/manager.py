@@ -183,25 +183,36 @@ class DevplugPluginManager(pluggy.PluginManager):
             log.debug("devplug plugin %r is blocked", source.name)
             return False
         before = environment.snapshot()
+        plugin: Any = None
         try:
+            self._refuse_taken_name(source.name)
             started = time.perf_counter()
             plugin = source.load()
             self._timed(source, time.perf_counter() - started)
             problem = contract_problem(getattr(plugin, "DEVPLUG_CONTRACT", None))
             if problem is not None:
                 raise PluginError(problem)
+            if self.is_registered(plugin):
+                other = self.get_name(plugin) or "?"
+                raise PluginError(f"it is the plugin already loaded as {other!r} ({self.distribution_of(other)})")
             self.distributions[source.name] = source.distribution
             self.register(plugin, name=source.name)
             self._check_pending_names(plugin)
             self._declare(source.name, plugin)
         except (Exception, SystemExit) as exc:  # a third party's bug (or sys.exit) must not take devplug down
-            if self.get_plugin(source.name) is not None:
+            if plugin is not None and self.get_plugin(source.name) is plugin:  # pluggy may keep a plugin it refused
                 self.unregister(name=source.name)
             self.record_failure(source.name, source.distribution, exc)
             return False
         finally:
             self._environment_changed(source, before)
         return True
+
+    def _refuse_taken_name(self, name: str) -> None:
+        """A `PluginError` when a plugin of that name is loaded already (it keeps its name and keeps working)."""
+        if self.get_plugin(name) is not None:
+            raise PluginError(f"a plugin named {name!r} is loaded already, from {self.distribution_of(name)}; "
+                              "plugin names must be unique: rename this one")
 
     def _check_pending_names(self, plugin: Any) -> None:
         """pluggy's ``check_pending``; a hook name devplug does not know is refused with the closest it does."""
@@ -259,7 +270,8 @@ class DevplugPluginManager(pluggy.PluginManager):
             error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
         failure = PluginFailure(name, distribution, error)
         self.failures.append(failure)
-        self.distributions.pop(name, None)
+        if self.get_plugin(name) is None:  # a loaded plugin of the same name keeps its distribution
+            self.distributions.pop(name, None)
         log.warning("%s", failure)
         return failure
 
@@ -336,7 +348,7 @@ def _as_specs(answer: Any, label: str) -> tuple[DeviceSpec, ...]:
             "Availability.no(reason, fix)); a device-neutral plugin does not implement this hook"
         )
     if isinstance(answer, DeviceSpec):
-        return (answer,)
+        return _as_specs([answer], label)
     if isinstance(answer, (str, bytes)) or not isinstance(answer, Iterable):
         raise PluginError(f"{label} returned {answer!r} (a {type(answer).__name__}), not a devplug.DeviceSpec; "
                           "return DeviceSpec(name=..., description=..., priority=..., probe=...) or a list of them")
@@ -347,6 +359,10 @@ def _as_specs(answer: Any, label: str) -> tuple[DeviceSpec, ...]:
                               "every item must be a devplug.DeviceSpec")
     if not specs:
         return _as_specs(None, label)
+    for spec in specs:
+        if isinstance(spec.priority, bool) or not isinstance(spec.priority, int):
+            raise PluginError(f"{label} declared device {spec.name!r} with priority {spec.priority!r} (a "
+                              f"{type(spec.priority).__name__}); DeviceSpec.priority is an int (higher wins 'auto')")
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise PluginError(f"{label} declared the same device name twice: {names}")

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from devplug import Device, PrecisionError, PrecisionPlan
@@ -61,6 +63,17 @@ def fp8_all_gather(device: Device, strategy: str) -> bool:
     raise PrecisionError(f"device option fp8_all_gather={value!r} is not one of 'auto', true, false")
 
 
+def fp8_skip_names(value: Any) -> tuple[str, ...]:
+    """The ``fp8_skip`` device option as layer names: one name (a string) or a list of them."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(name, str) for name in value):
+        return tuple(value)
+    raise PrecisionError(f"device option fp8_skip={value!r}: give a layer name or a list of them, e.g. ['head']")
+
+
 def plan_fp8(device: Device, capability: tuple[int, int], strategy: str = "none") -> PrecisionPlan:
     """``"fp8-mixed"``: torchao's float8 training on compute capability 8.9 and newer, refused on older GPUs.
 
@@ -68,7 +81,7 @@ def plan_fp8(device: Device, capability: tuple[int, int], strategy: str = "none"
     (`fp8_all_gather`: by default on only where ``strategy`` shards with FSDP, which then gathers the
     tensorwise-scaled weights in fp8, half the bytes of bf16); ``fp8_small_layers`` (default False: layers
     below the sizes where fp8 pays stay in bf16); ``fp8_skip`` (names of layers to keep in bf16, e.g.
-    ``["head"]``).
+    ``["head"]``, or one name as a string).
     """
     if tuple(capability) < FP8_CAPABILITY:
         raise fp8_unavailable(f"this GPU (compute capability {capability[0]}.{capability[1]})")
@@ -76,7 +89,7 @@ def plan_fp8(device: Device, capability: tuple[int, int], strategy: str = "none"
     gather = fp8_all_gather(device, strategy) and recipe == "tensorwise"
     small = bool(device.options.get("fp8_small_layers", False))
     convert = float8_conversion(recipe=recipe, fp8_all_gather=gather, small_layers=small,
-                                skip=tuple(device.options.get("fp8_skip", ())))
+                                skip=fp8_skip_names(device.options.get("fp8_skip")))
     if gather and not fsdp_shards(strategy):
         gathered = f"weights wrapped for FSDP's fp8 gathering (device option fp8_all_gather) under {strategy!r}"
     elif gather:

@@ -1,8 +1,9 @@
 """Try an out-of-tree backend before trusting it: a tiny training step, autocast, pinned memory.
 
 An out-of-tree PyTorch backend (a renamed PrivateUse1 device) can be present and still unable to do
-what training needs: run a Linear layer forward and backward, enter ``torch.autocast``, pin host memory
-for the data loader (a backend without a host allocator crashes the process there). So the generic
+what training needs: run a Linear layer forward and backward, compute in a 16-bit dtype under
+``torch.autocast`` (which only warns when it turns itself off for a dtype the backend does not list), pin host
+memory for the data loader (a backend without a host allocator crashes the process there). So the generic
 plugin tries each once per machine, backend and torch, in a child process (a crash there costs the
 trial, not the user's run) under a time limit, and keeps the answers in devplug's cache folder
 (``trials.json``, like the measured CPU peak). The plugin then offers only what worked: the device is
@@ -36,6 +37,9 @@ ITEMS = ("train", "autocast[bfloat16]", "autocast[float16]", "pin_memory")
 #: The cache file in devplug's cache folder.
 TRIALS_FILE = "trials.json"
 TIMED_OUT = "did not finish within"
+#: What the trial checks, in the cache key: a trial kept by a devplug that checked less is tried again.
+#: 2: autocast counts only where a layer computed in the dtype asked for.
+TRIAL_VERSION = 2
 _lock = threading.Lock()
 _answers: dict[str, Trial] = {}
 
@@ -86,7 +90,7 @@ def backend_distribution(device_type: str) -> str:
 def _key(device_type: str, backend: str) -> str:
     import torch
 
-    return f"{device_type}|{backend}|torch {torch.__version__}"
+    return f"{device_type}|{backend}|torch {torch.__version__}|trial {TRIAL_VERSION}"
 
 
 def trial(device_type: str, time_limit: float) -> Trial:
@@ -211,12 +215,20 @@ def _train(torch: Any, device_type: str) -> str:
 
 
 def _autocast(torch: Any, device_type: str, dtype_name: str) -> str:
+    import warnings
+
     dtype = getattr(torch, dtype_name)
     layer = torch.nn.Linear(4, 2).to(device_type)
     x = torch.randn(8, 4).to(device_type)
-    with torch.autocast(device_type=device_type, dtype=dtype):
-        out = layer(x)
+    with warnings.catch_warnings(record=True) as said:  # torch turns autocast off for a dtype with a warning only
+        warnings.simplefilter("always")
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            out = layer(x)
     out.float().sum().backward()
+    if out.dtype != dtype:
+        why = next((str(w.message).strip().splitlines()[0] for w in said if "autocast" in str(w.message).lower()), "")
+        said_why = f" (torch: {why})" if why else ""
+        return f"a Linear layer under torch.autocast gave {out.dtype}, not {dtype}{said_why}"
     return ""
 
 

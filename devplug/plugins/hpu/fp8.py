@@ -8,7 +8,8 @@ the forward runs inside ``te.fp8_autocast(enabled=True, fp8_recipe=recipe.Delaye
   CUDA path uses, `devplug.toolkit.pays_off`, measured on H100: no Gaudi measurement is published), except the
   model's output head (its last linear layer: the logits feed the loss, and fp8 frameworks keep it in
   bf16). Device options: ``fp8_small_layers=True`` swaps every layer with dimensions divisible by 16;
-  ``fp8_head=True`` swaps the head too; ``fp8_skip`` names layers (substrings) never swapped.
+  ``fp8_head=True`` swaps the head too; ``fp8_skip`` names layers (substrings; a list, or one
+  name as a string) never swapped.
 - **How**: each chosen layer is replaced in place by a ``te.Linear`` built without its own weights
   (``skip_weight_param_allocation=True``) that takes over the layer's ``weight`` and ``bias`` parameters, as
   optimum-habana does: the parameters (and any optimizer state built on them) are the same objects, under the
@@ -85,6 +86,17 @@ def fp8_recipe(te: ModuleType, options: Any) -> Any:
                              f"{' '.join(str(exc).split()) or type(exc).__name__}") from None
 
 
+def skip_names(value: Any) -> tuple[str, ...]:
+    """The ``fp8_skip`` device option as layer names: one name (a string) or a list of them."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(name, str) for name in value):
+        return tuple(value)
+    raise PrecisionError(f"device option fp8_skip={value!r}: give a layer name or a list of them, e.g. ['head']")
+
+
 def _divisible(layer: torch.nn.Linear) -> bool:
     return not layer.weight.shape[0] % 16 and not layer.weight.shape[1] % 16
 
@@ -154,7 +166,7 @@ def plan_fp8(device: Device) -> PrecisionPlan:
     options = device.options
     recipe = fp8_recipe(te, options.get("fp8_recipe"))
     choose = layer_filter(small_layers=bool(options.get("fp8_small_layers", False)),
-                          head=bool(options.get("fp8_head", False)), skip=tuple(options.get("fp8_skip", ())))
+                          head=bool(options.get("fp8_head", False)), skip=skip_names(options.get("fp8_skip")))
 
     def convert(module: torch.nn.Module) -> torch.nn.Module:
         linears = sum(type(m) is torch.nn.Linear for m in module.modules())

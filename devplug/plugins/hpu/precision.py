@@ -5,8 +5,9 @@
 - ``"hmp"`` (a precision name), or ``device_options={"hmp": ...}`` with ``"auto"``/``"bf16-mixed"``:
   ``habana_frameworks.torch.hpex.hmp``. ``hmp.convert(opt_level, bf16_file_path, fp32_file_path,
   isVerbose)`` patches torch functions process-wide to cast their inputs (once per process, in
-  ``PrecisionPlan.convert_module``), and every optimizer step runs inside ``hmp.disable_casts()`` so
-  the update stays in fp32. Intel deprecated HMP (announced for removal in release 1.13) in favour of
+  ``PrecisionPlan.convert_module``; a later Trainer in the process asking for other HMP settings is a
+  `PrecisionError`), and every optimizer step runs inside ``hmp.disable_casts()`` so the update stays in
+  fp32. Intel deprecated HMP (announced for removal in release 1.13) in favour of
   autocast; asking for it where the stack no longer has it is a `PrecisionError`.
   The ``hmp`` option is ``True``, an opt level (``"O1"``, ``"O2"``), or a mapping with ``opt_level``,
   ``bf16_ops``, ``fp32_ops`` (a file of op names, one a line, or a list of names) and ``verbose``.
@@ -85,10 +86,23 @@ def _op_file(ops: str | os.PathLike[str] | list[str] | None, folder: Path, name:
     return str(path)
 
 
+def _refuse_other_settings(settings: HmpSettings) -> None:
+    """A `PrecisionError` when ``hmp.convert`` already patched this process with other settings."""
+    rt = runtime.state()
+    if rt.hmp_converted and rt.hmp_settings is not None and rt.hmp_settings != settings:
+        first = rt.hmp_settings
+        raise PrecisionError(
+            f"HMP patched torch in this process with opt_level={first.opt_level} (bf16_ops={first.bf16_ops!r}, "
+            f"fp32_ops={first.fp32_ops!r}) and cannot be converted again; this Trainer asks for "
+            f"opt_level={settings.opt_level} (bf16_ops={settings.bf16_ops!r}, fp32_ops={settings.fp32_ops!r}): "
+            "use the same HMP settings, or run it in a new process")
+
+
 def _convert_once(hmp: ModuleType, settings: HmpSettings) -> Callable[[torch.nn.Module], torch.nn.Module]:
     def convert_module(module: torch.nn.Module) -> torch.nn.Module:
         """Run ``hmp.convert`` the first time (it patches torch for the whole process); return ``module``."""
         rt = runtime.state()
+        _refuse_other_settings(settings)
         if not rt.hmp_converted:
             with tempfile.TemporaryDirectory(prefix="devplug-hmp-") as folder:
                 hmp.convert(
@@ -97,14 +111,18 @@ def _convert_once(hmp: ModuleType, settings: HmpSettings) -> Callable[[torch.nn.
                     fp32_file_path=_op_file(settings.fp32_ops, Path(folder), "fp32_ops.txt"),
                     isVerbose=settings.verbose,
                 )
-            rt.hmp_converted = True
+            rt.hmp_converted, rt.hmp_settings = True, settings
         return module
 
     return convert_module
 
 
 def hmp_plan(settings: HmpSettings, device: Device) -> PrecisionPlan:
-    """HMP: bf16-mixed with no autocast, converted once, ``hmp.disable_casts()`` around every optimizer step."""
+    """HMP: bf16-mixed with no autocast, converted once, ``hmp.disable_casts()`` around every optimizer step.
+
+    A process converted already with other settings is refused (`PrecisionError`): HMP patches torch once.
+    """
+    _refuse_other_settings(settings)
     try:
         hmp = importlib.import_module(HMP_MODULE)
     except ImportError as exc:

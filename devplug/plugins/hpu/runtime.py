@@ -24,12 +24,14 @@ class HpuRuntime:
     - ``htcore``: ``habana_frameworks.torch.core``, imported by ``devplug_device_setup``.
     - ``lazy``: True in lazy mode (graphs flushed by ``htcore.mark_step()``), False in eager mode.
     - ``hmp_converted``: ``hmp.convert`` has patched torch (it must run once per process).
+    - ``hmp_settings``: the settings it patched torch with (a later plan must ask for the same).
     - ``clippers``: ``FusedClipNorm`` objects by ``(max_norm, dtype)`` (each holds ``max_norm`` on the device).
     """
 
     htcore: Any = None
     lazy: bool | None = None
     hmp_converted: bool = False
+    hmp_settings: Any = None
     clippers: dict[tuple[float, Any], Any] = attrs.field(factory=dict)
 
 

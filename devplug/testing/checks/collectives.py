@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from devplug.core.contract import hookspecs
@@ -16,6 +18,25 @@ def _backend_names(backend: str) -> list[str]:
     return [part.split(":")[-1].strip().lower() for part in backend.split(",") if part.strip()]
 
 
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """Put back every environment variable changed inside the block.
+
+    The check asks about a two-process launch that is not happening; a plugin may write that launch into the
+    environment (Gaudi's ``initialize_distributed_hpu()`` sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ...), and a
+    Trainer built after it would then wait for a second process that never comes.
+    """
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(saved):
+            del os.environ[name]
+        for name, value in saved.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+
+
 def _parameters(fn: Callable[..., Any]) -> set[str]:
     return set(inspect.signature(fn).parameters) - {"self", "module"}
 
@@ -25,14 +46,16 @@ def check_collective_setup(dut: DeviceUnderTest) -> str:
     """``devplug_collective_setup`` names a backend torch.distributed knows, with valid DDP/init arguments.
 
     A backend counts as known when it is in ``torch.distributed.Backend.backend_list`` after the hook
-    ran, which includes backends a plugin registers with ``Backend.register_backend`` (HCCL, for one).
+    ran, which includes backends a plugin registers with ``Backend.register_backend`` (HCCL, for one). The
+    environment variables the hook sets for that pretend launch are put back afterwards.
     """
     import torch.distributed as dist
 
     if not dist.is_available():
         raise NotApplicable("this torch build has no torch.distributed")
     launch = LaunchInfo(rank=0, world_size=2, local_rank=0, local_world_size=2, launcher="torchrun")
-    setup = dut.hooks(hookspecs.devplug_collective_setup, launch=launch)
+    with _environment_kept():
+        setup = dut.hooks(hookspecs.devplug_collective_setup, launch=launch)
     if not isinstance(setup, CollectiveSetup):
         raise dut.fail(f"devplug_collective_setup returned {setup!r}, not a devplug.CollectiveSetup")
     if not isinstance(setup.backend, str) or not setup.backend.strip():

@@ -241,3 +241,50 @@ def test_each_batch_goes_to_the_first_plugin_that_answers_and_to_the_fallback_wh
     loader = trainer.dataloader(iter([(x, y)]))  # the author's own iterable: each batch moved per step
     assert [batch for _ in trainer.epochs(1) for batch in loader] == [["tagged", x, y]]
     assert trainer.throughput.samples_total == 3
+
+
+def test_plugin_named_like_a_loaded_one_is_skipped_and_the_loaded_one_keeps_working():
+    """A third party's plugin that takes a loaded plugin's name is refused in one line; the loaded one stays."""
+    import types
+
+    clash = types.ModuleType("clash")
+
+    @devplug.hookimpl
+    def devplug_synchronize(device):
+        return None
+
+    clash.devplug_synchronize = devplug_synchronize
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("cuda", clash)])
+    assert pm.get_plugin("cuda") is sys.modules["devplug.plugins.cuda.plugin"]
+    assert pm.distribution_of("cuda") == "devplug (built-in)"
+    assert "cuda" in DeviceRegistry(pm).devices
+    (failure,) = pm.failures
+    assert failure.name == "cuda" and failure.distribution == "registered at run time"
+    assert "already" in failure.error and "devplug (built-in)" in failure.error
+    assert "\n" not in failure.error and "{" not in failure.error  # one line, not pluggy's table of plugins
+
+
+def test_a_loaded_plugin_passed_again_under_another_name_is_skipped_in_one_line():
+    cpu = sys.modules["devplug.plugins.cpu.plugin"]
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("cpu-again", cpu)])
+    assert pm.get_name(cpu) == "cpu" and pm.distribution_of("cpu") == "devplug (built-in)"
+    (failure,) = pm.failures
+    assert failure.name == "cpu-again" and "already loaded as 'cpu'" in failure.error and "\n" not in failure.error
+
+
+def test_a_device_declared_with_a_priority_that_is_not_a_number_skips_its_plugin_and_auto_still_works():
+    import types
+
+    bad = types.ModuleType("toyprio")
+
+    @devplug.hookimpl
+    def devplug_register_devices():
+        return DeviceSpec(name="toyprio", description="toy", priority="5", probe=Availability.yes, torch_type="cpu")
+
+    bad.devplug_register_devices = devplug_register_devices
+    pm = create_plugin_manager(autoload=False, extra_plugins=[bad])
+    registry = DeviceRegistry(pm)
+    assert "toyprio" not in registry.names()
+    assert registry.resolve("auto").name == "cpu"
+    (failure,) = pm.failures
+    assert failure.name == "toyprio" and "priority" in failure.error and "'5'" in failure.error

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import warnings
 
+import attrs
 import pytest
 import torch
 from paths import REPO, STANDINS
@@ -683,3 +684,18 @@ class TestCudaConformance(DeviceConformance):
     def make_plugin_manager(self) -> DevplugPluginManager:
         """Built-in plugins only."""
         return create_plugin_manager(autoload=False)
+
+
+def test_fp8_skip_given_as_one_name_skips_that_layer_not_every_layer_with_one_of_its_letters():
+    pytest.importorskip("torchao")
+    device = Device(spec=cuda_plugin.devplug_register_devices(), index=None, plugin_name="cuda",
+                    options={"fp8_small_layers": True, "fp8_skip": "named"})
+    plan = precision.plan_fp8(device, (9, 0))
+    model = torch.nn.Sequential()
+    model.add_module("encoder", torch.nn.Linear(32, 64))
+    model.add_module("named", torch.nn.Linear(64, 32))
+    assert plan.convert_module is not None
+    model = plan.convert_module(model) or model
+    assert [name for name, m in model.named_modules() if type(m).__name__ == "Float8Linear"] == ["encoder"]
+    with pytest.raises(PrecisionError, match=r"^device option fp8_skip=3: give a layer name or a list of them"):
+        precision.plan_fp8(attrs.evolve(device, options={"fp8_skip": 3}), (9, 0))

@@ -15,13 +15,17 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 from openreg_scripts import AUTO, CROSS_DEVICE_RESUME, LOADER, MLP_LOSSES, PRECISION, SAVE_ON_DEVICE
+
+from devplug.plugins.generic.trial import ITEMS
 
 pytestmark = pytest.mark.accelerator
 
 NO_HOST_ALLOCATOR = {"DEVPLUG_OPENREG_NO_HOST_ALLOCATOR": "1"}
 NO_LINEAR = {"DEVPLUG_OPENREG_MISSING": "addmm,mm"}
 NO_AUTOCAST = {"DEVPLUG_OPENREG_NO_AUTOCAST": "1"}
+FP16_AUTOCAST_ONLY = {"DEVPLUG_OPENREG_AMP_DTYPES": "float16"}
 NO_NORMS = {"DEVPLUG_OPENREG_MISSING": "_foreach_norm,linalg_vector_norm"}
 
 
@@ -144,6 +148,21 @@ def test_mixed_precision_is_refused_where_autocast_cannot_run(openreg, tmp_path)
     # the backend with autocast kernels (tried afresh: another backend build on another machine)
     assert "plan bf16-mixed" in ok(openreg.run(["-c", PRECISION, "bf16-mixed"],
                                                DEVPLUG_CACHE_DIR=str(tmp_path / "other-machine")))
+
+
+def test_bf16_is_refused_where_torch_turns_autocast_off_for_it(openreg, tmp_path):
+    """torch.autocast only warns and casts nothing for a dtype the backend does not list: the trial must see that
+    bf16 did not run, not that entering autocast raised nothing."""
+    cache = {"DEVPLUG_CACHE_DIR": str(tmp_path / "cache")}
+    # a trial kept by a devplug that took entering autocast for working: not trusted, tried again
+    (tmp_path / "cache").mkdir()
+    old_key = f"openreg|devplug-openreg 0.1.0|torch {torch.__version__}"
+    (tmp_path / "cache" / "trials.json").write_text(json.dumps({old_key: dict.fromkeys(ITEMS, "")}))
+    done = openreg.run(["-c", PRECISION, "bf16-mixed"], variant=FP16_AUTOCAST_ONLY, **cache)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "refused: PrecisionError" in done.stdout and "bfloat16" in done.stdout
+    assert "plan 32-true" in ok(openreg.run(["-c", PRECISION, "auto"], variant=FP16_AUTOCAST_ONLY, **cache))
+    assert "plan 16-mixed" in ok(openreg.run(["-c", PRECISION, "16-mixed"], variant=FP16_AUTOCAST_ONLY, **cache))
 
 
 def test_saving_works_on_a_backend_without_norm_kernels(openreg, tmp_path):

@@ -188,3 +188,16 @@ def test_a_model_too_small_for_fp8_to_pay_is_told_it_trains_in_bf16(hpu, caplog)
     with caplog.at_level(logging.INFO, logger="devplug"):
         train(hpu, "fp8-mixed", 1, options=SMALL)
     assert "4 of the 5 linear layer(s) of LanguageModel run in fp8 (te.Linear)" in caplog.text
+
+
+def test_fp8_skip_given_as_one_name_skips_that_layer_not_every_layer_with_one_of_its_letters(hpu):
+    spec = devplug.DeviceSpec(name="hpu", description="Gaudi", priority=100, probe=devplug.Availability.yes)
+    device = devplug.Device(spec=spec, index=None, plugin_name="hpu", options={"fp8_skip": "named"})
+    plan = fp8.plan_fp8(device)
+    with torch.device("meta"):
+        model = torch.nn.Sequential()
+        model.add_module("encoder", torch.nn.Linear(4096, 4096))
+        model.add_module("named", torch.nn.Linear(4096, 4096))
+        model.add_module("head", torch.nn.Linear(4096, 8192))
+    plan.convert_module(model)
+    assert te_layers(model) == ["encoder"]

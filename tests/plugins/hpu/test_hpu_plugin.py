@@ -155,6 +155,18 @@ def test_hmp_from_device_options_with_op_lists(hpu, tmp_path):
     ]
 
 
+def test_a_second_trainer_asking_other_hmp_settings_is_refused_rather_than_left_on_the_first(hpu):
+    """hmp.convert patches torch once per process: a later Trainer with other settings would run the first's
+    while its plan described its own."""
+    first = make_trainer(hpu, precision="hmp")
+    first.setup(Discriminator())
+    same = make_trainer(hpu, device_options={"hmp": True})  # the same settings: nothing to convert again
+    same.setup(Discriminator())
+    with pytest.raises(devplug.PrecisionError, match=r"opt_level=O1.*new process"):
+        make_trainer(hpu, device_options={"hmp": "O2"})
+    assert hpu.count("hmp.convert") == 1
+
+
 def test_autocast_when_hmp_is_absent(hpu):
     hpu.remove("habana_frameworks.torch.hpex.hmp")
     trainer = make_trainer(hpu)

@@ -10,7 +10,8 @@ reports it as the current accelerator.
 A process can register one PrivateUse1 backend only: variants (no pinned-memory allocator, operators
 without a kernel, no autocast kernels) are chosen by environment variables before the import, in a fresh
 process: ``DEVPLUG_OPENREG_NO_HOST_ALLOCATOR=1``, ``DEVPLUG_OPENREG_MISSING=addmm,...``,
-``DEVPLUG_OPENREG_NO_AUTOCAST=1``, ``DEVPLUG_OPENREG_DEVICES=N``.
+``DEVPLUG_OPENREG_NO_AUTOCAST=1``, ``DEVPLUG_OPENREG_DEVICES=N``, ``DEVPLUG_OPENREG_AMP_DTYPES=float16`` (the
+dtypes the device module tells torch.autocast it supports).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -98,5 +99,9 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    """The dtypes torch.autocast may use on this device."""
+    """The dtypes torch.autocast may use on this device (``DEVPLUG_OPENREG_AMP_DTYPES=float16``: those named only;
+    torch.autocast warns and casts nothing for another)."""
+    named = os.environ.get("DEVPLUG_OPENREG_AMP_DTYPES")
+    if named is not None:
+        return [getattr(torch, name.strip()) for name in named.split(",") if name.strip()]
     return [torch.float16, torch.bfloat16]
