@@ -21,10 +21,10 @@ _FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 PEAKS: tuple[tuple[str, dict[str, float] | None], ...] = (
     # NVIDIA HGX B200 datasheet (8 GPUs: 36 PF FP16/BF16 and 18 PF TF32 with sparsity, 600 TF FP32)
     ("B200", {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0}),
+    # NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 SXM's compute (before H200: "GH200" holds "H200")
+    ("GH200", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9}),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): same compute as H100 SXM
     ("H200", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9}),
-    # NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 SXM's compute
-    ("GH200", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9}),
     # NVIDIA H100 Tensor Core GPU datasheet: H100 PCIe, H100 NVL, H100 SXM5
     ("H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0}),
     ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.5}),

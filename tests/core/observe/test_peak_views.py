@@ -280,6 +280,7 @@ def test_a_gpus_datasheet_peak_names_the_row_and_format(monkeypatch):
     assert cuda_peaks.peak_row("NVIDIA H100 80GB HBM3", "32-true", tf32=True) == ("H100", "tf32", 494.7e12)
     assert cuda_peaks.peak_row("NVIDIA H100 80GB HBM3", "32-true", tf32=False) == ("H100", "fp32", 67e12)
     assert cuda_peaks.peak_row("Tesla V100-SXM2-16GB", "32-true", tf32=True) == ("V100-SXM", "fp32", 15.7e12)
+    assert cuda_peaks.peak_row("NVIDIA GH200 480GB", "bf16-mixed") == ("GH200", "bf16", 989.4e12)  # not "H200"
     assert "fp32 on the CUDA cores" in cuda_peaks.peak_detail("Tesla V100-SXM2-16GB", "V100-SXM", "fp32")
 
 
