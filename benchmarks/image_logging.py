@@ -15,7 +15,7 @@ and the event file flushed:
 
 ``--content noise`` (the default) logs uniform noise, what a GAN draws at its first steps and the worst case
 for PNG (incompressible, ~700 KB); ``--content smooth`` logs smooth gradients (a trained model's samples
-compress far better). Prints the medians, ratios to ``plain``, the PNG size and the CPU model.
+compress far better). Prints the medians, ratios to ``plain``, the PNG sizes and the CPU model.
 
 Run: python benchmarks/image_logging.py [--rounds 7] [--content noise|smooth]
 """
@@ -74,12 +74,12 @@ def main() -> None:
         trainer.log_images("warm", images[:1])  # creates the writer (and sets up the C checksums)
     devplugs_checksum = record_writer.masked_crc32c
     plain_writer = SummaryWriter(os.path.join(folder, "plain"))
-    png = os.path.join(folder, "grid.png")
+    png, plain_png = os.path.join(folder, "grid.png"), os.path.join(folder, "plain.png")
 
     def plain() -> None:
         record_writer.masked_crc32c = tensorboards_own  # what tensorboard does on its own
         try:
-            save_image(images, png, nrow=8, normalize=True, value_range=(-1, 1))
+            save_image(images, plain_png, nrow=8, normalize=True, value_range=(-1, 1))
             plain_writer.add_image("samples", make_grid(images, nrow=8, normalize=True, value_range=(-1, 1)))
             plain_writer.flush()
         finally:
@@ -96,7 +96,8 @@ def main() -> None:
         trainer.close()
     native = getattr(devplugs_checksum, "devplug_native", False)
     print(report(f"one 8x8 grid of 64x64 {args.content} images to a PNG file and TensorBoard ({_cpu()}; "
-                 f"PNG {os.path.getsize(png) / 1e3:,.0f} KB; devplug's checksums in {'C' if native else 'Python'})",
+                 f"PNG {os.path.getsize(plain_png) / 1e3:,.0f} KB plain, {os.path.getsize(png) / 1e3:,.0f} KB devplug; "
+                 f"devplug's checksums in {'C' if native else 'Python'})",
                  medians, "plain", unit="s"))
 
 

@@ -214,3 +214,14 @@ def test_fp8_layers_without_the_hardware_says_so_in_one_line():
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == "fp8_layers: error: cpu has no fp8 matrix units: pass --emulate to run torchao's " \
                                   "emulation"
+
+
+def test_image_logging_prints_plain_devplug_and_the_a_a_with_the_png_sizes():
+    pytest.importorskip("google_crc32c")
+    proc = run_script("image_logging.py", "--rounds", "1", "--content", "smooth")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert re.search(r"^one 8x8 grid of 64x64 smooth images to a PNG file and TensorBoard \(.+; PNG [\d,]+ KB plain, "
+                     r"[\d,]+ KB devplug; devplug's checksums in C\)$", out, re.MULTILINE), out
+    rows = re.findall(r"^(plain|devplug|devplug \(A/A\))\s+([\d.]+)\s+([\d.]+)x$", out, re.MULTILINE)
+    assert [r[0] for r in rows] == ["plain", "devplug", "devplug (A/A)"] and rows[0][2] == "1.00", out
