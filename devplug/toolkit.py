@@ -4,8 +4,9 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
 
 - `move_to`, `map_tensors` — move modules, tensors and nested batches;
 - `autocast_plan` — a precision plan from ``torch.autocast`` and ``torch.amp.GradScaler``;
-- `fp8_plan`, `float8_conversion`, `pays_off`, `fp8_unavailable` — the ``"fp8-mixed"`` plan
-  (torchao's float8 training, a recipe, emulation, which layers pay) and the refusal naming fp8 hardware;
+- `fp8_plan`, `float8_conversion`, `pays_off`, `fp8_unavailable`, `fp8_skip_names` — the ``"fp8-mixed"`` plan
+  (torchao's float8 training, a recipe, emulation, which layers pay), the refusal naming fp8 hardware, and
+  the ``fp8_skip`` device option read as layer names;
 - `precision_plan` — a registered precision's plan, parameterised by the device (scaler, autocast or
   a module conversion, notes for the summary); `autocast_plan` — its short form;
   `precision_named` / `find_precision` / `precision_names` — a registered `Precision` (its compute dtype,
@@ -129,7 +130,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     )
     from devplug.core.precision.autocast import AutocastPrecision
     from devplug.core.precision.base import Precision, PrecisionParams
-    from devplug.core.precision.fp8_mixed import float8_conversion, fp8_unavailable, pays_off
+    from devplug.core.precision.fp8_mixed import float8_conversion, fp8_skip_names, fp8_unavailable, pays_off
     from devplug.core.precision.registry import find as find_precision
     from devplug.core.precision.registry import get as precision_named
     from devplug.core.precision.registry import names as precision_names
@@ -167,6 +168,7 @@ _WHERE: dict[str, str | tuple[str, str]] = {
     "float8_conversion": "devplug.core.precision.fp8_mixed",
     "forget_logged": "devplug.core.log_once",
     "fp8_plan": "devplug.core.fallback.precision",
+    "fp8_skip_names": "devplug.core.precision.fp8_mixed",
     "fp8_unavailable": "devplug.core.precision.fp8_mixed",
     "human_bytes": "devplug.core.observe.host_memory",
     "IMAGE_EXTENSIONS": "devplug.core.data.torch_loader",
@@ -281,6 +283,7 @@ __all__ = [
     "float8_conversion",
     "forget_logged",
     "fp8_plan",
+    "fp8_skip_names",
     "fp8_unavailable",
     "human_bytes",
     "image_transform",

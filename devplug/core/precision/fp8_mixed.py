@@ -30,6 +30,20 @@ FP8_HARDWARE = ("NVIDIA GPUs of compute capability 8.9 or newer (Ada: L4, L40S; 
                 "with torchao, or Intel Gaudi 2 and Gaudi 3")
 
 
+def fp8_skip_names(value: Any) -> tuple[str, ...]:
+    """The ``fp8_skip`` device option as layer names: one name (a string) or a list of them (``None``: none).
+
+    Anything else is a one-line `PrecisionError` (a string is one name, never its letters).
+    """
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(name, str) for name in value):
+        return tuple(value)
+    raise PrecisionError(f"device option fp8_skip={value!r}: give a layer name or a list of them, e.g. ['head']")
+
+
 def fp8_unavailable(where: str, hint: str = "") -> PrecisionError:
     """The one-line refusal for a device without fp8 matrix units: ``where`` says which device it is, ``hint``
     (optional) what else the device offers."""

@@ -11,12 +11,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from devplug import Device, PrecisionError, PrecisionPlan
-from devplug.toolkit import find_precision, float8_conversion, fp8_plan, fp8_unavailable, precision_plan
+from devplug.toolkit import find_precision, float8_conversion, fp8_plan, fp8_skip_names, fp8_unavailable, precision_plan
 
 #: First compute capability with TF32 and native bf16 tensor cores (Ampere).
 AMPERE = (8, 0)
@@ -61,17 +59,6 @@ def fp8_all_gather(device: Device, strategy: str) -> bool:
     if isinstance(value, bool):
         return value
     raise PrecisionError(f"device option fp8_all_gather={value!r} is not one of 'auto', true, false")
-
-
-def fp8_skip_names(value: Any) -> tuple[str, ...]:
-    """The ``fp8_skip`` device option as layer names: one name (a string) or a list of them."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(name, str) for name in value):
-        return tuple(value)
-    raise PrecisionError(f"device option fp8_skip={value!r}: give a layer name or a list of them, e.g. ['head']")
 
 
 def plan_fp8(device: Device, capability: tuple[int, int], strategy: str = "none") -> PrecisionPlan:

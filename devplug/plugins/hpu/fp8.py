@@ -41,7 +41,7 @@ import torch
 
 from devplug import Device, PrecisionError, PrecisionPlan
 from devplug.plugins.hpu import data
-from devplug.toolkit import fp8_plan, fp8_unavailable, log_once, pays_off
+from devplug.toolkit import fp8_plan, fp8_skip_names, fp8_unavailable, log_once, pays_off
 
 TE_MODULE = "habana_frameworks.torch.hpex.experimental.transformer_engine"
 #: Intel's ``DelayedScaling`` defaults, with the HYBRID format (E4M3 forward, E5M2 backward).
@@ -84,17 +84,6 @@ def fp8_recipe(te: ModuleType, options: Any) -> Any:
     except (AssertionError, TypeError, ValueError) as exc:
         raise PrecisionError(f"Intel's Transformer Engine refuses fp8_recipe {dict(options)!r}: "
                              f"{' '.join(str(exc).split()) or type(exc).__name__}") from None
-
-
-def skip_names(value: Any) -> tuple[str, ...]:
-    """The ``fp8_skip`` device option as layer names: one name (a string) or a list of them."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(name, str) for name in value):
-        return tuple(value)
-    raise PrecisionError(f"device option fp8_skip={value!r}: give a layer name or a list of them, e.g. ['head']")
 
 
 def _divisible(layer: torch.nn.Linear) -> bool:
@@ -166,7 +155,7 @@ def plan_fp8(device: Device) -> PrecisionPlan:
     options = device.options
     recipe = fp8_recipe(te, options.get("fp8_recipe"))
     choose = layer_filter(small_layers=bool(options.get("fp8_small_layers", False)),
-                          head=bool(options.get("fp8_head", False)), skip=skip_names(options.get("fp8_skip")))
+                          head=bool(options.get("fp8_head", False)), skip=fp8_skip_names(options.get("fp8_skip")))
 
     def convert(module: torch.nn.Module) -> torch.nn.Module:
         linears = sum(type(m) is torch.nn.Linear for m in module.modules())
