@@ -133,6 +133,7 @@ class Throughput:
         self.wait_share = 0.0
         self._samples_timed = 0  # samples and data wait up to the end of ``seconds_total`` (the last lap or settle)
         self._wait_timed = 0.0
+        self._paused_at: float | None = None  # when the outermost `paused` began (a lap inside it ends there)
         #: Also entered by `paused` (the Trainer's FLOP count: an evaluation inside the counted step is left out).
         self.while_paused: Callable[[], AbstractContextManager[Any]] | None = None
 
@@ -152,8 +153,9 @@ class Throughput:
         self.samples_since += samples
 
     def exclude(self, seconds: float) -> None:
-        """Take ``seconds`` of bookkeeping (a measured peak) out of the clock: rates ignore them."""
-        if self._start is not None and self._last is not None:
+        """Take ``seconds`` of bookkeeping (a measured peak) out of the clock: rates ignore them. Inside `paused`
+        nothing more is taken out: the pause leaves out its whole time, these seconds included."""
+        if self._start is not None and self._last is not None and self._paused_at is None:
             self._start += seconds
             self._last += seconds
 
@@ -163,15 +165,20 @@ class Throughput:
         the data-wait share, and its FLOPs out of the step MFU counts (the caller synchronises the device
         before and after)."""
         began = time.perf_counter()
+        outermost = self._paused_at is None
+        if outermost:
+            self._paused_at = began  # a log point inside (a lap) counts the time up to here, not the evaluation's
         try:
             with self.while_paused() if self.while_paused is not None else contextlib.nullcontext():
                 yield
         finally:
-            self.exclude(time.perf_counter() - began)
+            if outermost:
+                self._paused_at = None
+                self.exclude(time.perf_counter() - began)
 
     def lap(self) -> float:
         """Samples/s since the previous lap (``wait_share`` is then this lap's data wait); the caller synchronises."""
-        now = time.perf_counter()
+        now = time.perf_counter() if self._paused_at is None else self._paused_at
         assert self._last is not None and self._start is not None
         elapsed = max(now - self._last, 1e-9)
         rate = self.samples_since / elapsed
@@ -185,7 +192,8 @@ class Throughput:
         """Bring the run's totals up to now without ending the lap: the loop ended, and the mean rate covers its
         last steps too, logged or not (the caller synchronises)."""
         if self._start is not None:
-            self.seconds_total = time.perf_counter() - self._start
+            now = time.perf_counter() if self._paused_at is None else self._paused_at
+            self.seconds_total = now - self._start
             self._samples_timed, self._wait_timed = self.samples_total, self.wait_total
 
     @property

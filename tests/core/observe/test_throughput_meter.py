@@ -147,3 +147,52 @@ def test_the_summarys_rate_covers_every_step_logged_or_not(monkeypatch, name, lo
     # the last log point too (they were counted, not timed), and a loop that never logs still has one
     trainer = _timed_loop(monkeypatch, steps=15, log_at=log_at)
     assert trainer.summary()["samples_per_sec"] == pytest.approx(60 / 15), name
+
+
+def test_a_log_point_inside_a_paused_evaluation_leaves_the_evaluation_out_of_both_laps(monkeypatch):
+    # a loop that logs its loss before trainer.step() has values pending when the evaluation's own
+    # trainer.log(val_loss=...) lands on a log step: the log point (a lap) then falls inside the pause
+    from types import SimpleNamespace
+
+    from devplug.core.observe import metrics
+
+    clock = Clock()
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+    meter = metrics.Throughput()
+    meter.add(8)  # the first batch starts the clock
+    clock.now += 1.0
+    meter.add(8)
+    clock.now += 1.0
+    with meter.paused():  # a 10 s evaluation, with a log point 4 s into it
+        clock.now += 4.0
+        assert meter.lap() == pytest.approx(16 / 2.0)  # not 16 / 6
+        clock.now += 6.0
+    clock.now += 1.0
+    meter.add(8)
+    clock.now += 1.0
+    meter.add(8)
+    assert meter.lap() == pytest.approx(16 / 2.0)  # not 16 / 1e-9 (the pause taken off twice)
+    assert meter.seconds_total == pytest.approx(4.0)
+    assert meter.mean_rate == pytest.approx(32 / 4.0)
+
+
+def test_time_left_out_inside_a_paused_evaluation_is_left_out_once(monkeypatch):
+    # trainer.checkpoint_now() inside `with trainer.throughput.paused():` takes its save out of the clock, and
+    # the pause takes out its whole time, the save included
+    from types import SimpleNamespace
+
+    from devplug.core.observe import metrics
+
+    clock = Clock()
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+    meter = metrics.Throughput()
+    meter.add(8)
+    clock.now += 1.0
+    meter.add(8)
+    with meter.paused():  # a 5 s evaluation, then a 3 s save
+        clock.now += 8.0
+        meter.exclude(3.0)
+    clock.now += 1.0
+    meter.add(8)
+    assert meter.lap() == pytest.approx(24 / 2.0)  # not 24 / 1e-9
+    assert meter.seconds_total == pytest.approx(2.0)
