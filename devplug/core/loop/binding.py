@@ -356,10 +356,11 @@ class ConfigParser(argparse.ArgumentParser):
     def _apply_file(self, path: Path) -> set[str]:
         """Take the file's values as the defaults; the destinations it sets."""
         values = self._read(path)
-        # a key is a flag's long name without the dashes (log-every, or log_every)
+        # a key is a flag's long name without the dashes (log-every, or log_every); a --x/--no-x switch is x
         actions = {option.lstrip("-").replace("_", "-"): action for action in self._actions
                    if action.dest not in ("config", "help") for option in action.option_strings
-                   if option.startswith("--") and not option.startswith("--no-")}
+                   if option.startswith("--") and not (isinstance(action, argparse.BooleanOptionalAction)
+                                                       and option.startswith("--no-"))}
         defaults: dict[str, Any] = {}
         for key, value in values.items():
             action = actions.get(str(key).replace("_", "-"))
@@ -367,9 +368,12 @@ class ConfigParser(argparse.ArgumentParser):
                 self.error(f"config file {str(path)!r}: unknown key {key!r}; keys: {', '.join(sorted(actions))}")
             dest = action.dest
             flag = action.option_strings[0]
-            if isinstance(action, argparse.BooleanOptionalAction | argparse._StoreTrueAction):
+            if isinstance(action, argparse.BooleanOptionalAction | argparse._StoreTrueAction
+                          | argparse._StoreFalseAction):
                 if not isinstance(value, bool):
                     self.error(f"config file {str(path)!r}: {key} must be true or false, got {value!r}")
+                if not isinstance(action, argparse.BooleanOptionalAction):  # true: the flag given
+                    value = action.const if value else action.default
             elif isinstance(value, (bool, list, dict)) or value is None:
                 self.error(f"config file {str(path)!r}: {key} must be a string or a number, got {value!r}")
             else:

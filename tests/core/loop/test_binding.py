@@ -88,6 +88,22 @@ def test_a_config_file_sets_values_and_the_command_line_wins(tmp_path, suffix):
     assert args.explicit == {"log_every", "seed", "compile", "every_n_steps", "lr", "device"}
 
 
+@pytest.mark.parametrize(("text", "expected"), [
+    ("no-eval = true\n", (True, True)),
+    ("cpu-only = true\n", (False, False)),  # the flag given: its store_false destination turns False
+    ("cpu-only = false\n", (False, True)),
+])
+def test_a_config_file_sets_the_scripts_own_switches(tmp_path, text, expected):
+    # a script's own store_true flag whose name starts with "no-", and a store_false flag, as keys of the file
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    parser = _parser()
+    parser.add_argument("--no-eval", action="store_true", help="skip the evaluation")
+    parser.add_argument("--cpu-only", dest="cuda", action="store_false", help="train on the CPU")
+    args = parser.parse(["--config", str(path)])
+    assert (args.no_eval, args.cuda) == expected
+
+
 @pytest.mark.parametrize(("text", "needles"), [
     ("log-every = 0\n", ["log-every (--log-every) must be a positive integer, got 0"]),
     ("colour = 'red'\n", ["unknown key 'colour'", "log-every"]),
