@@ -99,7 +99,8 @@ class StepProfiler:
         log.info("profiling steps %d-%d (%s)", *self.window, ", ".join(a.name for a in activities))  # type: ignore[misc]
 
     def stop(self) -> str | None:
-        """Stop profiling (if it runs) and write the trace; its path, or ``None``."""
+        """Stop profiling (if it runs) and write the trace; its path, or ``None``. A trace that cannot be written
+        (a full disk, a folder that takes no files) is one warning, and training goes on, as for the loggers."""
         if self._profiler is None:
             return None
         profiler, self._profiler, self.active = self._profiler, None, False
@@ -107,9 +108,14 @@ class StepProfiler:
         try:
             profiler.__exit__(None, None, None)
             assert self.trace_dir is not None
-            os.makedirs(self.trace_dir, exist_ok=True)
             path = os.path.join(self.trace_dir, f"rank{self.rank}.{time.time_ns()}.pt.trace.json")
-            profiler.export_chrome_trace(path)
+            try:
+                os.makedirs(self.trace_dir, exist_ok=True)
+                profiler.export_chrome_trace(path)
+            except OSError as exc:
+                log.warning("the profiler trace was not written to %s (%s); training goes on without it",
+                            self.trace_dir, " ".join(str(exc).split()))
+                return None
         finally:  # writing the trace is not training time
             self._exclude(time.perf_counter() - began)
         self.traces.append(path)

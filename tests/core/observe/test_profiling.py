@@ -139,3 +139,16 @@ def test_writing_the_trace_is_left_out_of_samples_per_second(tmp_path, monkeypat
     train_on_a_clock(trainer, clock)
     assert len(trainer.profiler.traces) == 1
     assert trainer.summary()["samples_per_sec"] == pytest.approx(40 / 10)
+
+
+def test_a_trace_that_cannot_be_written_is_said_once_and_training_goes_on(tmp_path, caplog):
+    # a full disk or a folder that takes no files: the loggers go on without their output, and so does the profiler
+    (tmp_path / "profiler").write_text("a file where the trace folder should be")
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, log_every=4, log_dir=str(tmp_path),
+                              profile="steps 2-3")
+    with caplog.at_level("WARNING", logger="devplug"):
+        _train(trainer, steps=6)
+    assert trainer.global_step == 6 and trainer.profiler.traces == [] and not trainer.profiler.active
+    lines = [r.getMessage() for r in caplog.records if "profiler trace" in r.getMessage()]
+    assert len(lines) == 1 and str(tmp_path / "profiler") in lines[0], lines
+    trainer.close()
