@@ -125,6 +125,12 @@ def _base_type(annotation: str) -> str:
     return parts.pop() if len(parts) == 1 else "str"
 
 
+def _bool_or_text(text: str) -> bool | str:
+    """``true``/``on`` → True, ``false``/``off`` → False (any case), other text as it is: a field of
+    ``bool | str`` (``channels_last``: True, False or ``"auto"``)."""
+    return {"true": True, "on": True, "false": False, "off": False}.get(text.strip().lower(), text)
+
+
 @attrs.frozen
 class RunFolder:
     """Where a run writes (``out``) and what it resumes from: ``resume``, a checkpoint or a folder of them
@@ -260,6 +266,9 @@ class ConfigParser(argparse.ArgumentParser):
     @staticmethod
     def _checked(field: attrs.Attribute, kind: str, *, validate: bool = True) -> Callable[[str], Any]:
         base: Callable[[str], Any] = {"int": integer(None), "float": number()}.get(kind, str)
+        takes_bool = kind != "bool" and "bool" in {part.strip() for part in str(field.type).split("|")}
+        if takes_bool:
+            base = _bool_or_text
         if field.name == "seed":
             base = integer(0, MAX_SEED)
 
@@ -274,6 +283,7 @@ class ConfigParser(argparse.ArgumentParser):
             return value
 
         parse.__name__ = kind
+        parse.takes_bool = takes_bool  # type: ignore[attr-defined]  (a config file's true/false is a value)
         return parse
 
     def build(self, cls: type, args: argparse.Namespace, **fixed: Any) -> Any:
@@ -374,6 +384,8 @@ class ConfigParser(argparse.ArgumentParser):
                     self.error(f"config file {str(path)!r}: {key} must be true or false, got {value!r}")
                 if not isinstance(action, argparse.BooleanOptionalAction):  # true: the flag given
                     value = action.const if value else action.default
+            elif isinstance(value, bool) and getattr(action.type, "takes_bool", False):
+                value = action.type(str(value))
             elif isinstance(value, (bool, list, dict)) or value is None:
                 self.error(f"config file {str(path)!r}: {key} must be a string or a number, got {value!r}")
             else:

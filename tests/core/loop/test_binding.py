@@ -88,6 +88,22 @@ def test_a_config_file_sets_values_and_the_command_line_wins(tmp_path, suffix):
     assert args.explicit == {"log_every", "seed", "compile", "every_n_steps", "lr", "device"}
 
 
+@pytest.mark.parametrize(("text", "expected"), [("true", True), ("True", True), ("off", False), ("auto", "auto")])
+def test_a_field_of_true_false_or_a_word_takes_each_from_the_command_line(text, expected):
+    parser = ConfigParser("demo.py")
+    parser.bind(TrainerConfig, ["channels_last"])  # True, False or "auto"
+    assert parser.build(TrainerConfig, parser.parse(["--channels-last", text])).channels_last == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [("true", True), ("false", False), ('"auto"', "auto")])
+def test_a_field_of_true_false_or_a_word_takes_each_from_a_config_file(tmp_path, text, expected):
+    path = tmp_path / "run.toml"
+    path.write_text(f"channels-last = {text}\n")
+    parser = ConfigParser("demo.py")
+    parser.bind(TrainerConfig, ["channels_last"])
+    assert parser.build(TrainerConfig, parser.parse(["--config", str(path)])).channels_last == expected
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("no-eval = true\n", (True, True)),
     ("cpu-only = true\n", (False, False)),  # the flag given: its store_false destination turns False
