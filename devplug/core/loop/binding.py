@@ -283,7 +283,7 @@ class ConfigParser(argparse.ArgumentParser):
             return value
 
         parse.__name__ = kind
-        parse.takes_bool = takes_bool  # type: ignore[attr-defined]  (a config file's true/false is a value)
+        parse.takes_bool = takes_bool  # type: ignore[attr-defined]  # a config file's true/false is a value
         return parse
 
     def build(self, cls: type, args: argparse.Namespace, **fixed: Any) -> Any:
@@ -385,7 +385,7 @@ class ConfigParser(argparse.ArgumentParser):
                 if not isinstance(action, argparse.BooleanOptionalAction):  # true: the flag given
                     value = action.const if value else action.default
             elif isinstance(value, bool) and getattr(action.type, "takes_bool", False):
-                value = action.type(str(value))
+                value = _bool_or_text(str(value))
             elif isinstance(value, (bool, list, dict)) or value is None:
                 self.error(f"config file {str(path)!r}: {key} must be a string or a number, got {value!r}")
             else:
