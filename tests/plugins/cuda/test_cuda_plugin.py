@@ -488,6 +488,24 @@ def test_collective_setup_with_one_visible_gpu_per_process(monkeypatch):
     assert runtime.set_device_calls == [0] and setup.ddp_kwargs["device_ids"] == [0]
 
 
+def test_an_explicit_gpu_for_every_process_of_a_node_is_one_clear_line(monkeypatch):
+    runtime = FakeCudaRuntime(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    launch = LaunchInfo(rank=1, world_size=4, local_rank=1, local_world_size=4)
+    with pytest.raises(devplug.ConfigError, match=r"device 'cuda:0' names one GPU for all 4 processes on this node.*"
+                                                  r"give device='cuda'"):
+        cuda_plugin.devplug_collective_setup(device=cuda_device(index=0), launch=launch)
+    assert runtime.set_device_calls == []
+    # one visible GPU per process (CUDA_VISIBLE_DEVICES set per process): cuda:0 is each process's own
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    setup = cuda_plugin.devplug_collective_setup(device=cuda_device(index=0), launch=launch)
+    assert runtime.set_device_calls == [0] and setup.ddp_kwargs["device_ids"] == [0]
+    # a single process: cuda:N is that GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert cuda_plugin.devplug_collective_setup(device=cuda_device(index=2), launch=LaunchInfo()).ddp_kwargs[
+        "device_ids"] == [2]
+
+
 def test_compile_uses_cuda_graphs_mode_when_asked(monkeypatch):
     calls = []
     monkeypatch.setattr(torch, "compile", lambda module, **kw: calls.append(kw) or module)
