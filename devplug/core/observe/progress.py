@@ -34,6 +34,7 @@ def progress_postfix(values: Mapping[str, float]) -> str:
 
 def _short(number: float) -> str:
     """``1234.5`` → ``"1.23k"``, ``12.3`` → ``"12.3"``: three significant digits and an SI suffix."""
+    number = float(f"{number:.3g}")  # rounded first: 999.7 is "1k", not "1e+03"
     for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(number) >= scale:
             return f"{number / scale:.3g}{suffix}"
@@ -44,4 +45,5 @@ def _percent(share: float) -> str:
     """``0.4123`` → ``"41%"``, ``0.031`` → ``"3.1%"``, ``2e-6`` → ``"<0.1%"``: two significant digits."""
     if 0 < share < 0.001:
         return "<0.1%"
-    return f"{share * 100:.2g}%"
+    text = f"{share * 100:.2g}"
+    return f"{share * 100:.0f}%" if "e" in text else f"{text}%"  # 0.997: "100%", not "1e+02%"

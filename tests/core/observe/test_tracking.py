@@ -391,6 +391,15 @@ def test_progress_postfix_is_short():
     assert progress_postfix({"val_loss": 0.5}) == "val_loss 0.5"
 
 
+def test_progress_postfix_never_shows_exponents_at_the_top_of_a_range():
+    from devplug.core.observe.progress import progress_postfix
+
+    # a loader-bound run waits (almost) all the time; samples/s just under a thousand, or a million
+    assert progress_postfix({"samples_per_sec": 999.7, "data_wait": 0.997}) == "1k/s wait 100%"
+    assert progress_postfix({"samples_per_sec": 999_700.0, "data_wait": 1.0}) == "1M/s wait 100%"
+    assert progress_postfix({"samples_per_sec": 999.4, "data_wait": 0.994}) == "999/s wait 99%"
+
+
 def test_an_evaluation_only_point_keeps_the_last_rates_on_the_bar():
     from devplug.core.observe.reporter import Reporter
 
