@@ -70,6 +70,7 @@ class StopRequest:
         self._requested = False
         self._combiner = combiner
         self.signalled = False  # this process received a stop signal itself (not only from another rank)
+        self._kinds: set[int] = set()  # the stop signals received while handling (a second of one stops at once)
         self._after: dict[int, Any] = {}  # the handlers a late signal gives back (see _late)
 
     @property
@@ -130,7 +131,7 @@ class StopRequest:
         return local
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signalled:  # a second signal: stop at once, as without devplug
+        if signum in self._kinds:  # a second signal of this kind: stop at once, as without devplug
             previous = self._previous.get(signum, signal.SIG_DFL)
             signal.signal(signum, previous)
             if callable(previous):
@@ -138,8 +139,13 @@ class StopRequest:
             else:
                 os.kill(os.getpid(), signum)
             return
-        self.signalled, self.received = True, signum
+        self._kinds.add(signum)
         name = signal.Signals(signum).name
+        if self.signalled:  # another kind (SLURM's early signal, then SIGTERM at the limit): already stopping
+            print(f"\ndevplug: {name} received: already stopping (send it again to stop at once)",
+                  file=sys.stderr, flush=True)
+            return
+        self.signalled, self.received = True, signum
         self.reason = f"{name} received"
         print(f"\ndevplug: {name} received: stopping after this step and saving (send it again to stop at once)",
               file=sys.stderr, flush=True)

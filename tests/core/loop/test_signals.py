@@ -124,6 +124,25 @@ def test_a_rank_stopped_by_another_takes_its_own_late_signal_as_its_first(capsys
         signal.signal(signal.SIGUSR1, previous)
 
 
+def test_a_signal_of_another_kind_while_stopping_is_noted_and_the_same_kind_again_stops_at_once(capsys):
+    """SLURM's --signal sends SIGUSR1 before the time limit, then SIGTERM at it: the save under way goes on."""
+    calls: list[int] = []
+    previous = {number: signal.signal(number, lambda signum, frame: calls.append(signum))  # "stop at once"
+                for number in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        stop = StopRequest(["SIGUSR1", "SIGTERM"])
+        with stop.handling():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os.kill(os.getpid(), signal.SIGTERM)  # another kind: the run is already stopping
+            assert calls == [] and stop.exit_code == 138 and stop.should_stop()
+            os.kill(os.getpid(), signal.SIGTERM)  # the same kind again: its usual meaning, at once
+            assert calls == [signal.SIGTERM]
+        assert "SIGTERM received: already stopping" in capsys.readouterr().err
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 @pytest.mark.slow
 def test_under_two_ranks_every_rank_stops_at_the_same_step_and_rank0_saves(tmp_path):
     run_ranks(HERE / "train_stop.py", ["--out", str(tmp_path)], world_size=2, timeout=180, expect_code=143)
