@@ -119,7 +119,9 @@ class Throughput:
 
     The data wait is host time from the loop asking a loader for a batch to the batch being ready on the
     device queue (``perf_counter`` only: no host-device synchronisation). The clock starts at the first
-    batch, so the first batch's wait (worker start-up) is not counted.
+    batch, so the first batch's wait (worker start-up) is not counted; it stands still from the end of a loop
+    (`idle`) to the next training batch, so time outside ``epochs()`` (between chunks of ``max_steps``) is not
+    training either.
     """
 
     def __init__(self) -> None:
@@ -134,6 +136,7 @@ class Throughput:
         self._samples_timed = 0  # samples and data wait up to the end of ``seconds_total`` (the last lap or settle)
         self._wait_timed = 0.0
         self._paused_at: float | None = None  # when the outermost `paused` began (a lap inside it ends there)
+        self._idle = False  # the loop ended (`idle`): ``_paused_at`` holds when, until the next batch
         #: Also entered by `paused` (the Trainer's FLOP count: an evaluation inside the counted step is left out).
         self.while_paused: Callable[[], AbstractContextManager[Any]] | None = None
 
@@ -146,6 +149,10 @@ class Throughput:
         """Count samples of one batch and the seconds the loop waited for it (host-side bookkeeping only)."""
         if self._start is None:
             self.start()
+        elif self._idle:  # the first batch of a loop entered again: the time since the last one ended is left out
+            assert self._paused_at is not None
+            self._idle, began, self._paused_at = False, self._paused_at, None
+            self.exclude(time.perf_counter() - began)
         else:
             self.wait_total += waited
             self.wait_since += waited
@@ -195,6 +202,11 @@ class Throughput:
             now = time.perf_counter() if self._paused_at is None else self._paused_at
             self.seconds_total = now - self._start
             self._samples_timed, self._wait_timed = self.samples_total, self.wait_total
+
+    def idle(self) -> None:
+        """The loop ended: the clock stands still until the next training batch (`add`)."""
+        if self._start is not None and self._paused_at is None:
+            self._paused_at, self._idle = time.perf_counter(), True
 
     @property
     def mean_rate(self) -> float:

@@ -231,15 +231,16 @@ class Reporter:
 
     def settle(self, synchronize: Callable[[], None]) -> None:
         """The loop ended: the run's mean rate takes in the steps since the last log point (a failure to
-        synchronise is logged, not raised: the loop may be unwinding)."""
-        if self.throughput.samples_since <= 0:
-            return
-        try:
-            synchronize()
-        except Exception as exc:
-            log.warning("the run's last steps are left out of its mean rate: %s", exc)
-            return
-        self.throughput.settle()
+        synchronise is logged, not raised: the loop may be unwinding); the throughput clock then stands still
+        until the next training batch."""
+        if self.throughput.samples_since > 0:
+            try:
+                synchronize()
+            except Exception as exc:
+                log.warning("the run's last steps are left out of its mean rate: %s", exc)
+            else:
+                self.throughput.settle()
+        self.throughput.idle()
 
     def rates(self) -> dict[str, Any]:
         """Mean throughput of the whole job, to the last log point or the end of the loop: ``samples_per_sec``,

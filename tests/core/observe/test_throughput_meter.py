@@ -196,3 +196,33 @@ def test_time_left_out_inside_a_paused_evaluation_is_left_out_once(monkeypatch):
     meter.add(8)
     assert meter.lap() == pytest.approx(24 / 2.0)  # not 24 / 1e-9
     assert meter.seconds_total == pytest.approx(2.0)
+
+
+def test_time_between_chunks_of_training_is_not_training_time(monkeypatch):
+    # training in chunks of max_steps (docs/trainer.md), with 100 s of the author's own work between chunks
+    from types import SimpleNamespace
+
+    from devplug.core.observe import metrics
+
+    clock = Clock()
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+    trainer = devplug.Trainer(device="cpu", progress=False, loggers=[], stop_signals=(), count_flops=False,
+                              log_every=4)
+    model = trainer.setup(torch.nn.Linear(4, 1))
+    optimizer = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(4 * 12, 4)), batch_size=4,
+                                num_workers=0)
+    rates = []
+    for chunk in (4, 8, 12):
+        for _ in trainer.epochs(1, max_steps=chunk):
+            for (x,) in loader:
+                clock.now += 1.0  # the step's work
+                trainer.backward(model(x).square().mean())
+                trainer.step(optimizer)
+                values = trainer.log(loss=0.0)
+                if values is not None:
+                    rates.append(values["samples_per_sec"])
+        clock.now += 100.0  # an evaluation, samples written, a save of the author's own: not training
+    assert trainer.global_step == 12
+    assert rates == [pytest.approx(16 / 4.0)] * 3
+    assert trainer.summary()["samples_per_sec"] == pytest.approx(48 / 12.0)
