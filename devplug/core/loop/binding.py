@@ -397,6 +397,7 @@ class ConfigParser(argparse.ArgumentParser):
                     self.error(f"config file {str(path)!r}: {key} must be one of "
                                f"{', '.join(map(str, action.choices))}, got {value!r}")
             defaults[dest] = value
+            action.required = False  # given by the file (the command line may still override it)
         self.set_defaults(**defaults)
         return set(defaults)
 

@@ -120,6 +120,21 @@ def test_a_config_file_sets_the_scripts_own_switches(tmp_path, text, expected):
     assert (args.no_eval, args.cuda) == expected
 
 
+def test_a_config_file_gives_a_required_flag(tmp_path, capsys):
+    path = tmp_path / "run.toml"
+    path.write_text('data = "corpus.txt"\n')
+    assert _parser_with_data().parse(["--config", str(path)]).data == "corpus.txt"
+    with pytest.raises(SystemExit):  # given nowhere: still required
+        _parser_with_data().parse([])
+    assert "--data" in capsys.readouterr().err
+
+
+def _parser_with_data() -> ConfigParser:
+    parser = _parser()
+    parser.add_argument("--data", required=True, help="the training text")
+    return parser
+
+
 @pytest.mark.parametrize(("text", "needles"), [
     ("log-every = 0\n", ["log-every (--log-every) must be a positive integer, got 0"]),
     ("colour = 'red'\n", ["unknown key 'colour'", "log-every"]),
