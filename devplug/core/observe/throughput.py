@@ -74,7 +74,11 @@ class ThroughputMeter:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """``with meter.paused():`` — `pause` on entry, `resume` on exit (an exception included)."""
+        """``with meter.paused():`` — `pause` on entry, `resume` on exit (an exception included); inside a pause
+        already open it changes nothing (the outer one ends it)."""
+        if self._pause_start is not None:
+            yield
+            return
         self.pause()
         try:
             yield

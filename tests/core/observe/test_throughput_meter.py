@@ -226,3 +226,20 @@ def test_time_between_chunks_of_training_is_not_training_time(monkeypatch):
     assert trainer.global_step == 12
     assert rates == [pytest.approx(16 / 4.0)] * 3
     assert trainer.summary()["samples_per_sec"] == pytest.approx(48 / 12.0)
+
+
+def test_a_pause_inside_a_pause_ends_with_the_outer_one():
+    clock = Clock()
+    meter = devplug.ThroughputMeter(clock=clock)
+    meter.add(10)
+    meter.first_step_done()
+    with meter.paused():  # the author's evaluation block ...
+        clock.now += 4.0
+        with meter.paused():  # ... calls a function that pauses the meter itself
+            clock.now += 6.0
+        clock.now += 5.0  # samples written after the evaluation, still inside the outer block
+    clock.now += 2.0
+    meter.add(20)
+    meter.stop()
+    assert meter.paused_seconds == pytest.approx(15.0)
+    assert meter.per_second == pytest.approx(20 / 2.0)
