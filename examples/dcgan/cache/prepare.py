@@ -165,7 +165,8 @@ def prepare_cache(
         raise DataError(f"cannot create the cache directory {display_path(directory)!r}: {exc.strerror or exc}; "
                         "pass --cache-dir") from exc
     collect_stale(directory, stem, array_path)  # frees the space of versions no job uses any more
-    _check_space(array_path, len(files), image_size)  # fail before anything is written
+    # the free space is checked under the build lock (in _build), before anything is decoded or written: a job
+    # that finds another building this cache waits and reuses it, and a dead builder's file is cleared first
     with build_lock(directory, stem, on_wait=(lambda: on_wait(array_path)) if on_wait else None):
         opened = _open_cache(meta_path, key, array_path)  # another process may have built it meanwhile
         if opened is not None:
