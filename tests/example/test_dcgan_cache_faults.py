@@ -312,3 +312,37 @@ def test_a_job_that_finds_the_cache_being_built_waits_for_it_on_a_disk_with_room
     assert first and first[0][1].built and not report.built and len(dataset) == 20
     dataset.close()
     first[0][0].close()
+
+
+# ---- what a cache was decoded with ---------------------------------------------------------------------
+
+
+def test_a_cache_decoded_by_another_pillow_is_rebuilt_not_reused(tmp_path, monkeypatch):
+    """The cached pixels are what Pillow decoded: a cache built under another Pillow (another JPEG decoder,
+    other resampling) would train on other pixels than the folder's own loader reads."""
+    import PIL
+
+    write_jpegs(tmp_path / "images", 4)
+    dataset, report = prepare_cache(tmp_path / "images", 16, tmp_path / "cache", workers=0)
+    dataset.close()
+    assert report.built
+    monkeypatch.setattr(PIL, "__version__", "0.0.1")
+    dataset, again = prepare_cache(tmp_path / "images", 16, tmp_path / "cache", workers=0)
+    dataset.close()
+    assert again.built and again.path != report.path
+
+
+def test_a_cache_decoded_by_other_decoding_code_is_rebuilt_not_reused(tmp_path, monkeypatch):
+    """A change to how devplug decodes images (16-bit TIFFs scaled differently, say) makes a new cache: the old
+    one holds the old decoder's pixels."""
+    import dcgan.cache.decode_pool as decode_pool
+
+    write_jpegs(tmp_path / "images", 4)
+    dataset, report = prepare_cache(tmp_path / "images", 16, tmp_path / "cache", workers=0)
+    dataset.close()
+    changed = tmp_path / "decode_pool.py"
+    changed.write_bytes(Path(decode_pool.__file__).read_bytes() + b"\n# decoded differently\n")
+    monkeypatch.setattr(decode_pool, "__file__", str(changed))
+    dataset, again = prepare_cache(tmp_path / "images", 16, tmp_path / "cache", workers=0)
+    dataset.close()
+    assert again.built and again.path != report.path
