@@ -125,7 +125,7 @@ class DeviceLoader:
         self.train = train
         self.index = index  # among the Trainer's training loaders; 0 is the primary
         self.authors = choice.implementation.startswith(AUTHORS)  # the author built it: devplug does not reseed it
-        self.drawn = 0  # batches drawn in the current epoch
+        self.drawn = 0  # batches drawn in the current epoch (a loader beside the primary: in its current pass)
         self._epoch: int | None = None
         self._move = None if choice.on_device else move
         self._on_batch = on_batch
@@ -227,7 +227,10 @@ class DeviceLoader:
         pending: Any = _END  # the primary loader's batch drawn ahead (looked at), not yet handed out
         try:
             position = self.position
-            if self.train and self._epoch != position.epoch:
+            fresh = not isinstance(self.choice.loader, collections.abc.Iterator)  # iter() starts a fresh pass
+            if self.train and (self._epoch != position.epoch or (fresh and not self.primary)):
+                # a fresh pass of a loader iterated alongside the primary starts from its first batch again (one
+                # shorter than the primary's epoch is iterated again when it runs out): a resume skips into it
                 self._epoch, self.drawn = position.epoch, 0
             self._prepare_epoch(position.epoch)
             if self.primary:
