@@ -260,6 +260,8 @@ class DeviceLoader:
             while position.steps_left():
                 if before_batch is not None:
                     before_batch()  # a profiler window opens or closes here
+                if self._stopping():  # before the clock: a check across ranks waits for the slowest, not the loader
+                    return
                 asked = clock()  # the loop waits for the loader from here to the yield (no device sync)
                 mark = region("data_wait") if region is not None else None
                 if mark is None:
@@ -307,16 +309,18 @@ class DeviceLoader:
             yield batch
         self._used_up = True
 
-    def _draw(self, batches: Iterator[Any], pending: Any, lookahead: bool) -> tuple[Any, Any]:
-        """The primary loader's next batch, moved, and the one looked ahead at; ``_END`` at the end or on a stop.
-
-        A stop signal ends the epoch between steps, before the next step begins (``position.stopped``).
-        """
+    def _stopping(self) -> bool:
+        """True when a stop signal ends the epoch here, between steps, before the next one (``position.stopped``)."""
         position = self.position
         if position.stop_check is not None and (position.accumulation == 1 or position.window_closed()) \
                 and position.stop_check():
             position.stopped = True
-            return _END, pending
+            return True
+        return False
+
+    def _draw(self, batches: Iterator[Any], pending: Any, lookahead: bool) -> tuple[Any, Any]:
+        """The primary loader's next batch, moved, and the one looked ahead at; ``_END`` at the end."""
+        position = self.position
         try:
             batch = pending if lookahead else next(batches, _END)
             if batch is not _END and lookahead:
