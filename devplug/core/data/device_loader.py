@@ -132,6 +132,7 @@ class DeviceLoader:
         self._before_batch = before_batch
         self._after_batches = after_batches
         self._used_up = False  # an iterator source that reached its end
+        self.passing = False  # a pass is open: started and neither ended nor closed (the author may still hold it)
         self._held: Any = _END  # an iterator source's batch drawn ahead by a pass left early: its next pass's first
         self._region = region
         self._on_data_lost = on_data_lost
@@ -226,6 +227,7 @@ class DeviceLoader:
         started: Any = None  # the loader's iterator for this pass, once made
         pending: Any = _END  # the primary loader's batch drawn ahead (looked at), not yet handed out
         try:
+            self.passing = True
             position = self.position
             fresh = not isinstance(self.choice.loader, collections.abc.Iterator)  # iter() starts a fresh pass
             if self.train and (self._epoch != position.epoch or (fresh and not self.primary)):
@@ -274,6 +276,7 @@ class DeviceLoader:
                 on_batch(batch_size(batch), clock() - asked)
                 yield batch
         finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
+            self.passing = False
             if pending is not _END and started is self.choice.loader:
                 self._held = pending  # drawn from the author's iterator and never trained on: the next pass's first
             if started is not None and started is not getattr(self.choice.loader, "_iterator", None):
