@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
 
 from devplug.core.contract.records import ImageFolderSource, LoaderChoice, LoaderOptions
 from devplug.core.data.position import LoopPosition, ResumePoint, batch_size
@@ -73,8 +73,11 @@ def own_loader_choice(source: Any, batch_size: int | None) -> LoaderChoice:
         if batch_size is not None and source.batch_size is not None and batch_size != source.batch_size:
             raise ConfigError(f"batch_size={batch_size} differs from your DataLoader's batch_size="
                               f"{source.batch_size}; leave batch_size out for a DataLoader you built")
+        sampler = source.sampler
+        if type(source.batch_sampler) is BatchSampler:  # the sampler that orders: inside a batch_sampler= given,
+            sampler = source.batch_sampler.sampler  # where source.sampler is a SequentialSampler torch put in
         return LoaderChoice(loader=source, implementation=f"{AUTHORS} DataLoader(workers={source.num_workers})",
-                            sampler=source.sampler)
+                            sampler=sampler)
     return LoaderChoice(loader=source, implementation=f"{AUTHORS} iterable ({type(source).__name__})")
 
 
@@ -82,6 +85,11 @@ def reproducible_order(choice: LoaderChoice) -> str:
     """Why the loader's batch order can be replayed after a resume ('' when it can)."""
     loader, sampler = choice.loader, choice.sampler
     if isinstance(loader, DataLoader):
+        batches = loader.batch_sampler
+        if batches is not None and type(batches) is not BatchSampler:  # the author's own: it alone orders
+            if hasattr(batches, "set_epoch"):
+                return ""
+            return f"its batch sampler {type(batches).__name__} has no set_epoch, so devplug cannot replay its order"
         if isinstance(sampler, (DistributedSampler, SequentialSampler)) or hasattr(sampler, "set_epoch"):
             return ""
         if isinstance(sampler, RandomSampler):
