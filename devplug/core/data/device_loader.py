@@ -45,6 +45,9 @@ def loader_options(*, num_workers: int | None, pin_memory: bool | None, prefetch
     """
     automatic = {name for name, value in (("num_workers", num_workers), ("pin_memory", pin_memory),
                                           ("prefetch_factor", prefetch_factor)) if value is None}
+    for name, value in (("batch_size", values.get("batch_size")), ("prefetch_factor", prefetch_factor)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"invalid data loader option: {name} must be a positive integer, got {value!r}")
     try:
         return LoaderOptions(
             num_workers=default_workers() if num_workers is None else num_workers, pin_memory=pin_memory,

@@ -138,3 +138,13 @@ def test_an_iterable_dataset_with_shuffle_or_a_sampler_is_the_authors_error_in_o
     message = str(info.value)
     assert "IterableDataset" in message and next(iter(option)) in message and "\n" not in message
     assert "plugin" not in message
+
+
+@pytest.mark.parametrize(("option", "value"), [("prefetch_factor", 0), ("prefetch_factor", 2.5),
+                                               ("batch_size", 2.5), ("batch_size", True)])
+def test_a_loader_option_that_is_not_a_positive_integer_is_one_config_error_line(option, value):
+    trainer = devplug.Trainer(device="cpu", progress=False)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 3))
+    options = {"batch_size": 4, "num_workers": 2, option: value}
+    with pytest.raises(devplug.ConfigError, match=rf"^invalid data loader option: {option} must be a positive integer"):
+        next(iter(trainer.dataloader(data, **options)))
