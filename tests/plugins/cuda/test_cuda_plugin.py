@@ -278,6 +278,28 @@ def test_options_apex_cannot_honour_go_to_torch_with_the_reason(apex_standin, op
     assert apex_standin.CALLS == []
 
 
+@pytest.mark.parametrize(("group", "reason"), [
+    ({"amsgrad": True}, "no equivalent of amsgrad=True (in a parameter group)"),
+    ({"maximize": True}, "no equivalent of maximize=True (in a parameter group)"),
+    ({"decoupled_weight_decay": True, "weight_decay": 0.1}, "decoupled_weight_decay once for all parameter groups"),
+])
+def test_an_option_apex_cannot_honour_in_a_parameter_group_goes_to_torch(apex_standin, group, reason):
+    model = tiny_model()
+    params = [{"params": list(model[0].parameters())}, {"params": list(model[2].parameters()), **group}]
+    choice = cuda_plugin.devplug_optimizer(device=cuda_device(), name="adam", params=params, options={})
+    assert choice.implementation == "torch.optim.Adam(fused=True)" and reason in choice.reason
+    assert apex_standin.CALLS == []
+    assert choice.optimizer.param_groups[1][next(iter(group))] is True  # torch honours it
+
+
+def test_a_parameter_groups_own_settings_and_keys_still_use_apex(apex_standin):
+    model = tiny_model()
+    params = [{"params": list(model[0].parameters()), "lr": 0.1, "weight_decay": 0.01, "name": "first"},
+              {"params": list(model[2].parameters()), "amsgrad": False}]
+    choice = cuda_plugin.devplug_optimizer(device=cuda_device(), name="adam", params=params, options={})
+    assert choice.implementation.startswith("apex.optimizers.FusedAdam")
+
+
 def test_amsgrad_false_and_other_torch_defaults_still_use_apex(apex_standin):
     choice = cuda_plugin.devplug_optimizer(device=cuda_device(), name="adam", params=tiny_model().parameters(),
                                            options={"amsgrad": False, "maximize": False})
