@@ -85,9 +85,12 @@ def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str,
     if "fused" in options or "foreach" in options or not supports_fused(key):
         return None
     cls = torch_optimizer_class(key)
+    # torch writes its defaults (fused=True) into the group dicts it is given, also when it then refuses the
+    # options: a refused attempt must leave the author's groups as they were for the default kernel
+    groups = [dict(group) if isinstance(group, dict) else group for group in params]
     try:
         # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
-        optimizer = cls(params, fused=True, **options)  # type: ignore[call-arg]
+        optimizer = cls(groups, fused=True, **options)  # type: ignore[call-arg]
     except (RuntimeError, ValueError, TypeError):
         return None
     return OptimizerChoice(optimizer, f"torch.optim.{cls.__name__}(fused=True)")
