@@ -61,6 +61,20 @@ def own_choice(cls: type[torch.optim.Optimizer], params: list[Any], options: dic
     return OptimizerChoice(optimizer, f"{cls.__module__}.{cls.__qualname__}", reason="the author's class")
 
 
+def listed_params(params: Iterable[Any]) -> list[Any]:
+    """``params`` as a list, each parameter group's ``params`` made a list in place (as torch's optimizers do).
+
+    Groups are often given with generators (``{"params": layer.parameters(), "lr": 0.1}``): read once to
+    find the module that owns them, or by an implementation a plugin tried first, they would leave the
+    optimizer built next with empty groups.
+    """
+    listed = list(params)
+    for item in listed:
+        if isinstance(item, dict) and not isinstance(item.get("params"), (torch.Tensor, list, set)):
+            item["params"] = list(item["params"])
+    return listed
+
+
 def _param_ids(params: Iterable[Any]) -> set[int]:
     """The ids of the tensors among ``params``: tensors, ``(name, tensor)`` pairs (``named_parameters()``), groups."""
     ids: set[int] = set()
