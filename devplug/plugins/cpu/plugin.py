@@ -85,13 +85,18 @@ def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str,
     if "fused" in options or "foreach" in options or not supports_fused(key):
         return None
     cls = torch_optimizer_class(key)
+    params = list(params)
     # torch writes its defaults (fused=True) into the group dicts it is given, also when it then refuses the
-    # options: a refused attempt must leave the author's groups as they were for the default kernel
-    groups = [dict(group) if isinstance(group, dict) else group for group in params]
+    # options: a refused attempt leaves the author's groups as they were (with the params list torch made)
+    saved = [(group, dict(group)) for group in params if isinstance(group, dict)]
     try:
         # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
-        optimizer = cls(groups, fused=True, **options)  # type: ignore[call-arg]
+        optimizer = cls(params, fused=True, **options)  # type: ignore[call-arg]
     except (RuntimeError, ValueError, TypeError):
+        for group, before in saved:
+            listed = {"params": group["params"]} if "params" in group else {}
+            group.clear()
+            group.update(before, **listed)
         return None
     return OptimizerChoice(optimizer, f"torch.optim.{cls.__name__}(fused=True)")
 

@@ -71,3 +71,10 @@ def test_the_default_kernel_after_a_refused_one_is_built_over_the_authors_groups
     choice = sharded_torch_optimizer("adam", groups, {"lr": 0.1, "differentiable": True}, "fused", "the plan's")
     assert choice.implementation == "torch.optim.Adam"
     assert not choice.optimizer.param_groups[0]["fused"] and choice.optimizer.param_groups[0]["lr"] == 0.5
+
+
+def test_the_fused_optimizer_holds_the_authors_group_dicts_as_torch_does():
+    trainer, model = _trainer_and_model()
+    groups = [{"params": [model.weight], "lr": 0.1}, {"params": [model.bias], "lr": 0.01}]
+    optimizer = trainer.optimizer("adam", groups)
+    assert all(held is given for held, given in zip(optimizer.param_groups, groups, strict=True))
