@@ -53,11 +53,12 @@ def build_choice(algorithm: str, own_class: type[torch.optim.Optimizer] | None, 
 
 
 def own_choice(cls: type[torch.optim.Optimizer], params: list[Any], options: dict[str, Any]) -> OptimizerChoice:
-    """An author's own optimizer class, built as it is."""
+    """An author's own optimizer class, built as it is; options it refuses are a one-line `OptimizerError`."""
     try:
         optimizer = cls(params, **options)
-    except TypeError as exc:
-        raise OptimizerError(f"cannot build {cls.__qualname__} with {sorted(options)}: {exc}") from exc
+    except (TypeError, ValueError, RuntimeError) as exc:  # an unknown option, a value out of range, a conflict
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise OptimizerError(f"cannot build {cls.__qualname__} with {sorted(options)}: {text}") from exc
     return OptimizerChoice(optimizer, f"{cls.__module__}.{cls.__qualname__}", reason="the author's class")
 
 
