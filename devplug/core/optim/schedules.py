@@ -129,8 +129,8 @@ class LRSchedule:
     def scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
         """The same schedule as a ``torch.optim.lr_scheduler.LambdaLR`` (call ``.step()`` after each step).
 
-        Its state (``last_epoch``) is not in devplug checkpoints; pass ``scheduler.state_dict()`` to
-        ``trainer.save(..., scheduler=...)`` or prefer `apply`.
+        Its state (``last_epoch``) is in devplug checkpoints only once registered,
+        ``trainer.register_for_checkpointing(scheduler=scheduler)`` (then restored on load too); or prefer `apply`.
         """
         # LambdaLR evaluates epoch 0 for the first optimizer step; our steps count from 1.
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda index: self.factor(index + 1))
