@@ -27,3 +27,43 @@ def test_the_collective_check_leaves_no_launch_behind_for_the_training_check(sta
     assert check_collective_setup(dut).startswith("backend hccl")
     assert dict(os.environ) == before
     assert "loss" in check_training(dut, "32-true")
+
+
+class _FakeAccelerator:
+    """torch.accelerator's current-device API over a set of devices (as on a machine with several GPUs)."""
+
+    def __init__(self) -> None:
+        self.index = 0
+
+    def is_available(self) -> bool:
+        return True
+
+    def current_device_index(self) -> int:
+        return self.index
+
+    def set_device_index(self, index: int) -> None:
+        self.index = index
+
+
+def test_the_collective_check_puts_back_the_current_device_its_hook_selected(monkeypatch):
+    import torch
+
+    import devplug
+
+    accelerator = _FakeAccelerator()
+    monkeypatch.setattr(torch, "accelerator", accelerator)
+
+    class SelectsADevice:
+        """Selects the pretend launch's device the way the CUDA plugin's torch.cuda.set_device does."""
+
+        DEVPLUG_CONTRACT = devplug.CONTRACT_VERSION
+
+        @devplug.hookimpl
+        def devplug_collective_setup(self, device, launch):
+            accelerator.set_device_index(launch.local_rank + 3)
+            return devplug.CollectiveSetup(backend="gloo")
+
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("selects", SelectsADevice())])
+    dut = open_device("cpu", pm)
+    assert check_collective_setup(dut).startswith("backend gloo")
+    assert accelerator.index == 0

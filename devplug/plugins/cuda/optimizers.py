@@ -138,6 +138,36 @@ def apex_arguments(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any
     return kwargs, ""
 
 
+def group_options_reason(name: str, params: list[Any], options: Mapping[str, Any]) -> str:
+    """Why apex cannot honour an option set in one of the parameter groups of ``params`` ("" when it can).
+
+    apex reads only its own keys from a group, so a torch option there (``amsgrad=True``, ``maximize=True``)
+    would be ignored without a word; so would a group's ``decoupled_weight_decay`` other than the optimizer's,
+    as apex's FusedAdam takes that mode once for all groups. Keys that are no torch option (a group's own
+    ``name``, say) are the author's and ignored by torch too.
+    """
+    key = name.lower()
+    cls_name = APEX_CLASSES[key]
+    if cls_name == "FusedLAMB":
+        return ""
+    defaults = torch_optimizer_defaults(torch_optimizer_class(key))
+    decoupled = bool(options.get("decoupled_weight_decay", key == "adamw"))
+    for group in params:
+        if not isinstance(group, Mapping):
+            continue
+        for option, value in group.items():
+            if option == "params" or option in _SHARED[cls_name] or option in _APEX_ONLY[cls_name]:
+                continue
+            if option == "decoupled_weight_decay" and key == "adam":
+                if bool(value) != decoupled:
+                    return (f"apex.optimizers.{cls_name} takes decoupled_weight_decay once for all parameter "
+                            f"groups, and one group asks for {value!r}")
+                continue
+            if option in defaults and value != defaults[option]:
+                return f"apex.optimizers.{cls_name} has no equivalent of {option}={value!r} (in a parameter group)"
+    return ""
+
+
 @functools.cache
 def with_set_to_none(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
     """``cls`` itself when its ``zero_grad`` accepts ``set_to_none``; else a subclass whose one does.
@@ -221,6 +251,9 @@ def build_apex(name: str, params: list[Any], options: Mapping[str, Any], apex: A
         return f"this NVIDIA apex has no apex.optimizers.{cls_name}"
     kwargs, reason = apex_arguments(name, options)
     if kwargs is None:
+        return reason
+    reason = group_options_reason(name, params, options)
+    if reason:
         return reason
     built: Any = with_set_to_none(cls)
     if kwargs.get("capturable"):

@@ -25,6 +25,7 @@ from devplug import (
     CONTRACT_VERSION,
     CollectiveSetup,
     CompilePlan,
+    ConfigError,
     Device,
     DeviceSpec,
     DevplugError,
@@ -125,11 +126,18 @@ def local_device_index(device: Device, launch: LaunchInfo) -> int:
     """The GPU this process drives: an explicit ``cuda:N``, else the launcher's local rank.
 
     When each process sees fewer GPUs than the local rank (a launcher that sets
-    ``CUDA_VISIBLE_DEVICES`` per process), the local rank is folded onto the visible ones.
+    ``CUDA_VISIBLE_DEVICES`` per process), the local rank is folded onto the visible ones. An explicit
+    ``cuda:N`` for several processes of a node that each see its GPUs is refused in one line: they would all
+    drive GPU ``N``, which NCCL refuses with an error that names no flag.
     """
-    if device.index is not None:
-        return device.index
     count = device_count()
+    if device.index is not None:
+        if launch.local_world_size > 1 and count >= launch.local_world_size:
+            raise ConfigError(
+                f"device 'cuda:{device.index}' names one GPU for all {launch.local_world_size} processes on this "
+                f"node, which share its {count} GPUs: each process needs a GPU of its own; give device='cuda' "
+                "(each process then drives the GPU of its local rank)")
+        return device.index
     return launch.local_rank % count if 0 < count <= launch.local_rank else launch.local_rank
 
 

@@ -37,6 +37,25 @@ def _environment_kept() -> Iterator[None]:
                 os.environ[name] = value
 
 
+@contextlib.contextmanager
+def _current_device_kept() -> Iterator[None]:
+    """Put back the process's current accelerator device (the hook selects the pretend launch's, as
+    ``torch.cuda.set_device`` does), so what the kit runs next runs where it ran before."""
+    import torch
+
+    accelerator: Any = getattr(torch, "accelerator", None)
+    try:
+        index = accelerator.current_device_index() if accelerator is not None and accelerator.is_available() else None
+    except (RuntimeError, AttributeError):
+        index = None
+    try:
+        yield
+    finally:
+        if index is not None:
+            with contextlib.suppress(RuntimeError):
+                accelerator.set_device_index(index)
+
+
 def _parameters(fn: Callable[..., Any]) -> set[str]:
     return set(inspect.signature(fn).parameters) - {"self", "module"}
 
@@ -47,14 +66,15 @@ def check_collective_setup(dut: DeviceUnderTest) -> str:
 
     A backend counts as known when it is in ``torch.distributed.Backend.backend_list`` after the hook
     ran, which includes backends a plugin registers with ``Backend.register_backend`` (HCCL, for one). The
-    environment variables the hook sets for that pretend launch are put back afterwards.
+    environment variables the hook sets for that pretend launch, and the current accelerator device it
+    selects, are put back afterwards.
     """
     import torch.distributed as dist
 
     if not dist.is_available():
         raise NotApplicable("this torch build has no torch.distributed")
     launch = LaunchInfo(rank=0, world_size=2, local_rank=0, local_world_size=2, launcher="torchrun")
-    with _environment_kept():
+    with _environment_kept(), _current_device_kept():
         setup = dut.hooks(hookspecs.devplug_collective_setup, launch=launch)
     if not isinstance(setup, CollectiveSetup):
         raise dut.fail(f"devplug_collective_setup returned {setup!r}, not a devplug.CollectiveSetup")

@@ -278,6 +278,28 @@ def test_options_apex_cannot_honour_go_to_torch_with_the_reason(apex_standin, op
     assert apex_standin.CALLS == []
 
 
+@pytest.mark.parametrize(("group", "reason"), [
+    ({"amsgrad": True}, "no equivalent of amsgrad=True (in a parameter group)"),
+    ({"maximize": True}, "no equivalent of maximize=True (in a parameter group)"),
+    ({"decoupled_weight_decay": True, "weight_decay": 0.1}, "decoupled_weight_decay once for all parameter groups"),
+])
+def test_an_option_apex_cannot_honour_in_a_parameter_group_goes_to_torch(apex_standin, group, reason):
+    model = tiny_model()
+    params = [{"params": list(model[0].parameters())}, {"params": list(model[2].parameters()), **group}]
+    choice = cuda_plugin.devplug_optimizer(device=cuda_device(), name="adam", params=params, options={})
+    assert choice.implementation == "torch.optim.Adam(fused=True)" and reason in choice.reason
+    assert apex_standin.CALLS == []
+    assert choice.optimizer.param_groups[1][next(iter(group))] is True  # torch honours it
+
+
+def test_a_parameter_groups_own_settings_and_keys_still_use_apex(apex_standin):
+    model = tiny_model()
+    params = [{"params": list(model[0].parameters()), "lr": 0.1, "weight_decay": 0.01, "name": "first"},
+              {"params": list(model[2].parameters()), "amsgrad": False}]
+    choice = cuda_plugin.devplug_optimizer(device=cuda_device(), name="adam", params=params, options={})
+    assert choice.implementation.startswith("apex.optimizers.FusedAdam")
+
+
 def test_amsgrad_false_and_other_torch_defaults_still_use_apex(apex_standin):
     choice = cuda_plugin.devplug_optimizer(device=cuda_device(), name="adam", params=tiny_model().parameters(),
                                            options={"amsgrad": False, "maximize": False})
@@ -486,6 +508,24 @@ def test_collective_setup_with_one_visible_gpu_per_process(monkeypatch):
     setup = cuda_plugin.devplug_collective_setup(device=cuda_device(), launch=LaunchInfo(rank=3, world_size=4,
                                                                                         local_rank=3))
     assert runtime.set_device_calls == [0] and setup.ddp_kwargs["device_ids"] == [0]
+
+
+def test_an_explicit_gpu_for_every_process_of_a_node_is_one_clear_line(monkeypatch):
+    runtime = FakeCudaRuntime(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    launch = LaunchInfo(rank=1, world_size=4, local_rank=1, local_world_size=4)
+    with pytest.raises(devplug.ConfigError, match=r"device 'cuda:0' names one GPU for all 4 processes on this node.*"
+                                                  r"give device='cuda'"):
+        cuda_plugin.devplug_collective_setup(device=cuda_device(index=0), launch=launch)
+    assert runtime.set_device_calls == []
+    # one visible GPU per process (CUDA_VISIBLE_DEVICES set per process): cuda:0 is each process's own
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    setup = cuda_plugin.devplug_collective_setup(device=cuda_device(index=0), launch=launch)
+    assert runtime.set_device_calls == [0] and setup.ddp_kwargs["device_ids"] == [0]
+    # a single process: cuda:N is that GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert cuda_plugin.devplug_collective_setup(device=cuda_device(index=2), launch=LaunchInfo()).ddp_kwargs[
+        "device_ids"] == [2]
 
 
 def test_compile_uses_cuda_graphs_mode_when_asked(monkeypatch):
