@@ -70,8 +70,11 @@ def listed_params(params: Iterable[Any]) -> list[Any]:
     optimizer built next with empty groups.
     """
     listed = list(params)
-    for item in listed:
-        if isinstance(item, dict) and not isinstance(item.get("params"), (torch.Tensor, list, set)):
+    for number, item in enumerate(listed):
+        if isinstance(item, Mapping) and "params" not in item:
+            raise OptimizerError(f"parameter group {number} has no 'params': give each group as "
+                                 "{'params': [...], 'lr': ...}")
+        if isinstance(item, dict) and not isinstance(item["params"], (torch.Tensor, list, set)):
             item["params"] = list(item["params"])
     return listed
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import devplug
@@ -28,3 +29,10 @@ def test_parameter_groups_given_as_generators_keep_their_parameters():
     named = trainer.optimizer("sgd", [{"params": model.named_parameters()}], lr=0.1)
     assert named.param_groups[0]["params"] == list(model.parameters())
     assert "model" in trainer._optimizers  # keyed by the module that owns them
+
+
+def test_a_parameter_group_without_params_is_one_line():
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
+    trainer.setup(torch.nn.Linear(2, 1))
+    with pytest.raises(devplug.OptimizerError, match=r"parameter group 0 has no 'params'"):
+        trainer.optimizer("adam", [{"lr": 0.1}])
