@@ -278,3 +278,71 @@ def test_the_cache_survives_being_opened_in_a_new_process(tmp_path):
     dataset, _report = prepare_cache(tmp_path / "images", 16, tmp_path / "cache", workers=0)
     copy = pickle.loads(pickle.dumps(dataset))  # what a spawned loader worker receives: no lock, no map
     assert copy.lock is None and torch.equal(copy[3][0], dataset[3][0])
+
+
+def test_a_job_that_finds_the_cache_being_built_waits_for_it_on_a_disk_with_room_for_one(tmp_path, monkeypatch):
+    write_jpegs(tmp_path / "images", 20)
+    cache = tmp_path / "cache"
+    need = len(writer.npy_header((20, 3, 16, 16))) + 20 * 3 * 16 * 16
+    real_usage = shutil.disk_usage
+
+    def disk_with_room_for_one(path):  # a disk of 1.5 caches: what the cache folder holds is used
+        used = sum(p.stat().st_size for p in cache.iterdir() if p.is_file())
+        total = real_usage(path).total
+        return shutil._ntuple_diskusage(total, total - need * 3 // 2 + used, need * 3 // 2 - used)
+
+    monkeypatch.setattr(writer.shutil, "disk_usage", disk_with_room_for_one)
+    building, release = threading.Event(), threading.Event()
+
+    def slow_progress(done: int, total: int) -> None:  # the first job holds its half-written file here
+        building.set()
+        assert release.wait(timeout=30)
+
+    first: list = []
+    thread = threading.Thread(target=lambda: first.append(
+        prepare_cache(tmp_path / "images", 16, cache, workers=0, progress=slow_progress)))
+    thread.start()
+    assert building.wait(timeout=30)
+    try:
+        dataset, report = prepare_cache(tmp_path / "images", 16, cache, workers=0,
+                                        on_wait=lambda path: release.set())
+    finally:
+        release.set()
+        thread.join(timeout=60)
+    assert first and first[0][1].built and not report.built and len(dataset) == 20
+    dataset.close()
+    first[0][0].close()
+
+
+# ---- what a cache was decoded with ---------------------------------------------------------------------
+
+
+def test_a_cache_decoded_by_another_pillow_is_rebuilt_not_reused(tmp_path, monkeypatch):
+    """The cached pixels are what Pillow decoded: a cache built under another Pillow (another JPEG decoder,
+    other resampling) would train on other pixels than the folder's own loader reads."""
+    import PIL
+
+    write_jpegs(tmp_path / "images", 4)
+    dataset, report = prepare_cache(tmp_path / "images", 16, tmp_path / "cache", workers=0)
+    dataset.close()
+    assert report.built
+    monkeypatch.setattr(PIL, "__version__", "0.0.1")
+    dataset, again = prepare_cache(tmp_path / "images", 16, tmp_path / "cache", workers=0)
+    dataset.close()
+    assert again.built and again.path != report.path
+
+
+def test_a_cache_decoded_by_other_decoding_code_is_rebuilt_not_reused(tmp_path, monkeypatch):
+    """A change to how devplug decodes images (16-bit TIFFs scaled differently, say) makes a new cache: the old
+    one holds the old decoder's pixels."""
+    import dcgan.cache.decode_pool as decode_pool
+
+    write_jpegs(tmp_path / "images", 4)
+    dataset, report = prepare_cache(tmp_path / "images", 16, tmp_path / "cache", workers=0)
+    dataset.close()
+    changed = tmp_path / "decode_pool.py"
+    changed.write_bytes(Path(decode_pool.__file__).read_bytes() + b"\n# decoded differently\n")
+    monkeypatch.setattr(decode_pool, "__file__", str(changed))
+    dataset, again = prepare_cache(tmp_path / "images", 16, tmp_path / "cache", workers=0)
+    dataset.close()
+    assert again.built and again.path != report.path

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
 
 from devplug.core.contract.records import ImageFolderSource, LoaderChoice, LoaderOptions
 from devplug.core.data.position import LoopPosition, ResumePoint, batch_size
@@ -45,6 +45,9 @@ def loader_options(*, num_workers: int | None, pin_memory: bool | None, prefetch
     """
     automatic = {name for name, value in (("num_workers", num_workers), ("pin_memory", pin_memory),
                                           ("prefetch_factor", prefetch_factor)) if value is None}
+    for name, value in (("batch_size", values.get("batch_size")), ("prefetch_factor", prefetch_factor)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"invalid data loader option: {name} must be a positive integer, got {value!r}")
     try:
         return LoaderOptions(
             num_workers=default_workers() if num_workers is None else num_workers, pin_memory=pin_memory,
@@ -73,8 +76,11 @@ def own_loader_choice(source: Any, batch_size: int | None) -> LoaderChoice:
         if batch_size is not None and source.batch_size is not None and batch_size != source.batch_size:
             raise ConfigError(f"batch_size={batch_size} differs from your DataLoader's batch_size="
                               f"{source.batch_size}; leave batch_size out for a DataLoader you built")
+        sampler = source.sampler
+        if type(source.batch_sampler) is BatchSampler:  # the sampler that orders: inside a batch_sampler= given,
+            sampler = source.batch_sampler.sampler  # where source.sampler is a SequentialSampler torch put in
         return LoaderChoice(loader=source, implementation=f"{AUTHORS} DataLoader(workers={source.num_workers})",
-                            sampler=source.sampler)
+                            sampler=sampler)
     return LoaderChoice(loader=source, implementation=f"{AUTHORS} iterable ({type(source).__name__})")
 
 
@@ -82,6 +88,11 @@ def reproducible_order(choice: LoaderChoice) -> str:
     """Why the loader's batch order can be replayed after a resume ('' when it can)."""
     loader, sampler = choice.loader, choice.sampler
     if isinstance(loader, DataLoader):
+        batches = loader.batch_sampler
+        if batches is not None and type(batches) is not BatchSampler:  # the author's own: it alone orders
+            if hasattr(batches, "set_epoch"):
+                return ""
+            return f"its batch sampler {type(batches).__name__} has no set_epoch, so devplug cannot replay its order"
         if isinstance(sampler, (DistributedSampler, SequentialSampler)) or hasattr(sampler, "set_epoch"):
             return ""
         if isinstance(sampler, RandomSampler):
@@ -125,13 +136,14 @@ class DeviceLoader:
         self.train = train
         self.index = index  # among the Trainer's training loaders; 0 is the primary
         self.authors = choice.implementation.startswith(AUTHORS)  # the author built it: devplug does not reseed it
-        self.drawn = 0  # batches drawn in the current epoch
+        self.drawn = 0  # batches drawn in the current epoch (a loader beside the primary: in its current pass)
         self._epoch: int | None = None
         self._move = None if choice.on_device else move
         self._on_batch = on_batch
         self._before_batch = before_batch
         self._after_batches = after_batches
         self._used_up = False  # an iterator source that reached its end
+        self.passing = False  # a pass is open: started and neither ended nor closed (the author may still hold it)
         self._held: Any = _END  # an iterator source's batch drawn ahead by a pass left early: its next pass's first
         self._region = region
         self._on_data_lost = on_data_lost
@@ -226,8 +238,12 @@ class DeviceLoader:
         started: Any = None  # the loader's iterator for this pass, once made
         pending: Any = _END  # the primary loader's batch drawn ahead (looked at), not yet handed out
         try:
+            self.passing = True
             position = self.position
-            if self.train and self._epoch != position.epoch:
+            fresh = not isinstance(self.choice.loader, collections.abc.Iterator)  # iter() starts a fresh pass
+            if self.train and (self._epoch != position.epoch or (fresh and not self.primary)):
+                # a fresh pass of a loader iterated alongside the primary starts from its first batch again (one
+                # shorter than the primary's epoch is iterated again when it runs out): a resume skips into it
                 self._epoch, self.drawn = position.epoch, 0
             self._prepare_epoch(position.epoch)
             if self.primary:
@@ -257,6 +273,8 @@ class DeviceLoader:
             while position.steps_left():
                 if before_batch is not None:
                     before_batch()  # a profiler window opens or closes here
+                if self._stopping():  # before the clock: a check across ranks waits for the slowest, not the loader
+                    return
                 asked = clock()  # the loop waits for the loader from here to the yield (no device sync)
                 mark = region("data_wait") if region is not None else None
                 if mark is None:
@@ -269,6 +287,7 @@ class DeviceLoader:
                 on_batch(batch_size(batch), clock() - asked)
                 yield batch
         finally:  # the epoch ended, or the loop left it (break, exception): end what a step boundary would
+            self.passing = False
             if pending is not _END and started is self.choice.loader:
                 self._held = pending  # drawn from the author's iterator and never trained on: the next pass's first
             if started is not None and started is not getattr(self.choice.loader, "_iterator", None):
@@ -304,16 +323,18 @@ class DeviceLoader:
             yield batch
         self._used_up = True
 
-    def _draw(self, batches: Iterator[Any], pending: Any, lookahead: bool) -> tuple[Any, Any]:
-        """The primary loader's next batch, moved, and the one looked ahead at; ``_END`` at the end or on a stop.
-
-        A stop signal ends the epoch between steps, before the next step begins (``position.stopped``).
-        """
+    def _stopping(self) -> bool:
+        """True when a stop signal ends the epoch here, between steps, before the next one (``position.stopped``)."""
         position = self.position
         if position.stop_check is not None and (position.accumulation == 1 or position.window_closed()) \
                 and position.stop_check():
             position.stopped = True
-            return _END, pending
+            return True
+        return False
+
+    def _draw(self, batches: Iterator[Any], pending: Any, lookahead: bool) -> tuple[Any, Any]:
+        """The primary loader's next batch, moved, and the one looked ahead at; ``_END`` at the end."""
+        position = self.position
         try:
             batch = pending if lookahead else next(batches, _END)
             if batch is not _END and lookahead:

@@ -20,7 +20,7 @@ from devplug.core.contract.records import ImageFolderSource, LoaderChoice, Loade
 from devplug.core.data.evaluation import EvaluationSampler
 from devplug.core.data.images import display_path, load_rgb, printable
 from devplug.core.data.tuning import tune_loader
-from devplug.core.errors import DataError
+from devplug.core.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +285,11 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
         size = None
     if size == 0:
         raise DataError("the dataset is empty; give the loader at least one sample")
+    if isinstance(dataset, IterableDataset) and (options.shuffle or options.sampler is not None):
+        given = "shuffle=True" if options.shuffle else "a sampler"
+        raise ConfigError(f"the IterableDataset {type(dataset).__name__} yields its samples in its own order, so "
+                          f"{given} cannot apply to it; leave it out (shuffle inside the data set), or give a "
+                          "Dataset indexed by position")
     if compute_competes is not None:
         options, tuned = tune_loader(dataset, options, compute_competes=compute_competes)
         reason = "; ".join(part for part in (reason, tuned) if part)

@@ -734,12 +734,12 @@ class Trainer:
                 self._stop_loader_workers()  # the loop is over: its loaders' worker processes end now, not at GC
 
     def _continue_epoch(self) -> None:
-        # the primary loader's next pass starts where this process left the epoch, as a resume from a checkpoint
-        # saved there would, instead of reading the epoch's batches again; an iterator (a generator) goes on by
-        # itself
-        primary = next((loader for loader in self._loaders if loader.primary), None)
-        if primary is not None and not isinstance(primary.choice.loader, Iterator):
-            self._position.resume_points[primary.index] = primary.resume_point(self.world_size)
+        # each training loader's next pass starts where this process left the epoch, as a resume from a checkpoint
+        # saved there would, instead of reading the epoch's batches again; an iterator (a generator), and a pass
+        # the author still holds open (a loader beside the primary, cycled by the author), go on by themselves
+        for loader in self._loaders:
+            if loader.train and not loader.passing and not isinstance(loader.choice.loader, Iterator):
+                self._position.resume_points[loader.index] = loader.resume_point(self.world_size)
 
     def _stop_loader_workers(self) -> None:
         for loader in self._loaders:

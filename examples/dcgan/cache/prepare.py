@@ -1,7 +1,8 @@
 """Build or reuse the cache of one image folder at one image size (`prepare_cache`).
 
-The cache is keyed on the image size and on every file's path, size and modification time, so it is
-reused while the folder is unchanged and rebuilt when a file is added, removed or touched. Unreadable
+The cache is keyed on the image size, on every file's path, size and modification time, and on what decodes
+the images (Pillow's version, devplug's decoding code), so it is reused while the folder and the decoder are
+unchanged and rebuilt when a file is added, removed or touched, or the decoder changed. Unreadable
 images are skipped and counted; a folder with no readable image is an error. The build decodes on every
 core (`.decode_pool`), checks the free space first and writes a fully allocated file
 (`.writer`); versions in use are never deleted and two jobs that need the same missing cache build it
@@ -15,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +26,7 @@ import attrs
 import numpy as np
 
 from devplug import DataError
-from devplug.toolkit import available_cpus, display_path, list_images
+from devplug.toolkit import available_cpus, display_path, list_images, load_rgb
 
 from .dataset import CachedImages
 from .decode_pool import decode_files
@@ -77,12 +79,28 @@ class CacheReport:
         return text
 
 
+def _decoder() -> bytes:
+    """What the cached pixels were decoded with: Pillow's version and the code of devplug's and the cache's decoder.
+
+    A change to either (a new Pillow, a fix to how 16-bit images are scaled) makes another cache: the pixels of
+    the old one are not what the folder decodes to any more.
+    """
+    import PIL
+
+    from . import decode_pool
+
+    digest = hashlib.sha256(f"Pillow {PIL.__version__}\n".encode())
+    for module in (sys.modules[load_rgb.__module__], decode_pool):  # devplug's decoder, and the cache's
+        digest.update(Path(module.__file__ or "").read_bytes())
+    return digest.digest()
+
+
 def _cache_key(root: Path, files: list[tuple[Path, int]], image_size: int) -> tuple[str, list[tuple[Path, int]]]:
-    """Hash of image size and every file's relative path, label, size and mtime; also the stat-able files.
+    """Hash of the decoder, image size and every file's relative path, label, size and mtime; also the stat-able files.
 
     Paths are hashed as bytes, so file names that are not valid UTF-8 work.
     """
-    digest = hashlib.sha256(f"dcgan-cache {CACHE_FORMAT} {image_size}\n".encode())
+    digest = hashlib.sha256(f"dcgan-cache {CACHE_FORMAT} {image_size}\n".encode() + _decoder())
     kept = []
     for path, label in files:
         try:
@@ -165,7 +183,8 @@ def prepare_cache(
         raise DataError(f"cannot create the cache directory {display_path(directory)!r}: {exc.strerror or exc}; "
                         "pass --cache-dir") from exc
     collect_stale(directory, stem, array_path)  # frees the space of versions no job uses any more
-    _check_space(array_path, len(files), image_size)  # fail before anything is written
+    # the free space is checked under the build lock (in _build), before anything is decoded or written: a job
+    # that finds another building this cache waits and reuses it, and a dead builder's file is cleared first
     with build_lock(directory, stem, on_wait=(lambda: on_wait(array_path)) if on_wait else None):
         opened = _open_cache(meta_path, key, array_path)  # another process may have built it meanwhile
         if opened is not None:

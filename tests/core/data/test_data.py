@@ -121,3 +121,30 @@ def test_a_training_loader_with_no_whole_batch_is_one_clear_line_not_an_epoch_of
         trainer.dataloader(dataset, 8, drop_last=True)
     assert len(trainer.dataloader(dataset, 8)) == 1  # a partial batch is a batch
     assert len(trainer.dataloader(dataset, 8, drop_last=True, train=False)) == 0  # evaluation: may be empty
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(8.0).view(8, 1))
+
+
+@pytest.mark.parametrize("option", [{"shuffle": True}, {"sampler": [0, 1, 2]}])
+def test_an_iterable_dataset_with_shuffle_or_a_sampler_is_the_authors_error_in_one_line(option):
+    """An IterableDataset yields in its own order: shuffle and a sampler cannot apply (torch refuses them); the
+    error is the author's option, not a fault of the device plugin."""
+    trainer = devplug.Trainer(device="cpu", progress=False)
+    with pytest.raises(devplug.ConfigError) as info:
+        trainer.dataloader(_Stream(), batch_size=2, **option)
+    message = str(info.value)
+    assert "IterableDataset" in message and next(iter(option)) in message and "\n" not in message
+    assert "plugin" not in message
+
+
+@pytest.mark.parametrize(("option", "value"), [("prefetch_factor", 0), ("prefetch_factor", 2.5),
+                                               ("batch_size", 2.5), ("batch_size", True)])
+def test_a_loader_option_that_is_not_a_positive_integer_is_one_config_error_line(option, value):
+    trainer = devplug.Trainer(device="cpu", progress=False)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 3))
+    options = {"batch_size": 4, "num_workers": 2, option: value}
+    with pytest.raises(devplug.ConfigError, match=rf"^invalid data loader option: {option} must be a positive integer"):
+        next(iter(trainer.dataloader(data, **options)))
