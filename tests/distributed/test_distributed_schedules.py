@@ -77,6 +77,8 @@ def test_linear_and_constant_decays():
         ({"total_steps": 10, "warmup_steps": -1}, "warmup_steps must be an integer >= 0"),
         ({"total_steps": 10, "decay": "step"}, f"unknown decay 'step'; use one of {', '.join(DECAYS)}"),
         ({"total_steps": 10, "min_factor": 2}, "min_factor must be between 0 and 1"),
+        ({"total_steps": 10, "min_factor": "0.1x"}, "min_factor must be a number between 0 and 1, got '0.1x'"),
+        ({"total_steps": 10, "min_factor": None}, "min_factor must be a number between 0 and 1, got None"),
         ({"total_steps": 1000, "warmup_steps": 2000},
          r"warmup_steps \(2000\) is past total_steps \(1000\): the cosine decay would have no steps "
          r"and the learning rate drop from its peak to min_factor at once"),

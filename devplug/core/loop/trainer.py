@@ -368,9 +368,9 @@ class Trainer:
         ``name`` keys its state in checkpoints (default: the set-up module whose parameters it holds);
         another optimizer class is built as it is. ``optimizer_implementation(opt)`` names what was built.
         """
-        from devplug.core.optim.build import algorithm_name, build_choice, optimizer_key
+        from devplug.core.optim.build import algorithm_name, build_choice, listed_params, optimizer_key
 
-        params = list(params)
+        params = listed_params(params)
         algo, own_class = algorithm_name(algorithm)
         key = optimizer_key(params, self._modules, self._optimizers, algo, name)
         ask = self._strategy.optimizer_request(algo, params, options, lambda: self._hooks(

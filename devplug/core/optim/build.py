@@ -53,12 +53,30 @@ def build_choice(algorithm: str, own_class: type[torch.optim.Optimizer] | None, 
 
 
 def own_choice(cls: type[torch.optim.Optimizer], params: list[Any], options: dict[str, Any]) -> OptimizerChoice:
-    """An author's own optimizer class, built as it is."""
+    """An author's own optimizer class, built as it is; options it refuses are a one-line `OptimizerError`."""
     try:
         optimizer = cls(params, **options)
-    except TypeError as exc:
-        raise OptimizerError(f"cannot build {cls.__qualname__} with {sorted(options)}: {exc}") from exc
+    except (TypeError, ValueError, RuntimeError) as exc:  # an unknown option, a value out of range, a conflict
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise OptimizerError(f"cannot build {cls.__qualname__} with {sorted(options)}: {text}") from exc
     return OptimizerChoice(optimizer, f"{cls.__module__}.{cls.__qualname__}", reason="the author's class")
+
+
+def listed_params(params: Iterable[Any]) -> list[Any]:
+    """``params`` as a list, each parameter group's ``params`` made a list in place (as torch's optimizers do).
+
+    Groups are often given with generators (``{"params": layer.parameters(), "lr": 0.1}``): read once to
+    find the module that owns them, or by an implementation a plugin tried first, they would leave the
+    optimizer built next with empty groups.
+    """
+    listed = list(params)
+    for number, item in enumerate(listed):
+        if isinstance(item, Mapping) and "params" not in item:
+            raise OptimizerError(f"parameter group {number} has no 'params': give each group as "
+                                 "{'params': [...], 'lr': ...}")
+        if isinstance(item, dict) and not isinstance(item["params"], (torch.Tensor, list, set)):
+            item["params"] = list(item["params"])
+    return listed
 
 
 def _param_ids(params: Iterable[Any]) -> set[int]:

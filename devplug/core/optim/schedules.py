@@ -71,6 +71,13 @@ def _decay(_inst: object, _attribute: attrs.Attribute, value: str) -> None:
         raise ConfigError(f"unknown decay {value!r}; use one of {', '.join(DECAYS)}")
 
 
+def _min_factor(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]  # anything else is the one-line error below
+    except (TypeError, ValueError):
+        raise ConfigError(f"min_factor must be a number between 0 and 1, got {value!r}") from None
+
+
 def _fraction(_inst: object, attribute: attrs.Attribute, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"{attribute.name} must be between 0 and 1, got {value!r}")
@@ -94,7 +101,7 @@ class LRSchedule:
     total_steps: int = attrs.field(validator=positive_int)
     warmup_steps: int = attrs.field(default=0, validator=non_negative_int)
     decay: str = attrs.field(default="cosine", validator=_decay)
-    min_factor: float = attrs.field(default=0.0, converter=float, validator=_fraction)
+    min_factor: float = attrs.field(default=0.0, converter=_min_factor, validator=_fraction)
 
     def __attrs_post_init__(self) -> None:
         if self.decay != "none" and self.warmup_steps > self.total_steps:
@@ -129,8 +136,8 @@ class LRSchedule:
     def scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
         """The same schedule as a ``torch.optim.lr_scheduler.LambdaLR`` (call ``.step()`` after each step).
 
-        Its state (``last_epoch``) is not in devplug checkpoints; pass ``scheduler.state_dict()`` to
-        ``trainer.save(..., scheduler=...)`` or prefer `apply`.
+        Its state (``last_epoch``) is in devplug checkpoints only once registered,
+        ``trainer.register_for_checkpointing(scheduler=scheduler)`` (then restored on load too); or prefer `apply`.
         """
         # LambdaLR evaluates epoch 0 for the first optimizer step; our steps count from 1.
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda index: self.factor(index + 1))

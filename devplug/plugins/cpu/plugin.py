@@ -31,6 +31,7 @@ from devplug.toolkit import (
     find_precision,
     float8_conversion,
     fp8_plan,
+    fp8_skip_names,
     fp8_unavailable,
     log_once,
     precision_plan,
@@ -85,10 +86,18 @@ def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str,
     if "fused" in options or "foreach" in options or not supports_fused(key):
         return None
     cls = torch_optimizer_class(key)
+    params = list(params)
+    # torch writes its defaults (fused=True) into the group dicts it is given, also when it then refuses the
+    # options: a refused attempt leaves the author's groups as they were (with the params list torch made)
+    saved = [(group, dict(group)) for group in params if isinstance(group, dict)]
     try:
         # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
         optimizer = cls(params, fused=True, **options)  # type: ignore[call-arg]
     except (RuntimeError, ValueError, TypeError):
+        for group, before in saved:
+            listed = {"params": group["params"]} if "params" in group else {}
+            group.clear()
+            group.update(before, **listed)
         return None
     return OptimizerChoice(optimizer, f"torch.optim.{cls.__name__}(fused=True)")
 
@@ -153,10 +162,14 @@ def warn_if_emulated(precision: str) -> None:
 
 def fp8_on_cpu(device: Device) -> PrecisionPlan:
     """CPUs have no fp8 matrix units: refused, unless ``device_options={"fp8": "emulate"}`` asks for torchao's
-    emulation (the whole fp8 path run in higher precision, to test a model or a plugin here, never faster)."""
+    emulation (the whole fp8 path run in higher precision, to test a model or a plugin here, never faster).
+
+    ``fp8_skip`` (layer names kept in bfloat16, as on the GPU) is honoured; every other linear layer is converted.
+    """
     if device.options.get("fp8") != "emulate":
         raise fp8_unavailable("this CPU", "device_options={'fp8': 'emulate'} runs it emulated, to test a model")
-    convert = float8_conversion(recipe="tensorwise", emulate=True, fp8_all_gather=False, small_layers=True)
+    convert = float8_conversion(recipe="tensorwise", emulate=True, fp8_all_gather=False, small_layers=True,
+                                skip=fp8_skip_names(device.options.get("fp8_skip")))
     return fp8_plan(device, convert, "torchao float8 training, emulated on the CPU (tensorwise scaling; "
                                     "device option fp8='emulate'), bfloat16 autocast elsewhere")
 

@@ -211,3 +211,16 @@ def _note(entered: list[str]):
         yield
 
     return noting()
+
+
+def test_the_cpus_emulated_fp8_keeps_the_layers_fp8_skip_names_as_the_gpu_does():
+    # the emulated path is there to test a model before its GPU run: the same device options, the same layers
+    trainer = devplug.Trainer(device="cpu", precision="fp8-mixed", progress=False,
+                              device_options={**EMULATE, "fp8_skip": ["head"]})
+    model = torch.nn.Sequential()
+    model.add_module("body", torch.nn.Linear(32, 32))
+    model.add_module("head", torch.nn.Linear(32, 16))
+    model = trainer.setup(model)
+    assert type(model.body).__name__ == "Float8Linear" and type(model.head) is torch.nn.Linear
+    with pytest.raises(PrecisionError, match="fp8_skip=3"):
+        devplug.Trainer(device="cpu", precision="fp8-mixed", progress=False, device_options={**EMULATE, "fp8_skip": 3})

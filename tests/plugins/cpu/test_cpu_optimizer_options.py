@@ -47,3 +47,34 @@ def test_a_sharding_plans_kernel_that_refuses_the_authors_options_gives_way_to_t
     assert choice.implementation == "torch.optim.Adam" and not choice.optimizer.defaults["fused"]
     assert "fused=True does not take these options" in choice.reason
     assert choice.optimizer.param_groups[0]["params"] == [weight]
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_parameter_groups_the_fused_kernel_refused_are_left_as_the_author_gave_them(name):
+    # a refused fused attempt must not leave fused=True in the author's group dicts: the default kernel
+    # built over them would then run fused, and fail at the first step
+    if not cpu_plugin.supports_fused(name):
+        pytest.skip(f"this torch has no fused CPU {name}")
+    trainer, model = _trainer_and_model()
+    groups = [{"params": [model.weight], "lr": 0.1}, {"params": [model.bias], "lr": 0.01}]
+    optimizer = trainer.optimizer(name, groups, differentiable=True)
+    assert [g.get("fused") for g in optimizer.param_groups] == [None, None]
+    assert [g["lr"] for g in optimizer.param_groups] == [0.1, 0.01]
+    assert trainer.optimizer_implementation(optimizer) == f"torch.optim.{type(optimizer).__name__}"
+
+
+def test_the_default_kernel_after_a_refused_one_is_built_over_the_authors_groups_unchanged():
+    from devplug.core.optim.torch_optimizers import sharded_torch_optimizer
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    groups = [{"params": [weight], "lr": 0.5}]
+    choice = sharded_torch_optimizer("adam", groups, {"lr": 0.1, "differentiable": True}, "fused", "the plan's")
+    assert choice.implementation == "torch.optim.Adam"
+    assert not choice.optimizer.param_groups[0]["fused"] and choice.optimizer.param_groups[0]["lr"] == 0.5
+
+
+def test_the_fused_optimizer_holds_the_authors_group_dicts_as_torch_does():
+    trainer, model = _trainer_and_model()
+    groups = [{"params": [model.weight], "lr": 0.1}, {"params": [model.bias], "lr": 0.01}]
+    optimizer = trainer.optimizer("adam", groups)
+    assert all(held is given for held, given in zip(optimizer.param_groups, groups, strict=True))
