@@ -9,6 +9,18 @@ import torch
 from toys import Clock
 
 import devplug
+from devplug.core.observe import metrics
+
+
+@pytest.fixture
+def metrics_clock(monkeypatch) -> Clock:
+    """A clock the test moves by hand, read by devplug's throughput meters as their ``time.perf_counter``."""
+    from types import SimpleNamespace
+
+    clock = Clock()
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+    return clock
+
 
 
 def test_the_rate_leaves_out_the_first_step_and_every_pause():
@@ -57,13 +69,8 @@ def test_a_run_of_one_step_reports_its_whole_rate_and_an_empty_one_zero():
     assert devplug.ThroughputMeter(clock=clock).per_second == 0.0
 
 
-def test_the_trainers_own_meter_leaves_a_paused_evaluation_out_of_samples_per_second(monkeypatch):
-    from types import SimpleNamespace
-
-    from devplug.core.observe import metrics
-
-    clock = Clock()
-    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+def test_the_trainers_own_meter_leaves_a_paused_evaluation_out_of_samples_per_second(metrics_clock):
+    clock = metrics_clock
     meter = metrics.Throughput()
     meter.add(8)  # the first batch starts the clock
     clock.now += 1.0
@@ -115,14 +122,8 @@ def test_the_checkpoint_policys_saves_are_not_training_time(tmp_path):
     assert trainer.throughput.seconds_total < wall - 0.4 * (saves - 1)
 
 
-def _timed_loop(monkeypatch, *, steps: int, log_at) -> devplug.Trainer:
+def _timed_loop(clock: Clock, *, steps: int, log_at) -> devplug.Trainer:
     """``steps`` steps of 4 samples, each taking 1 s on a clock the test moves; ``log(loss=...)`` where ``log_at``."""
-    from types import SimpleNamespace
-
-    from devplug.core.observe import metrics
-
-    clock = Clock()
-    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
     trainer = devplug.Trainer(device="cpu", progress=False, loggers=[], stop_signals=(), count_flops=False,
                               log_every=5)
     model = trainer.setup(torch.nn.Linear(4, 1))
@@ -142,22 +143,17 @@ def _timed_loop(monkeypatch, *, steps: int, log_at) -> devplug.Trainer:
 @pytest.mark.parametrize(("name", "log_at"), [("every step", lambda step: True),
                                               ("never", lambda step: False),
                                               ("only early on", lambda step: step <= 5)])
-def test_the_summarys_rate_covers_every_step_logged_or_not(monkeypatch, name, log_at):
+def test_the_summarys_rate_covers_every_step_logged_or_not(metrics_clock, name, log_at):
     # the clock starts at the first batch: 15 steps of 4 samples in 15 s; the rate counts the steps after
     # the last log point too (they were counted, not timed), and a loop that never logs still has one
-    trainer = _timed_loop(monkeypatch, steps=15, log_at=log_at)
+    trainer = _timed_loop(metrics_clock, steps=15, log_at=log_at)
     assert trainer.summary()["samples_per_sec"] == pytest.approx(60 / 15), name
 
 
-def test_a_log_point_inside_a_paused_evaluation_leaves_the_evaluation_out_of_both_laps(monkeypatch):
+def test_a_log_point_inside_a_paused_evaluation_leaves_the_evaluation_out_of_both_laps(metrics_clock):
     # a loop that logs its loss before trainer.step() has values pending when the evaluation's own
     # trainer.log(val_loss=...) lands on a log step: the log point (a lap) then falls inside the pause
-    from types import SimpleNamespace
-
-    from devplug.core.observe import metrics
-
-    clock = Clock()
-    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+    clock = metrics_clock
     meter = metrics.Throughput()
     meter.add(8)  # the first batch starts the clock
     clock.now += 1.0
@@ -176,15 +172,10 @@ def test_a_log_point_inside_a_paused_evaluation_leaves_the_evaluation_out_of_bot
     assert meter.mean_rate == pytest.approx(32 / 4.0)
 
 
-def test_time_left_out_inside_a_paused_evaluation_is_left_out_once(monkeypatch):
+def test_time_left_out_inside_a_paused_evaluation_is_left_out_once(metrics_clock):
     # trainer.checkpoint_now() inside `with trainer.throughput.paused():` takes its save out of the clock, and
     # the pause takes out its whole time, the save included
-    from types import SimpleNamespace
-
-    from devplug.core.observe import metrics
-
-    clock = Clock()
-    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+    clock = metrics_clock
     meter = metrics.Throughput()
     meter.add(8)
     clock.now += 1.0
@@ -198,14 +189,9 @@ def test_time_left_out_inside_a_paused_evaluation_is_left_out_once(monkeypatch):
     assert meter.seconds_total == pytest.approx(2.0)
 
 
-def test_time_between_chunks_of_training_is_not_training_time(monkeypatch):
+def test_time_between_chunks_of_training_is_not_training_time(metrics_clock):
     # training in chunks of max_steps (docs/trainer.md), with 100 s of the author's own work between chunks
-    from types import SimpleNamespace
-
-    from devplug.core.observe import metrics
-
-    clock = Clock()
-    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=clock))
+    clock = metrics_clock
     trainer = devplug.Trainer(device="cpu", progress=False, loggers=[], stop_signals=(), count_flops=False,
                               log_every=4)
     model = trainer.setup(torch.nn.Linear(4, 1))
