@@ -4,7 +4,7 @@ The same pixels as torchvision's ``make_grid(..., normalize=True, value_range=..
 (``tests/core/observe/test_grid.py`` compares them), in a few tensor operations and Pillow: importing
 torchvision for these two functions loads its datasets, models and operators, which costs more than the grid
 itself at the end of a short run. The PNG is compressed at zlib's fastest level, where ``save_image`` takes
-Pillow's default (6): a trained model's samples are written several times faster, as a file about 15 %
+Pillow's default (6): a trained model's samples are written several times faster, as a file about 17 %
 larger (``benchmarks/image_logging.py``).
 """
 
