@@ -23,7 +23,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -123,6 +123,11 @@ def field_help(cls: type) -> dict[str, str]:
 def _base_type(annotation: str) -> str:
     parts = {part.strip() for part in str(annotation).split("|")} - {"None"}
     return parts.pop() if len(parts) == 1 else "str"
+
+
+def _takes_a_list(action: argparse.Action) -> bool:
+    """True for a flag whose value is a list: ``action="append"``, or ``nargs`` of ``*``, ``+`` or a count."""
+    return isinstance(action, argparse._AppendAction) or action.nargs in ("*", "+") or isinstance(action.nargs, int)
 
 
 def _bool_or_text(text: str) -> bool | str:
@@ -358,13 +363,14 @@ class ConfigParser(argparse.ArgumentParser):
             early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
             early.add_argument("--config", type=Path)
             known, _rest = early.parse_known_args(tokens)
-            explicit |= self._apply_file(known.config)
+            explicit |= self._apply_file(known.config, given=explicit)
         args = self.parse_args(tokens)
         args.explicit = explicit - {"config", "help"}
         return args
 
-    def _apply_file(self, path: Path) -> set[str]:
-        """Take the file's values as the defaults; the destinations it sets."""
+    def _apply_file(self, path: Path, given: Collection[str] = ()) -> set[str]:
+        """Take the file's values as the defaults; the destinations it sets. ``given``: the destinations the command
+        line gives, whose flags that append (``action="append"``) take the command line's values alone."""
         values = self._read(path)
         # a key is a flag's long name without the dashes (log-every, or log_every); a --x/--no-x switch is x
         actions = {option.lstrip("-").replace("_", "-"): action for action in self._actions
@@ -377,7 +383,8 @@ class ConfigParser(argparse.ArgumentParser):
             if action is None:
                 self.error(f"config file {str(path)!r}: unknown key {key!r}; keys: {', '.join(sorted(actions))}")
             dest = action.dest
-            flag = action.option_strings[0]
+            if isinstance(action, argparse._AppendAction) and dest in given:
+                continue  # the command line's values replace the file's (argparse would append them to it)
             if isinstance(action, argparse.BooleanOptionalAction | argparse._StoreTrueAction
                           | argparse._StoreFalseAction):
                 if not isinstance(value, bool):
@@ -386,20 +393,35 @@ class ConfigParser(argparse.ArgumentParser):
                     value = action.const if value else action.default
             elif isinstance(value, bool) and getattr(action.type, "takes_bool", False):
                 value = _bool_or_text(str(value))
-            elif isinstance(value, (bool, list, dict)) or value is None:
-                self.error(f"config file {str(path)!r}: {key} must be a string or a number, got {value!r}")
+            elif _takes_a_list(action):  # an append flag, or nargs: a list (one value is a list of one)
+                items = value if isinstance(value, list) else [value]
+                count = action.nargs if isinstance(action.nargs, int) else None
+                if (count is not None and len(items) != count) or (action.nargs == "+" and not items):
+                    wanted = f"{count} value{'s' if count != 1 else ''}" if count is not None else "values"
+                    self.error(f"config file {str(path)!r}: {key} takes {wanted}, got {value!r}")
+                value = [self._file_value(path, key, action, item) for item in items]
             else:
-                try:
-                    value = action.type(str(value)) if callable(action.type) else str(value)
-                except argparse.ArgumentTypeError as exc:
-                    self.error(f"config file {str(path)!r}: {key} ({flag}) {exc}")
-                if action.choices is not None and value not in action.choices:
-                    self.error(f"config file {str(path)!r}: {key} must be one of "
-                               f"{', '.join(map(str, action.choices))}, got {value!r}")
+                value = self._file_value(path, key, action, value)
             defaults[dest] = value
             action.required = False  # given by the file (the command line may still override it)
         self.set_defaults(**defaults)
         return set(defaults)
+
+    def _file_value(self, path: Path, key: str, action: argparse.Action, value: Any) -> Any:
+        """One value of ``key`` in the config file, converted and checked as the flag's own value would be."""
+        if isinstance(value, (bool, list, dict)) or value is None:
+            self.error(f"config file {str(path)!r}: {key} must be a string or a number, got {value!r}")
+        try:
+            value = action.type(str(value)) if callable(action.type) else str(value)
+        except argparse.ArgumentTypeError as exc:
+            self.error(f"config file {str(path)!r}: {key} ({action.option_strings[0]}) {exc}")
+        except (TypeError, ValueError):  # a plain type such as int: argparse's own wording
+            kind = getattr(action.type, "__name__", repr(action.type))
+            self.error(f"config file {str(path)!r}: {key} ({action.option_strings[0]}) invalid {kind} value: {value!r}")
+        if action.choices is not None and value not in action.choices:
+            self.error(f"config file {str(path)!r}: {key} must be one of "
+                       f"{', '.join(map(str, action.choices))}, got {value!r}")
+        return value
 
     def _read(self, path: Path) -> dict[str, Any]:
         try:

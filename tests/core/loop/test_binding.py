@@ -129,6 +129,44 @@ def test_a_config_file_gives_a_required_flag(tmp_path, capsys):
     assert "--data" in capsys.readouterr().err
 
 
+def _parser_with_lists() -> ConfigParser:
+    parser = _parser()
+    parser.add_argument("--tag", action="append", help="a tag for the run (repeat the flag for more)")
+    parser.add_argument("--layers", nargs="+", type=int, help="widths of the hidden layers")
+    parser.add_argument("--size", nargs=2, type=int, help="height and width")
+    parser.add_argument("--mode", nargs="*", choices=("a", "b"), default=[], help="modes")
+    parser.add_argument("--depth", type=int, default=2, help="blocks")
+    return parser
+
+
+def test_a_config_file_gives_list_flags_their_lists(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('tag = ["gan", "cpu"]\nlayers = [64, 32]\nsize = [48, 64]\nmode = "b"\n')
+    args = _parser_with_lists().parse(["--config", str(path)])
+    assert (args.tag, args.layers, args.size, args.mode) == (["gan", "cpu"], [64, 32], [48, 64], ["b"])
+    # the command line replaces the file's list, also for a flag that appends
+    args = _parser_with_lists().parse(["--config", str(path), "--tag", "run2", "--layers", "8"])
+    assert (args.tag, args.layers) == (["run2"], [8])
+    assert {"tag", "layers", "size", "mode"} <= args.explicit
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("size = [48]\n", "size takes 2 values, got [48]"),
+    ("layers = []\n", "layers takes values, got []"),
+    ("layers = [64, 'wide']\n", "layers (--layers) invalid int value: 'wide'"),
+    ("mode = ['c']\n", "mode must be one of a, b, got 'c'"),
+    ("tag = [['nested']]\n", "tag must be a string or a number, got ['nested']"),
+    ("depth = 'deep'\n", "depth (--depth) invalid int value: 'deep'"),  # a plain type: no traceback either
+])
+def test_a_bad_list_in_a_config_file_is_one_line(tmp_path, capsys, text, needle):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exited:
+        _parser_with_lists().parse(["--config", str(path)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and needle in err and "Traceback" not in err, err
+
+
 def _parser_with_data() -> ConfigParser:
     parser = _parser()
     parser.add_argument("--data", required=True, help="the training text")
