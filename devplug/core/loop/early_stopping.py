@@ -45,8 +45,13 @@ class EarlyStopping:
             return False
         self.bad_updates += 1
         if self.bad_updates >= self.patience:
-            self.reason = (f"early stopping: no improvement of more than {self.min_delta:g} over the best value "
-                           f"{self.best} in {self.bad_updates} updates (patience {self.patience})")
+            if self.best is None:  # every value so far was NaN or infinite
+                self.reason = (f"early stopping: no finite value in {self.bad_updates} updates (patience "
+                               f"{self.patience}): the monitored value is NaN or infinite; the run diverged or "
+                               "the value is computed wrongly")
+            else:
+                self.reason = (f"early stopping: no improvement of more than {self.min_delta:g} over the best value "
+                               f"{self.best:g} in {self.bad_updates} updates (patience {self.patience})")
             return True
         return False
 
