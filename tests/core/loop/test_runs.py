@@ -267,7 +267,11 @@ def test_early_stopping_stops_at_the_expected_step_on_a_scripted_metric():
     stopped_at = next(i for i, v in enumerate(values) if stopper.update(v))
     assert stopped_at == 6 and stopper.best == 3.9 and "patience 3" in stopper.reason
     nan = devplug.EarlyStopping(patience=1, mode="max")
-    assert not nan.update(1.0) and nan.update(float("nan"))
+    assert not nan.update(1.0) and nan.update(float("nan"))  # NaN never improves
+    assert nan.reason == "early stopping: no improvement of more than 0 over the best value 1 in 1 updates (patience 1)"
+    diverged = devplug.EarlyStopping(patience=2)
+    assert not diverged.update(float("nan")) and diverged.update(float("inf"))
+    assert "no finite value in 2 updates" in diverged.reason and "None" not in diverged.reason
     restored = devplug.EarlyStopping(patience=3)
     restored.load_state_dict(stopper.state_dict())
     assert restored.best == 3.9 and restored.bad_updates == 3
