@@ -93,6 +93,9 @@ def reproducible_order(choice: LoaderChoice) -> str:
             if hasattr(batches, "set_epoch"):
                 return ""
             return f"its batch sampler {type(batches).__name__} has no set_epoch, so devplug cannot replay its order"
+        if isinstance(loader.dataset, torch.utils.data.IterableDataset):  # no sampler: the dataset orders
+            return (f"its dataset, an IterableDataset ({type(loader.dataset).__name__}), may yield other samples "
+                    "when iterated again")
         if isinstance(sampler, (DistributedSampler, SequentialSampler)) or hasattr(sampler, "set_epoch"):
             return ""
         if isinstance(sampler, RandomSampler):

@@ -57,3 +57,16 @@ def test_a_batch_sampler_of_the_authors_without_set_epoch_is_named_as_not_replay
     data = TensorDataset(torch.arange(8.0))
     choice = own_loader_choice(DataLoader(data, batch_sampler=Buckets()), None)
     assert "Buckets" in reproducible_order(choice)
+
+
+def test_an_iterable_datasets_loader_is_named_for_what_it_is_when_its_order_cannot_be_replayed():
+    from devplug.core.contract.records import LoaderChoice
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(8))
+
+    for sampler in (None, torch.utils.data.DataLoader(Stream()).sampler):  # devplug's own loader; the author's
+        why = reproducible_order(LoaderChoice(loader=torch.utils.data.DataLoader(Stream(), batch_size=2),
+                                              implementation="torch DataLoader", sampler=sampler))
+        assert why == "its dataset, an IterableDataset (Stream), may yield other samples when iterated again"
