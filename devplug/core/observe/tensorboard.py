@@ -81,8 +81,8 @@ class TensorBoardLogger:
     def devplug_log(self, point: LogPoint) -> None:
         """``add_scalar`` per value (grouped tags), an image per image (the PNG file the Trainer wrote of it, when
         it wrote one, else ``add_image``), hyperparameters to the hparams dashboard; closes the writer on the final
-        point. On a resume, the points past the resumed step that
-        the interrupted run wrote are purged (``SummaryWriter(purge_step=...)``)."""
+        point. On a resume, the points past the resumed step that the interrupted run wrote are purged
+        (``SummaryWriter(purge_step=...)``)."""
         if point.resumed:
             if self._writer is not None:
                 self._writer.close()
