@@ -4,8 +4,8 @@ Every record tensorboard writes to an event file carries two masked CRC-32C chec
 tensorboard computes them a byte at a time in Python: about 85 ms for one 700 KB sample grid, on its
 writer thread and holding the GIL, so the training thread stalls for as long (and ``close()`` waits for it
 at the end of a run). With ``google-crc32c`` installed (the ``tensorboard`` extra installs it), devplug has
-tensorboard's record writer use that library's C implementation instead: the same checksums, about 1,000
-times faster. The event files are byte for byte the same.
+tensorboard's record writer use that library's C implementation instead: the same checksums, about 2,000
+times faster (0.04 ms for that grid on a Zen 4 core). The event files are byte for byte the same.
 """
 
 from __future__ import annotations
