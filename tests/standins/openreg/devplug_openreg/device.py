@@ -99,8 +99,12 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    """The dtypes torch.autocast may use on this device (``DEVPLUG_OPENREG_AMP_DTYPES=float16``: those named only;
-    torch.autocast warns and casts nothing for another)."""
+    """The dtypes torch.autocast may use on this device (``DEVPLUG_OPENREG_AMP_DTYPES=float16``: those named only).
+
+    For another dtype torch.autocast warns "... the target dtype is not supported. Disabling autocast." and casts
+    nothing: pytorch/pytorch v2.14.1, ``torch/amp/autocast_mode.py``, ``autocast.__init__`` (lines 268 and
+    297-305 of the installed 2.14.1 wheel: ``get_amp_supported_dtype()`` read, then ``enabled = False``).
+    """
     named = os.environ.get("DEVPLUG_OPENREG_AMP_DTYPES")
     if named is not None:
         return [getattr(torch, name.strip()) for name in named.split(",") if name.strip()]
