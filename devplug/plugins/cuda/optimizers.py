@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import attrs
@@ -100,11 +100,15 @@ def find_apex() -> ApexStatus:
     return ApexStatus(optimizers=module)
 
 
-def apex_arguments(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """apex keyword arguments equivalent to torch optimizer ``name`` with ``options``.
+def apex_arguments(name: str, options: Mapping[str, Any], groups: Sequence[Mapping[str, Any]] = ()
+                   ) -> tuple[dict[str, Any] | None, str]:
+    """apex keyword arguments equivalent to torch optimizer ``name`` with ``options`` and parameter ``groups``.
 
     Returns ``(kwargs, "")``, or ``(None, reason)`` when apex cannot honour an option. Shared options
-    start from torch's defaults, so the optimizer behaves as ``torch.optim`` would.
+    start from torch's defaults, so the optimizer behaves as ``torch.optim`` would. apex reads only its own
+    keys from a group, so a torch option set there (``amsgrad=True``), or a group's ``decoupled_weight_decay``
+    other than the optimizer's (FusedAdam takes that mode once), cannot be honoured either; keys that are no
+    torch option (a group's own ``name``) are the author's, ignored by torch too.
     """
     key = name.lower()
     cls_name = APEX_CLASSES[key]
@@ -126,6 +130,17 @@ def apex_arguments(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any
             continue
         else:
             return None, f"apex.optimizers.{cls_name} has no equivalent of {option}={value!r}"
+    for group in groups:
+        for option, value in group.items():
+            if option == "params" or option in _SHARED[cls_name] or option in _APEX_ONLY[cls_name]:
+                continue
+            if option == "decoupled_weight_decay" and key == "adam":
+                if bool(value) != decoupled:
+                    return None, (f"apex.optimizers.{cls_name} takes decoupled_weight_decay once for all parameter "
+                                  f"groups, and one group asks for {value!r}")
+            elif option in defaults and value != defaults[option]:
+                return None, (f"apex.optimizers.{cls_name} has no equivalent of {option}={value!r} (in a parameter "
+                              "group)")
     if cls_name == "FusedAdam":
         kwargs["adam_w_mode"] = decoupled
         if kwargs.get("master_weights") and not kwargs.get("capturable"):
@@ -136,36 +151,6 @@ def apex_arguments(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any
     # The Trainer zeroes gradients with set_to_none=True; apex's FusedSGD defaults to zero-filling.
     kwargs.setdefault("set_grad_none", True)
     return kwargs, ""
-
-
-def group_options_reason(name: str, params: list[Any], options: Mapping[str, Any]) -> str:
-    """Why apex cannot honour an option set in one of the parameter groups of ``params`` ("" when it can).
-
-    apex reads only its own keys from a group, so a torch option there (``amsgrad=True``, ``maximize=True``)
-    would be ignored without a word; so would a group's ``decoupled_weight_decay`` other than the optimizer's,
-    as apex's FusedAdam takes that mode once for all groups. Keys that are no torch option (a group's own
-    ``name``, say) are the author's and ignored by torch too.
-    """
-    key = name.lower()
-    cls_name = APEX_CLASSES[key]
-    if cls_name == "FusedLAMB":
-        return ""
-    defaults = torch_optimizer_defaults(torch_optimizer_class(key))
-    decoupled = bool(options.get("decoupled_weight_decay", key == "adamw"))
-    for group in params:
-        if not isinstance(group, Mapping):
-            continue
-        for option, value in group.items():
-            if option == "params" or option in _SHARED[cls_name] or option in _APEX_ONLY[cls_name]:
-                continue
-            if option == "decoupled_weight_decay" and key == "adam":
-                if bool(value) != decoupled:
-                    return (f"apex.optimizers.{cls_name} takes decoupled_weight_decay once for all parameter "
-                            f"groups, and one group asks for {value!r}")
-                continue
-            if option in defaults and value != defaults[option]:
-                return f"apex.optimizers.{cls_name} has no equivalent of {option}={value!r} (in a parameter group)"
-    return ""
 
 
 @functools.cache
@@ -249,11 +234,8 @@ def build_apex(name: str, params: list[Any], options: Mapping[str, Any], apex: A
     cls = getattr(apex.optimizers, cls_name, None)
     if cls is None:
         return f"this NVIDIA apex has no apex.optimizers.{cls_name}"
-    kwargs, reason = apex_arguments(name, options)
+    kwargs, reason = apex_arguments(name, options, [p for p in params if isinstance(p, Mapping)])
     if kwargs is None:
-        return reason
-    reason = group_options_reason(name, params, options)
-    if reason:
         return reason
     built: Any = with_set_to_none(cls)
     if kwargs.get("capturable"):
