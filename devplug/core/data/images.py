@@ -36,6 +36,8 @@ DRAFT_MARGIN = 2
 EXIF_ORIENTATION = 0x0112
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+#: The range of a signed 32-bit sample (a TIFF that declares it, or Pillow's mode ``I``).
+_INT32_RANGE = (-(2**31), 2**31 - 1)
 #: TIFF tags: bits per sample, and the sample format (1 unsigned integer, 2 signed integer, 3 float).
 _BITS_PER_SAMPLE, _SAMPLE_FORMAT = 258, 339
 
@@ -120,15 +122,17 @@ def _to_uint8(pixels: np.ndarray, mode: str, declared: tuple[int, int] | None = 
         low, high = _float_range(finite) if finite.size else (0.0, 1.0)
         values = np.nan_to_num(values, nan=low, posinf=high, neginf=low)
     else:
-        if declared is not None and declared[1] > np.iinfo(np.int32).max and pixels.dtype == np.int32:
+        if declared is not None and declared[1] > _INT32_RANGE[1] and pixels.dtype == np.int32:
             pixels = pixels.view(np.uint32)  # unsigned 32-bit samples, which Pillow keeps in signed ones
         values = pixels.astype(np.float64)
-        int32 = (int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max))
-        fits_16_bits = not values.size or (values.min() >= 0 and values.max() <= 65535)
-        if declared is not None and not (declared == int32 and fits_16_bits):
+
+        def fits_16_bits() -> bool:  # read only where the scale depends on it: two passes over the pixels
+            return not values.size or bool(values.min() >= 0 and values.max() <= 65535)
+
+        if declared is not None and not (declared == _INT32_RANGE and fits_16_bits()):
             low, high = declared
-        elif mode == "I" and not fits_16_bits:
-            low, high = np.iinfo(np.int32).min, np.iinfo(np.int32).max  # the full signed 32-bit range
+        elif mode == "I" and not fits_16_bits():
+            low, high = _INT32_RANGE  # the full signed 32-bit range
         else:
             low, high = 0, 65535  # 16-bit range: 65535 -> 255, 32768 -> 127.5
     values = (values - low) / ((high - low) or 1) * 255.0
