@@ -44,7 +44,8 @@ A device plugin usually differs from plain PyTorch in a few places; these let it
   `native_bf16`;
   `fastest_torch_optimizer` / `torch_kernel` (torch's ``fused`` or ``foreach`` kernel where
   the device type has one) and `torch_precision_plan` (``"auto"`` from what torch reports) — the
-  fallback's answers, to adjust rather than restate;
+  fallback's answers, to adjust rather than restate; `groups_kept_on_failure` — around an optimizer
+  attempt that may be refused, the author's parameter groups put back for the next one;
 - `steps_to_params`, `steps_to_groups`, `native_groups`, `bias_corrected_to_canonical`,
   `momentum_to_canonical`, `momentum_from_canonical` — for an optimizer whose state is not in
   torch.optim's layout: the pieces of its ``OptimizerChoice.to_canonical``/``from_canonical`` converters
@@ -124,6 +125,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from devplug.core.optim.torch_optimizers import (
         TORCH_OPTIMIZERS,
         fastest_torch_optimizer,
+        groups_kept_on_failure,
         torch_kernel,
         torch_optimizer_class,
         torch_optimizer_defaults,
@@ -170,6 +172,7 @@ _WHERE: dict[str, str | tuple[str, str]] = {
     "fp8_plan": "devplug.core.fallback.precision",
     "fp8_skip_names": "devplug.core.precision.fp8_mixed",
     "fp8_unavailable": "devplug.core.precision.fp8_mixed",
+    "groups_kept_on_failure": "devplug.core.optim.torch_optimizers",
     "human_bytes": "devplug.core.observe.host_memory",
     "IMAGE_EXTENSIONS": "devplug.core.data.torch_loader",
     "image_transform": "devplug.core.data.torch_loader",
@@ -285,6 +288,7 @@ __all__ = [
     "fp8_plan",
     "fp8_skip_names",
     "fp8_unavailable",
+    "groups_kept_on_failure",
     "human_bytes",
     "image_transform",
     "list_images",

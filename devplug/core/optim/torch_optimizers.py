@@ -7,9 +7,11 @@ a device type (``fused``, ``foreach``), probed once per process.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -141,20 +143,34 @@ def _with_kernel(cls: type[torch.optim.Optimizer], params: list[Any], options: d
     with ``differentiable=True``), torch's default kernel, the reason saying why."""
     base = f"torch.optim.{cls.__name__}"
     if kernel:
-        # torch writes its defaults (the kernel flag) into the group dicts it is given, also when it then
-        # refuses the options: a refused attempt leaves the author's groups as they were for torch's default
-        saved = [(group, dict(group)) for group in params if isinstance(group, dict)]
         try:
-            # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
-            optimizer = cls(params, **{kernel: True}, **options)  # type: ignore[arg-type]
+            with groups_kept_on_failure(params):
+                # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
+                optimizer = cls(params, **{kernel: True}, **options)  # type: ignore[arg-type]
             return OptimizerChoice(optimizer, f"{base}({kernel}=True)", reason)
         except (RuntimeError, ValueError, TypeError) as exc:  # e.g. fused with differentiable=True
             reason = f"{kernel}=True does not take these options ({' '.join(str(exc).split())})"
-            for group, before in saved:  # the params list torch made of them kept (a generator is read once)
-                listed = {"params": group["params"]} if "params" in group else {}
-                group.clear()
-                group.update(before, **listed)
     return OptimizerChoice(_build(cls, params, options), base, reason)
+
+
+@contextlib.contextmanager
+def groups_kept_on_failure(params: list[Any]) -> Iterator[None]:
+    """Build an optimizer over ``params`` inside: if that fails, each parameter group dict is put back as the
+    author gave it, so the next attempt (another kernel or implementation) starts from the author's groups.
+
+    torch writes its defaults (``fused=True``, say) into the group dicts it is given, also when it then
+    refuses the options. The ``params`` list torch made of a group's generator is kept: a generator is read
+    once.
+    """
+    saved = [(group, dict(group)) for group in params if isinstance(group, dict)]
+    try:
+        yield
+    except BaseException:
+        for group, before in saved:
+            listed = {"params": group["params"]} if "params" in group else {}
+            group.clear()
+            group.update(before, **listed)
+        raise
 
 
 def sharded_torch_optimizer(name: str, params: Any, options: dict[str, Any], kernel: str,

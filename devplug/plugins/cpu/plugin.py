@@ -33,6 +33,7 @@ from devplug.toolkit import (
     fp8_plan,
     fp8_skip_names,
     fp8_unavailable,
+    groups_kept_on_failure,
     log_once,
     precision_plan,
     process_memory_stats,
@@ -87,17 +88,11 @@ def devplug_optimizer(device: Device, name: str, params: Any, options: dict[str,
         return None
     cls = torch_optimizer_class(key)
     params = list(params)
-    # torch writes its defaults (fused=True) into the group dicts it is given, also when it then refuses the
-    # options: a refused attempt leaves the author's groups as they were (with the params list torch made)
-    saved = [(group, dict(group)) for group in params if isinstance(group, dict)]
     try:
-        # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
-        optimizer = cls(params, fused=True, **options)  # type: ignore[call-arg]
+        with groups_kept_on_failure(params):  # a refused attempt leaves the author's groups for the next one
+            # a torch.optim subclass: its constructor takes the options Optimizer's own signature lacks
+            optimizer = cls(params, fused=True, **options)  # type: ignore[call-arg]
     except (RuntimeError, ValueError, TypeError):
-        for group, before in saved:
-            listed = {"params": group["params"]} if "params" in group else {}
-            group.clear()
-            group.update(before, **listed)
         return None
     return OptimizerChoice(optimizer, f"torch.optim.{cls.__name__}(fused=True)")
 

@@ -28,7 +28,7 @@ import torch
 
 from devplug import OptimizerChoice, OptimizerError
 from devplug.plugins.cuda.optimizer_state import CONVERTERS
-from devplug.toolkit import torch_optimizer_class, torch_optimizer_defaults
+from devplug.toolkit import groups_kept_on_failure, torch_optimizer_class, torch_optimizer_defaults
 
 #: apex class for each optimizer name.
 APEX_CLASSES: dict[str, str] = {"adam": "FusedAdam", "adamw": "FusedAdam", "sgd": "FusedSGD", "lamb": "FusedLAMB"}
@@ -241,7 +241,8 @@ def build_apex(name: str, params: list[Any], options: Mapping[str, Any], apex: A
     if kwargs.get("capturable"):
         built = unscale_once(built)
     try:
-        optimizer = built(params, **kwargs)
+        with groups_kept_on_failure(params):  # apex writes its defaults into the groups before it refuses
+            optimizer = built(params, **kwargs)
     except RuntimeError as exc:  # e.g. "apex.optimizers.FusedAdam requires cuda extensions"
         return (f"apex.optimizers.{cls_name} could not be built ({exc}); "
                 "apex was probably built without its CUDA extensions (APEX_CUDA_EXT=1)")

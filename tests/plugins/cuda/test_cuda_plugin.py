@@ -314,6 +314,16 @@ def test_apex_without_cuda_extensions_falls_back_to_torch_fused(apex_standin, mo
     assert "requires cuda extensions" in choice.reason and "APEX_CUDA_EXT=1" in choice.reason
 
 
+def test_an_apex_that_refuses_to_build_leaves_the_authors_groups_to_torch_as_given(apex_standin, monkeypatch):
+    monkeypatch.setattr(apex_standin, "CUDA_EXTENSIONS", False)  # apex fills in its defaults, then refuses
+    model = tiny_model()
+    params = [{"params": model[0].parameters(), "lr": 0.01}, {"params": model[2].parameters()}]
+    choice = cuda_plugin.devplug_optimizer(device=cuda_device(), name="adam", params=params, options={})
+    assert choice.implementation == "torch.optim.Adam(fused=True)"
+    assert [len(group["params"]) for group in choice.optimizer.param_groups] == [2, 2]
+    assert not any("bias_correction" in group for group in choice.optimizer.param_groups)  # apex's own key
+
+
 def test_device_option_apex_false_skips_apex(apex_standin):
     choice = cuda_plugin.devplug_optimizer(device=cuda_device(apex=False), name="adam",
                                            params=tiny_model().parameters(), options={})
