@@ -7,6 +7,7 @@
 # TORCH_LOGS=recompiles,graph_breaks, its log in $OUT/lm-fp8-compiled.log) with tokens/s and MFU.
 #
 #   bash benchmarks/on_a_gpu.sh [PART ...]     PART: setup tests examples peers profile fp8 lm (default: all)
+#   LM_RUNS="bf16 fp8 bf16-compile fp8-compile" bash benchmarks/on_a_gpu.sh setup lm   # some of the LM runs only
 #   DEVICE=cpu LM_WIDTH=64 LM_LAYERS=1 LM_HEADS=2 LM_CONTEXT=32 LM_BATCH=4 LM_STEPS=3 \
 #     bash benchmarks/on_a_gpu.sh fp8 lm       # tries the fp8 and lm parts out on a CPU (fp8 emulated, tiny)
 #
@@ -110,15 +111,18 @@ for p in $parts; do
     lm)
       limit=${LM_LIMIT:-150} compile_limit=${LM_COMPILE_LIMIT:-240}
       # shellcheck disable=SC2086  # LM_FP8_OPTIONS: flags
-      {
-        lm_run lm "$limit" bf16-mixed --precision bf16-mixed --no-compile
-        lm_run lm "$limit" fp8-mixed --precision fp8-mixed --no-compile ${LM_FP8_OPTIONS:-}
-        lm_run lm "$limit" fp8-mixed-gather-wrapped --precision fp8-mixed --no-compile ${LM_FP8_OPTIONS:-} \
-          --device-option fp8_all_gather=true
-        lm_run lm "$compile_limit" bf16-mixed-compile --precision bf16-mixed --compile
-        LM_ENV="TORCH_LOGS=recompiles,graph_breaks" lm_run lm-fp8-compiled "$compile_limit" fp8-mixed-compile \
-          --precision fp8-mixed --compile ${LM_FP8_OPTIONS:-}
-      } ;;
+      for run in ${LM_RUNS:-bf16 fp8 fp8-gather bf16-compile fp8-compile}; do
+        case $run in
+          bf16) lm_run lm "$limit" bf16-mixed --precision bf16-mixed --no-compile ;;
+          fp8) lm_run lm "$limit" fp8-mixed --precision fp8-mixed --no-compile ${LM_FP8_OPTIONS:-} ;;
+          fp8-gather) lm_run lm "$limit" fp8-mixed-gather-wrapped --precision fp8-mixed --no-compile \
+                        ${LM_FP8_OPTIONS:-} --device-option fp8_all_gather=true ;;
+          bf16-compile) lm_run lm "$compile_limit" bf16-mixed-compile --precision bf16-mixed --compile ;;
+          fp8-compile) LM_ENV="TORCH_LOGS=recompiles,graph_breaks" lm_run lm-fp8-compiled "$compile_limit" \
+                         fp8-mixed-compile --precision fp8-mixed --compile ${LM_FP8_OPTIONS:-} ;;
+          *) echo "unknown LM run: $run (bf16 fp8 fp8-gather bf16-compile fp8-compile)" ;;
+        esac
+      done ;;
     *) echo "unknown part: $p (setup tests examples peers profile fp8 lm)"; exit 2 ;;
   esac
 done

@@ -65,6 +65,19 @@ def _clean_devplug_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, _this_
     forget_trials()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_process_group_across_modules():
+    """A process group a test module leaves joined (a one-process FSDP Trainer joins one, and close() keeps it,
+    as it does for a script) is destroyed when the module ends: the next module the same worker runs starts
+    without one, whatever order the workers take the modules in."""
+    yield
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def openreg():
     """The openreg test backend (a real PrivateUse1 device built from C++), built once per session, cached."""

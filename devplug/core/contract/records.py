@@ -22,7 +22,7 @@ from devplug.core.precision.registry import choices
 #: Version of the hook contract (not of the devplug package; see docs/plugins.md "Contract versions").
 #: A plugin declares what it needs with ``DEVPLUG_CONTRACT``: ``"1.1"`` (that minor or newer, same major)
 #: or a range such as ``">=1.0,<3"``; a plugin this devplug cannot serve is reported and skipped.
-CONTRACT_VERSION = "1.8"
+CONTRACT_VERSION = "1.9"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 

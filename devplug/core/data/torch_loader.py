@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
@@ -270,13 +271,16 @@ def _batches(loader: DataLoader) -> int | None:
 
 
 def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
-                     compute_competes: bool | None = None) -> LoaderChoice:
+                     compute_competes: bool | None = None, pin_only_with_workers: bool = False) -> LoaderChoice:
     """A ``torch.utils.data.DataLoader`` built from ``options`` (workers, pinning, prefetch, sharding).
 
     With ``compute_competes`` given (contract 1.3), the options the author left automatic are tuned
     first by measuring the source (`devplug.toolkit.tune_loader`; ``True`` where the
     training step runs on the host's cores, as on a CPU device), and what was decided is added to
-    ``reason``. Left ``None``, the options are used as they are.
+    ``reason``. Left ``None``, the options are used as they are. ``pin_only_with_workers``: the plugin chose
+    ``pin_memory=True`` itself (the author did not ask) and wants it only where the loader has worker
+    processes: torch's DataLoader then pins on a thread of its own, while without workers it pins every batch
+    in the main process, a host copy that costs more than the copy to the device it speeds up.
     """
     dataset = as_dataset(source)
     try:
@@ -299,6 +303,10 @@ def torch_dataloader(source: Any, options: LoaderOptions, *, reason: str = "",
                     "samples by index): split it by rank yourself (trainer.rank, trainer.world_size), or every rank "
                     "reads the same samples", options.world_size, type(dataset).__name__)
     workers = options.num_workers
+    if pin_only_with_workers and options.pin_memory and workers == 0:
+        options = attrs.evolve(options, pin_memory=False)
+        reason = "; ".join(part for part in (reason, "auto: not pinned, no worker processes (torch's DataLoader "
+                                             "would pin each batch in the main process)") if part)
     kwargs: dict[str, Any] = {}
     if workers > 0:
         kwargs["persistent_workers"] = options.persistent_workers

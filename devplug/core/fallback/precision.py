@@ -72,12 +72,15 @@ def torch_precision_plan(device: Device, precision: str) -> PrecisionPlan:
 
 def fp8_plan(device: Device, convert: Callable[[torch.nn.Module], torch.nn.Module],
              description: str, *,
-             context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> PrecisionPlan:
+             context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+             uncompiled_note: str = "") -> PrecisionPlan:
     """The ``"fp8-mixed"`` plan: ``convert`` applied to each module, the rest of the model in bfloat16 autocast.
 
     ``context``: the device's own fp8 context, entered inside the bfloat16 autocast around forward and loss
-    (Intel Gaudi's ``te.fp8_autocast(enabled=True, fp8_recipe=...)``).
+    (Intel Gaudi's ``te.fp8_autocast(enabled=True, fp8_recipe=...)``); ``uncompiled_note``: what it costs not
+    to compile the model (`PrecisionPlan.uncompiled_note`).
     """
     params = PrecisionParams(device_type=device.torch_device.type, convert_module=convert, forward_context=context,
                              description=description)
-    return registry.get("fp8-mixed").plan(params)
+    plan = registry.get("fp8-mixed").plan(params)
+    return attrs.evolve(plan, uncompiled_note=uncompiled_note) if uncompiled_note else plan

@@ -346,6 +346,8 @@ class Trainer:
         module = self._strategy.prepare(module, shard, **plan)  # FSDP shards, TP splits, in place, before compiling
         if self._config.compile:
             module = self._compile(key, module)
+        elif self.precision.uncompiled_note:
+            log_once(self.precision.uncompiled_note, logging.WARNING)
         return self._strategy.wrap(module)
 
     def _compile(self, key: str, module: torch.nn.Module) -> Any:

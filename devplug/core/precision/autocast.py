@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import torch
 
 from devplug.core.errors import PrecisionError
@@ -29,13 +30,14 @@ class AutocastPrecision(Precision):
         text = f"torch.autocast({kind!r}, {str(dtype).replace('torch.', '')})" if params.autocast else self.summary
         if grad_scaler is not None:
             text += " + GradScaler"
-        extra = {} if not params.autocast else {"autocast": lambda: torch.autocast(device_type=kind, dtype=dtype)}
-        return PrecisionPlan(
+        plan = PrecisionPlan(
             name=self.name,
             scaler=grad_scaler,
             convert_module=params.convert_module,
             optimizer_step_context=params.optimizer_step_context,
             description=self.describe(text, params),
             no_scaler_reason=params.no_scaler_reason if grad_scaler is None else "",
-            **extra,
         )
+        if not params.autocast:
+            return plan
+        return attrs.evolve(plan, autocast=lambda: torch.autocast(device_type=kind, dtype=dtype))

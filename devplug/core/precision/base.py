@@ -34,6 +34,9 @@ class PrecisionPlan:
       (e.g. ``hmp.disable_casts()``), or ``None``.
     - ``description``: what the plugin did and why, for summaries.
     - ``no_scaler_reason`` (contract 1.3, keyword only): why a ``"16-mixed"`` plan has no grad scaler.
+    - ``uncompiled_note`` (contract 1.9, keyword only): what training under this plan costs where the model is
+      not compiled, in a sentence; the Trainer logs it once as a warning when it sets a module up without
+      ``compile=True`` (torchao's fp8 on a GPU runs its scaling as separate kernels unless compiled).
 
     ``"16-mixed"`` is float16 autocast, whose narrow exponent range flushes small gradients to zero unless
     the loss is scaled: a ``"16-mixed"`` plan must carry a ``scaler``, or say in ``no_scaler_reason`` why
@@ -49,6 +52,7 @@ class PrecisionPlan:
     optimizer_step_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     description: str = ""
     no_scaler_reason: str = attrs.field(default="", kw_only=True, validator=attrs.validators.instance_of(str))
+    uncompiled_note: str = attrs.field(default="", kw_only=True, validator=attrs.validators.instance_of(str))
 
     def __attrs_post_init__(self) -> None:
         if self.scaler is not None or self.no_scaler_reason.strip():

@@ -8,7 +8,8 @@ batches and DALI output. Device options read (``Trainer(device_options={...})``)
 - ``apex`` (default True): use NVIDIA apex's fused optimizers when apex is installed.
 - ``profile`` (default False): NVTX ranges around forward, backward and optimizer step.
 - ``dali`` (default True): DALI for image folders when DALI is installed.
-- ``pin_memory`` (default True): pin host batches of the torch DataLoader when the author did not say.
+- ``pin_memory`` (default: where the loader has worker processes): pin host batches of the torch DataLoader
+  when the author did not say; True or False here applies to every loader.
 - ``cuda_graphs`` (default False): ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) when compiling.
 """
 
@@ -79,8 +80,13 @@ def devplug_device_setup(device: Device) -> None:
 
 @hookimpl
 def devplug_to_device(device: Device, obj: Any) -> Any:
-    """``.to("cuda")``, non-blocking from pinned memory; channels_last when the Trainer asks."""
-    return move_to(obj, device.torch_device, memory_format=device.memory_format)
+    """``.to("cuda")``, non-blocking from host memory, pinned or not; channels_last when the Trainer asks.
+
+    A copy from pageable memory is staged by CUDA before the call returns, so it is safe without waiting
+    (PyTorch's guide "A guide on good usage of non_blocking and pin_memory()"), and waiting would hold the host
+    until the GPU has run all the work queued before it.
+    """
+    return move_to(obj, device.torch_device, memory_format=device.memory_format, async_from_host=True)
 
 
 @hookimpl
@@ -151,7 +157,9 @@ def devplug_collective_setup(device: Device, launch: LaunchInfo) -> CollectiveSe
 
 @hookimpl
 def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice:
-    """DALI for image folders when DALI is installed, else the torch DataLoader with pinned memory.
+    """DALI for image folders when DALI is installed, else the torch DataLoader, pinning host memory where it has
+    worker processes (pinned on the loader's own thread; without workers, batches are copied from pageable
+    memory, non-blocking, as `devplug_to_device` does).
 
     The torch DataLoader's workers, where the author left them out, are tuned by measuring the source
     (compute runs on the GPU, so workers do not compete with it); DALI's threads follow ``num_workers``.
@@ -159,10 +167,11 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
     from devplug.plugins.cuda import dali  # the data pipeline: only when a loader is built
     from devplug.toolkit import torch_dataloader
 
+    chosen_here = options.pin_memory is None and device.options.get("pin_memory") is None
     if options.pin_memory is None:
         options = attrs.evolve(options, pin_memory=bool(device.options.get("pin_memory", True)))
     if not isinstance(source, ImageFolderSource):
-        return torch_dataloader(source, options, compute_competes=False)
+        return torch_dataloader(source, options, compute_competes=False, pin_only_with_workers=chosen_here)
     if not device.options.get("dali", True):
         reason = "DALI disabled by the device option dali=False"
     else:
@@ -178,7 +187,7 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
             except Exception as exc:  # a DALI that imports but cannot run here must not stop training
                 reason = f"the DALI pipeline could not be built ({type(exc).__name__}: {exc})"
     log_once(f"cuda: loading {source.root} with the torch DataLoader, not DALI: {reason}")
-    return torch_dataloader(source, options, reason=reason, compute_competes=False)
+    return torch_dataloader(source, options, reason=reason, compute_competes=False, pin_only_with_workers=chosen_here)
 
 
 @hookimpl

@@ -41,6 +41,13 @@ def resolve_precision(precision: str, *, bf16: bool | None = None) -> str:
 FP8_CAPABILITY = (8, 9)
 
 
+#: Said when an fp8 model is trained uncompiled (figures: benchmarks/README.md, the LM on an H200).
+FP8_UNCOMPILED = ("fp8-mixed without compile=True runs torchao's fp8 scaling (casts, amax reductions) as separate "
+                  "kernels around every matrix multiply: the LM example at width 2048 trained at 0.43x bf16's "
+                  "tokens/s uncompiled on an H200, and at 0.98x compiled; compile the model (Trainer(compile=True), "
+                  "the LM's --compile)")
+
+
 def fsdp_shards(strategy: str) -> bool:
     """Whether the strategy named ``strategy`` shards parameters with FSDP (``"fsdp"``, ``"fsdp+tp"``, any name
     with an ``fsdp`` part)."""
@@ -88,7 +95,8 @@ def plan_fp8(device: Device, capability: tuple[int, int], strategy: str = "none"
     layers = ("every layer with dimensions divisible by 16 converted (device option fp8_small_layers)" if small
               else "layers too small for fp8 to pay stay in bf16")
     return fp8_plan(device, convert, f"torchao float8 training ({recipe} scaling; {gathered}; {layers}), "
-                                     "bfloat16 autocast elsewhere")
+                                     "bfloat16 autocast elsewhere", uncompiled_note=FP8_UNCOMPILED)
+
 
 
 def plan_precision(device: Device, precision: str, *, bf16: bool | None = None,

@@ -81,12 +81,14 @@ def tried(device: Device) -> Trial | None:
 @hookimpl
 def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> LoaderChoice:
     """The torch DataLoader, pinning host memory by default where PyTorch supports it for the type (not MPS)
-    and, on an out-of-tree backend, where pinning worked when the backend was tried.
+    and, on an out-of-tree backend, where pinning worked when the backend was tried; pinned only where the
+    loader has worker processes (without them torch would pin each batch in the main process).
 
     Workers the author left out are tuned by measuring the source; compute runs on the accelerator.
     """
     attempt = tried(device)
-    if options.pin_memory is None:
+    chosen_here = options.pin_memory is None
+    if chosen_here:
         pin = facts(device.torch_device.type).pin_memory and (attempt is None or attempt.ok("pin_memory"))
         options = attrs.evolve(options, pin_memory=pin)
     elif options.pin_memory and attempt is not None and not attempt.ok("pin_memory"):
@@ -95,7 +97,7 @@ def devplug_dataloader(device: Device, source: Any, options: LoaderOptions) -> L
             "load without pinned memory (pin_memory=False)")
     from devplug.toolkit import torch_dataloader  # the data pipeline: only when a loader is built
 
-    return torch_dataloader(source, options, compute_competes=False)
+    return torch_dataloader(source, options, compute_competes=False, pin_only_with_workers=chosen_here)
 
 
 @hookimpl

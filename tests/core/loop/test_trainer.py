@@ -391,3 +391,40 @@ def test_a_logged_value_that_is_not_a_number_is_one_line_naming_it(value):
         with pytest.raises(ValueError, match=rf"^logged value '{name}' must be a number or a one-element tensor, "
                                              rf"got {type(value).__name__}"):
             trainer.log(**{name: value})
+
+
+class PlanThatWantsCompiling:
+    """A device-neutral plugin whose precision plan says what training it uncompiled costs (test stand-in)."""
+
+    DEVPLUG_CONTRACT = devplug.CONTRACT_VERSION
+    NOTE = "this stand-in plan is slow uncompiled: pass compile=True"
+
+    @devplug.hookimpl
+    def devplug_precision(self, precision: str) -> devplug.PrecisionPlan:
+        return devplug.PrecisionPlan(name="32-true", description="stand-in plan", uncompiled_note=self.NOTE)
+
+
+def test_a_plan_that_is_slow_uncompiled_is_said_once_where_the_model_is_not_compiled(caplog, monkeypatch):
+    from devplug.core import log_once
+
+    monkeypatch.setattr(log_once, "_logged", set())
+    pm = create_plugin_manager(autoload=False, extra_plugins=[("wants-compiling", PlanThatWantsCompiling())])
+
+    def warnings_after_setting_up(**options: object) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="devplug"):
+            trainer = devplug.Trainer(device="cpu", progress=False, plugin_manager=pm, **options)
+            assert trainer.precision.uncompiled_note == PlanThatWantsCompiling.NOTE
+            trainer.setup(torch.nn.Linear(4, 4), name="first")
+            trainer.setup(torch.nn.Linear(4, 4), name="second")
+            trainer.close()
+        return [r.getMessage() for r in caplog.records if r.getMessage() == PlanThatWantsCompiling.NOTE]
+
+    assert warnings_after_setting_up(compile=True) == []  # compiled (lazily: nothing is built here)
+    assert warnings_after_setting_up() == [PlanThatWantsCompiling.NOTE]  # once, not once per module
+
+
+def test_a_plan_says_nothing_about_compiling_unless_it_has_something_to_say():
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False)
+    assert trainer.precision.uncompiled_note == ""
+    trainer.close()

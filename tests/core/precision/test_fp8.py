@@ -224,3 +224,9 @@ def test_the_cpus_emulated_fp8_keeps_the_layers_fp8_skip_names_as_the_gpu_does()
     assert type(model.body).__name__ == "Float8Linear" and type(model.head) is torch.nn.Linear
     with pytest.raises(PrecisionError, match="fp8_skip=3"):
         devplug.Trainer(device="cpu", precision="fp8-mixed", progress=False, device_options={**EMULATE, "fp8_skip": 3})
+
+
+def test_the_cuda_fp8_plan_says_that_uncompiled_fp8_is_slow_and_to_compile():
+    device = devplug.Device(spec=cuda_plugin.devplug_register_devices(), index=None, plugin_name="cuda")
+    note = plan_fp8(device, (9, 0)).uncompiled_note
+    assert "separate kernels" in note and "compile=True" in note

@@ -229,9 +229,9 @@ def test_without_dali_the_torch_loader_is_used_and_the_reason_logged_once(source
     assert "not installed" in dali.dali_status()
     with caplog.at_level(logging.INFO, logger="devplug"):
         first = cuda_plugin.devplug_dataloader(device=cuda_device(), source=source,
-                                               options=LoaderOptions(batch_size=4))
+                                               options=LoaderOptions(batch_size=4, num_workers=2))
         second = cuda_plugin.devplug_dataloader(device=cuda_device(), source=source,
-                                                options=LoaderOptions(batch_size=4))
+                                                options=LoaderOptions(batch_size=4, num_workers=2))
     for choice in (first, second):
         assert choice.implementation.startswith("torch DataLoader") and "pin_memory=True" in choice.implementation
         assert "NVIDIA DALI is not installed" in choice.reason and "nvidia-dali-cuda120" in choice.reason

@@ -18,7 +18,15 @@ import torch
 from paths import REPO, STANDINS
 
 import devplug
-from devplug.core.contract.records import Availability, Device, DeviceSpec, LaunchInfo, LoaderOptions, Phase
+from devplug.core.contract.records import (
+    Availability,
+    Device,
+    DeviceSpec,
+    LaunchInfo,
+    LoaderChoice,
+    LoaderOptions,
+    Phase,
+)
 from devplug.core.errors import DeviceUnavailableError, OptimizerError, PrecisionError
 from devplug.core.registry.devices import DeviceRegistry
 from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
@@ -555,16 +563,46 @@ def test_compile_plan_is_inductor_with_cuda_graphs_on_request():
     assert (plan.backend, plan.options) == ("inductor", {"mode": "reduce-overhead"})
 
 
-def test_torch_loader_for_datasets_pins_memory_unless_told_not_to():
+def test_torch_loader_pins_memory_where_it_has_workers_unless_told():
     dataset = torch.utils.data.TensorDataset(torch.randn(8, 3))
-    choice = cuda_plugin.devplug_dataloader(device=cuda_device(), source=dataset, options=LoaderOptions(batch_size=4))
-    assert choice.loader.pin_memory is True and "pin_memory=True" in choice.implementation
-    choice = cuda_plugin.devplug_dataloader(device=cuda_device(), source=dataset,
-                                            options=LoaderOptions(batch_size=4, pin_memory=False))
-    assert choice.loader.pin_memory is False
-    choice = cuda_plugin.devplug_dataloader(device=cuda_device(pin_memory=False), source=dataset,
-                                            options=LoaderOptions(batch_size=4))
-    assert choice.loader.pin_memory is False
+
+    def pinned(device: Device = cuda_device(), **options) -> tuple[bool, LoaderChoice]:
+        choice = cuda_plugin.devplug_dataloader(device=device, source=dataset,
+                                                options=LoaderOptions(batch_size=4, **options))
+        assert f"pin_memory={choice.loader.pin_memory}" in choice.implementation
+        return choice.loader.pin_memory, choice
+
+    assert pinned(num_workers=2)[0] is True  # pinned on the loader's own thread
+    # without workers torch would pin in the main process, a host copy per batch: copied from pageable memory
+    pin, choice = pinned(num_workers=0)
+    assert pin is False and "not pinned, no worker processes" in choice.reason
+    assert pinned(num_workers=0, pin_memory=True)[0] is True  # the author's word stands
+    assert pinned(cuda_device(pin_memory=True), num_workers=0)[0] is True  # and the device option's
+    assert pinned(num_workers=2, pin_memory=False)[0] is False
+    assert pinned(cuda_device(pin_memory=False), num_workers=2)[0] is False
+
+
+def test_to_device_copies_from_host_memory_without_waiting_pinned_or_not(monkeypatch):
+    copies = []
+    to = torch.Tensor.to
+
+    def recorded(self, *args, **kwargs):
+        copies.append((self.device.type, kwargs.get("non_blocking", False)))
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", recorded)
+    spec = attrs.evolve(cuda_plugin.devplug_register_devices(), torch_type="meta")  # a device with no GPU
+    device = Device(spec=spec, index=None, plugin_name="cuda")
+    batch = (torch.randn(2, 3), torch.randn(2))  # pageable host memory, as a loader without workers yields
+    moved = cuda_plugin.devplug_to_device(device=device, obj=batch)
+    assert [t.device.type for t in moved] == ["meta", "meta"]
+    assert copies == [("cpu", True), ("cpu", True)]
+    copies.clear()
+    cuda_plugin.devplug_to_device(device=device, obj={"x": torch.randn(2), "nested": [torch.randn(1)]})
+    assert copies == [("cpu", True), ("cpu", True)]
+    copies.clear()
+    devplug.toolkit.move_to(batch, torch.device("meta"))  # other devices: blocking unless the source is pinned
+    assert copies == [("cpu", False), ("cpu", False)]
 
 
 # ---- checkpoints --------------------------------------------------------------------------------------------
@@ -621,12 +659,16 @@ def test_gpu_probe_count_memory_and_synchronize():
 
 @pytest.mark.cuda
 @needs_gpu
-def test_gpu_to_device_is_non_blocking_from_pinned_memory():
-    batch = torch.randn(4, 3, 8, 8).pin_memory()
-    moved = cuda_plugin.devplug_to_device(device=cuda_device(index=0, channels_last=True), obj=batch)
-    torch.cuda.synchronize()
-    assert moved.is_cuda and moved.is_contiguous(memory_format=torch.channels_last)
-    assert torch.equal(moved.cpu(), batch)
+def test_gpu_to_device_copies_pinned_and_pageable_memory_intact():
+    for batch in (torch.randn(4, 3, 8, 8).pin_memory(), torch.randn(4, 3, 8, 8)):
+        expected = batch.clone()
+        moved = cuda_plugin.devplug_to_device(device=cuda_device(index=0, channels_last=True), obj=batch)
+        batch.zero_()  # the host may reuse its memory at once: the copy has its own
+        torch.cuda.synchronize()
+        assert moved.is_cuda and moved.is_contiguous(memory_format=torch.channels_last)
+        if batch.is_pinned():  # a pinned source is read by the copy when it runs: restore it first
+            continue
+        assert torch.equal(moved.cpu(), expected)
 
 
 @pytest.mark.cuda

@@ -81,12 +81,16 @@ import sys, torch, devplug
 from toys import make_data
 trainer = devplug.Trainer(device="openreg", progress=False)
 pin = {"default": None, "on": True, "off": False}[sys.argv[1]]
+workers = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 try:
-    loader = trainer.dataloader(make_data(16), batch_size=8, num_workers=0, pin_memory=pin)
+    loader = trainer.dataloader(make_data(16), batch_size=8, num_workers=workers, pin_memory=pin)
 except devplug.DevplugError as exc:
     print("refused:", exc)
     raise SystemExit(2)
-print("batches", [tuple(x.shape) for x, _ in loader], loader.choice.implementation)
+if workers:  # what was chosen, without starting the worker processes
+    print("built", loader.choice.implementation)
+else:
+    print("batches", [tuple(x.shape) for x, _ in loader], loader.choice.implementation)
 """
 
 PRECISION = """

@@ -105,6 +105,16 @@ def test_without_a_host_allocator_pinning_crashes_the_process(openreg):
 def test_without_a_host_allocator_loaders_do_not_pin(openreg):
     out = ok(openreg.run(["-c", LOADER, "default"], variant=NO_HOST_ALLOCATOR))
     assert "batches [(8, 6), (8, 6)]" in out and "pin_memory=False" in out
+    # with workers, where pinning would run on the loader's own thread, the failed trial keeps it off
+    out = ok(openreg.run(["-c", LOADER, "default", "2"], variant=NO_HOST_ALLOCATOR))
+    assert "workers=2, pin_memory=False" in out
+
+
+def test_a_working_backend_pins_only_where_the_loader_has_workers(openreg):
+    assert "workers=2, pin_memory=True" in ok(openreg.run(["-c", LOADER, "default", "2"]))
+    out = ok(openreg.run(["-c", LOADER, "default"]))  # in the main process pinning would only add a copy
+    assert "batches [(8, 6), (8, 6)]" in out and "workers=0, pin_memory=False" in out
+    assert "workers=0, pin_memory=True" in ok(openreg.run(["-c", LOADER, "on"]))  # the author's word stands
 
 
 def test_without_a_host_allocator_asking_to_pin_is_one_clear_error(openreg):

@@ -45,7 +45,7 @@ from devplug.toolkit import (
 
 #: The hook contract this plugin was written for (``devplug.CONTRACT_VERSION`` when it was written).
 #: devplug skips, with a clear message, a plugin written for a newer contract or another major version.
-DEVPLUG_CONTRACT = "1.8"
+DEVPLUG_CONTRACT = "1.9"
 
 NAME = "cpusim"
 #: Setting this variable makes the device report itself unavailable (to see a probe's reason in action).

@@ -18,7 +18,7 @@ import torch
 
 import devplug
 
-DEVPLUG_CONTRACT = "1.8"
+DEVPLUG_CONTRACT = "1.9"
 
 #: Step marks seen, per ``"<device>:<phase>"``.
 COUNTS: collections.Counter[str] = collections.Counter()
