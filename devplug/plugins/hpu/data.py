@@ -162,7 +162,8 @@ def build_loader(device: Device, source: Any, options: LoaderOptions) -> LoaderC
 
     The loader line names what runs. See the module docstring for when torch's loader is used.
     """
-    if options.pin_memory is None:
+    chosen_here = options.pin_memory is None  # pinned only where torch's loader has workers (see torch_dataloader)
+    if chosen_here:
         options = attrs.evolve(options, pin_memory=True)
     dataset, reason = habana_dataset(source, options)
     loader_class = None
@@ -183,7 +184,8 @@ def build_loader(device: Device, source: Any, options: LoaderOptions) -> LoaderC
         path = HabanaPath("torch", "device option habana_dataloader=False")
     if loader_class is None or path.kind == "torch":
         runtime.log_once(f"data loader: {path.why}; using torch DataLoader", logging.INFO)
-        return toolkit.torch_dataloader(source, options, reason=path.why, compute_competes=False)
+        return toolkit.torch_dataloader(source, options, reason=path.why, compute_competes=False,
+                                        pin_only_with_workers=chosen_here)
     kwargs: dict[str, Any] = {"batch_size": options.batch_size, "drop_last": options.drop_last}
     if path.kind == "aeon":
         kwargs.update(num_workers=AEON_WORKERS, pin_memory=True)
@@ -200,7 +202,8 @@ def build_loader(device: Device, source: Any, options: LoaderOptions) -> LoaderC
         why = ("HabanaDataLoader could not start its Gaudi pipeline for these settings (it prints why) and "
                "would run torch's DataLoader")
         runtime.log_once(f"data loader: {why}; using torch DataLoader", logging.INFO)
-        return toolkit.torch_dataloader(source, options, reason=why, compute_competes=False)
+        return toolkit.torch_dataloader(source, options, reason=why, compute_competes=False,
+                                        pin_only_with_workers=chosen_here)
     lost = _lost_guarantees(path, options)
     runtime.log_once(f"data loader: {lost}: a resumed run does not replay the interrupted epoch's order. "
                      "Pass device option habana_dataloader=False for torch's DataLoader, which keeps it",

@@ -435,8 +435,11 @@ def test_torch_loader_with_reason_for_other_datasets(hpu, caplog):
     with caplog.at_level(logging.INFO, logger="devplug.plugins.hpu"):
         choice = hooks(hookspecs.devplug_dataloader, source=dataset, options=LoaderOptions(batch_size=2))
         hooks(hookspecs.devplug_dataloader, source=dataset, options=LoaderOptions(batch_size=2))
-    assert choice.implementation == "torch DataLoader(workers=0, pin_memory=True)"
-    assert "not TensorDataset" in choice.reason
+    assert choice.implementation == "torch DataLoader(workers=0, pin_memory=False)"  # none pinned in the main process
+    assert "not TensorDataset" in choice.reason and "not pinned, no worker processes" in choice.reason
+    with_workers = hooks(hookspecs.devplug_dataloader, source=dataset, options=LoaderOptions(batch_size=2,
+                                                                                          num_workers=2))
+    assert with_workers.implementation == "torch DataLoader(workers=2, pin_memory=True)"  # on the loader's thread
     assert len([r for r in caplog.records if "not TensorDataset" in r.getMessage()]) == 1
     assert hpu.count("HabanaDataLoader") == 0
 
