@@ -660,15 +660,18 @@ def test_gpu_probe_count_memory_and_synchronize():
 @pytest.mark.cuda
 @needs_gpu
 def test_gpu_to_device_copies_pinned_and_pageable_memory_intact():
-    for batch in (torch.randn(4, 3, 8, 8).pin_memory(), torch.randn(4, 3, 8, 8)):
-        expected = batch.clone()
-        moved = cuda_plugin.devplug_to_device(device=cuda_device(index=0, channels_last=True), obj=batch)
-        batch.zero_()  # the host may reuse its memory at once: the copy has its own
-        torch.cuda.synchronize()
-        assert moved.is_cuda and moved.is_contiguous(memory_format=torch.channels_last)
-        if batch.is_pinned():  # a pinned source is read by the copy when it runs: restore it first
-            continue
-        assert torch.equal(moved.cpu(), expected)
+    device = cuda_device(index=0, channels_last=True)
+    pinned = torch.randn(4, 3, 8, 8).pin_memory()
+    moved = cuda_plugin.devplug_to_device(device=device, obj=pinned)
+    torch.cuda.synchronize()  # a pinned source is read when the copy runs: wait before reusing it
+    assert moved.is_cuda and moved.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(moved.cpu(), pinned)
+    pageable = torch.randn(4, 3, 8, 8)
+    expected = pageable.clone()
+    moved = cuda_plugin.devplug_to_device(device=device, obj=pageable)
+    pageable.zero_()  # staged before the call returned: the host may reuse its memory at once
+    torch.cuda.synchronize()
+    assert moved.is_contiguous(memory_format=torch.channels_last) and torch.equal(moved.cpu(), expected)
 
 
 @pytest.mark.cuda
