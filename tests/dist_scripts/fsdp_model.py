@@ -6,6 +6,8 @@ Every parameter's first dimension is even, so FSDP splits each exactly in two ov
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 VOCAB, WIDTH, CONTEXT, BATCH, STEPS = 32, 16, 12, 8, 6
@@ -90,3 +92,19 @@ def full_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         value = value.full_tensor() if hasattr(value, "full_tensor") else value
         out[name] = value.detach().cpu().clone()
     return out
+
+
+class Picky:
+    """An object registered for checkpointing that reads only the states of its own version; it takes the value
+    before it checks the version, so a refusal leaves it half-loaded unless the Trainer puts it back."""
+
+    def __init__(self) -> None:
+        self.value, self.version = 0, 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = state["value"]
+        if state["version"] != self.version:
+            raise ValueError("this version cannot read that state")

@@ -6,27 +6,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 import torch
-from fsdp_model import Block, lm_loss, make_lm, rank_batch
+from fsdp_model import Block, Picky, lm_loss, make_lm, rank_batch
 
 import devplug
-
-
-class Picky:
-    """Reads only the states of its own version."""
-
-    def __init__(self) -> None:
-        self.value, self.version = 0, 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "version": self.version}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["version"] != self.version:
-            raise ValueError("this version cannot read that state")
-        self.value = state["value"]
 
 
 def main() -> int:

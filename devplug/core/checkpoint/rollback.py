@@ -153,6 +153,19 @@ def restore_registered(registered: Mapping[str, Any], extra: Mapping[str, Any], 
             raise _Named(f"registered object {name!r}: {' '.join(str(exc).split()) or type(exc).__name__}") from exc
 
 
+def restore_scaler_and_rng(scaler: Any, state: Mapping[str, Any], device_module: Any, rollback: Rollback) -> None:
+    """Restore the grad scaler (where the run and ``state`` both have one) and the RNG states from ``state``,
+    keeping each in ``rollback`` first."""
+    from devplug.core.checkpoint import rng
+
+    if scaler is not None and state["scaler"]:
+        rollback.keep_stateful(scaler, "the grad scaler")
+        scaler.load_state_dict(state["scaler"])
+    before = rng.rng_state(device_module)
+    rollback.on_undo("the RNG states", lambda: rng.restore_rng_state(before, device_module))
+    rng.restore_rng_state(state["rng"], device_module)
+
+
 class _Named(Exception):
     """A restore step's failure, already worded with the part that failed."""
 

@@ -23,10 +23,9 @@ import torch
 import torch.distributed as dist
 
 from devplug.core.checkpoint import file as ckpt
-from devplug.core.checkpoint import rng
 from devplug.core.checkpoint.finite import nonfinite
 from devplug.core.checkpoint.format import TrainingRun
-from devplug.core.checkpoint.rollback import Rollback, all_or_nothing, restore_registered
+from devplug.core.checkpoint.rollback import Rollback, all_or_nothing, restore_registered, restore_scaler_and_rng
 from devplug.core.checkpoint.sharded import ShardedWriter, load_tensors, read_state
 from devplug.core.checkpoint.validate import check_loaded_optimizers, module_problems, registered_problems
 from devplug.core.contract.records import OptimizerChoice
@@ -153,13 +152,7 @@ def _restore_small(ts: TrainingRun, state: Mapping[str, Any], rollback: Rollback
     failure: Exception | None = None
     try:
         restore_registered(ts.registered, state["extra"], rollback)
-        if ts.scaler is not None and state["scaler"]:
-            rollback.keep_stateful(ts.scaler, "the grad scaler")
-            ts.scaler.load_state_dict(state["scaler"])
-        device_module = ts.device_rng()
-        rng_before = rng.rng_state(device_module)
-        rollback.on_undo("the RNG states", lambda: rng.restore_rng_state(rng_before, device_module))
-        rng.restore_rng_state(state["rng"], device_module)
+        restore_scaler_and_rng(ts.scaler, state, ts.device_rng(), rollback)
         for key, choice in ts.optimizers.items():
             rollback.keep_optimizer_entries(choice.optimizer, f"optimizer {key!r}")
     except Exception as exc:

@@ -191,21 +191,15 @@ def restore(state: Mapping[str, Any], natives: Mapping[str, dict[str, Any]], *,
     All or nothing (`devplug.core.checkpoint.rollback`): if any part fails, the parts already restored are
     put back as they were and one `CheckpointError` says what failed.
     """
-    from devplug.core.checkpoint import rng
-    from devplug.core.checkpoint.rollback import all_or_nothing, restore_registered
+    from devplug.core.checkpoint.rollback import all_or_nothing, restore_registered, restore_scaler_and_rng
 
     with all_or_nothing(path) as rollback:
         for choice in optimizers.values():
             rollback.keep_optimizer(choice.optimizer)  # load_state_dict replaces its state and groups
         for key, choice in optimizers.items():
             choice.optimizer.load_state_dict(natives[key])
-        if scaler is not None and state["scaler"]:
-            rollback.keep_stateful(scaler, "the grad scaler")
-            scaler.load_state_dict(state["scaler"])
         for key, module in modules.items():
             rollback.keep_module(module, f"module {key!r}")
             module.load_state_dict(state["modules"][key])
-        rng_before = rng.rng_state(device_module)
-        rollback.on_undo("the RNG states", lambda: rng.restore_rng_state(rng_before, device_module))
-        rng.restore_rng_state(state["rng"], device_module)
+        restore_scaler_and_rng(scaler, state, device_module, rollback)
         restore_registered(registered or {}, state["extra"], rollback)

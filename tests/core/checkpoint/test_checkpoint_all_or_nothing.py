@@ -8,25 +8,11 @@ from typing import Any
 
 import pytest
 import torch
+from dist_scripts.fsdp_model import Picky
 from torch.utils.data import TensorDataset
 
 import devplug
 from devplug.core.errors import CheckpointError
-
-
-class Picky:
-    """A user object registered for checkpointing; it reads only the states of its own version."""
-
-    def __init__(self) -> None:
-        self.value, self.version = 0, 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "version": self.version}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.value = state["value"]  # half-loaded when it then refuses
-        if state["version"] != self.version:
-            raise ValueError("this version cannot read that state")
 
 
 def make_model() -> torch.nn.Module:
