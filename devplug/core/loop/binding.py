@@ -32,6 +32,7 @@ import attrs
 from devplug.core.checkpoint.policy import CheckpointPolicy
 from devplug.core.data.images import printable
 from devplug.core.errors import CheckpointError, ConfigError, DevplugError
+from devplug.core.loop.streams import keep_running_without_reader
 
 #: Largest seed: torch seeds are 64-bit, and loaders add the epoch to the seed.
 MAX_SEED = 2**63 - 1
@@ -208,11 +209,15 @@ class ConfigParser(argparse.ArgumentParser):
         alone makes about 180,000 tracked objects that live as long as the process) and what exists when ``main``
         returns (the process ends then), instead of sweeping them again in every full collection and once
         more at exit (``gc.freeze``).
+
+        A reader that stops reading (``script.py | head``) does not stop the script: the lines it would have
+        read are dropped and the run goes on to its checkpoints and summary file (Ctrl-C stops it as usual).
         """
         for stream in (sys.stdout, sys.stderr):
             reconfigure = getattr(stream, "reconfigure", None)
             if reconfigure is not None:
                 reconfigure(errors="backslashreplace")
+        keep_running_without_reader()
         gc.freeze()
         status = main()
         gc.freeze()
@@ -425,9 +430,13 @@ class ConfigParser(argparse.ArgumentParser):
 
     def _read(self, path: Path) -> dict[str, Any]:
         try:
-            text = Path(path).expanduser().read_text()
+            data = Path(path).expanduser().read_bytes()
         except OSError as exc:
             self.error(f"--config {str(path)!r} cannot be read: {exc.strerror or exc}")
+        try:
+            text = data.decode("utf-8-sig")  # what TOML and JSON files are, whatever the locale (a BOM is skipped)
+        except UnicodeDecodeError as exc:
+            self.error(f"--config {str(path)!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8")
         try:
             if Path(path).suffix.lower() == ".json":
                 values = json.loads(text)
