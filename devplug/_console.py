@@ -1,16 +1,21 @@
-"""The ``devplug`` console script's entry point: ``--version`` without importing torch, and output into a pipe
-that closes early (``devplug doctor | head``) ending quietly, as ``cat`` and ``grep`` do.
+"""The ``devplug`` console script's entry point: ``--version`` without importing torch, output into a pipe
+that closes early (``devplug doctor | head``) ending quietly, as ``cat`` and ``grep`` do, and Ctrl-C at any
+moment ending with one line and status 130.
 
 Every command is `devplug.cli.main`; this module only stands in front of it, importing it when needed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
 
 from devplug._version import __version__
+
+#: The status after Ctrl-C, as a shell reports a process that SIGINT ended (``devplug.cli.EXIT_INTERRUPTED``).
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -30,4 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + 13
+    except KeyboardInterrupt:  # Ctrl-C at any moment (torch loading, probes running): one line, as after a signal
+        if "--json" in args:
+            print(json.dumps({"error": "interrupted", "exit_code": EXIT_INTERRUPTED}))
+        print("devplug: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return status

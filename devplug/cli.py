@@ -3,7 +3,7 @@ consolidate a sharded checkpoint into one file.
 
 Every command but ``consolidate`` takes ``--json`` for scripts (the shapes are in docs/getting-started.md). Exit codes:
 0 success, 1 a conformance check failed, 2 an error (unknown device, bad arguments), 3 ``check``'s
-device is not available on this machine (0 with ``--allow-unavailable``).
+device is not available on this machine (0 with ``--allow-unavailable``), 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 import attrs
 
+from devplug import _console
 from devplug._version import __version__
 from devplug.core.contract.records import CONTRACT_VERSION
 from devplug.core.errors import CheckpointError, DevplugError
@@ -43,6 +44,8 @@ EXIT_FAILED = 1
 EXIT_ERROR = 2
 #: ``devplug check``: the device is not available on this machine, so the checks that need it did not run.
 EXIT_UNAVAILABLE = 3
+#: Ctrl-C: the command stopped before it finished (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = _console.EXIT_INTERRUPTED
 
 #: How ``devplug devices --verbose`` marks a hook implementation's pluggy options.
 _HOOK_OPTIONS = ("wrapper", "hookwrapper", "tryfirst", "trylast")
@@ -399,7 +402,7 @@ one file.
 Every command but consolidate takes --json for scripts. Exit codes: {EXIT_OK} success,
 {EXIT_FAILED} a conformance check failed, {EXIT_ERROR} an error (unknown device, bad arguments),
 {EXIT_UNAVAILABLE} the device of check is not available on this machine ({EXIT_OK} with
---allow-unavailable).
+--allow-unavailable), {EXIT_INTERRUPTED} interrupted (Ctrl-C).
 """
 
 
@@ -495,9 +498,9 @@ def _check(args: argparse.Namespace) -> int:
         if args.json:
             _print_json({"device": args.device, "error": "interrupted before every check ran",
                          "results": [{"name": r.name, "outcome": r.outcome, "detail": r.detail, "since": r.since}
-                                     for r in seen], "exit_code": EXIT_ERROR})
-        print(f"devplug: error: interrupted after {len(seen)} checks", file=sys.stderr)
-        return EXIT_ERROR
+                                     for r in seen], "exit_code": EXIT_INTERRUPTED})
+        print(f"devplug: interrupted after {len(seen)} checks", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if args.json:
         _print_json(run.data())
     else:

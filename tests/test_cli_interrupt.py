@@ -1,0 +1,75 @@
+"""Ctrl-C at any moment of a ``devplug`` command (torch still loading, devices being probed, checks running) ends
+it with one ``devplug: interrupted`` line and status 130, never a traceback; ``--json`` still prints JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from paths import REPO
+
+from devplug import _console, cli
+
+#: Run the ``devplug`` command with a Ctrl-C arriving while torch is being imported (the slow part of start-up).
+CTRL_C_WHILE_TORCH_LOADS = """
+import sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+from devplug._console import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _environ() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.mark.parametrize("argv", [["devices"], ["doctor", "--json"]])
+def test_ctrl_c_while_torch_loads_is_one_line_and_130(argv):
+    done = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_TORCH_LOADS, *argv], capture_output=True, text=True,
+                          env=_environ(), timeout=120, cwd=REPO)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "devplug: interrupted\n", done.stderr
+    if "--json" in argv:
+        assert json.loads(done.stdout) == {"error": "interrupted", "exit_code": 130}
+    else:
+        assert done.stdout == ""
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_ctrl_c_while_devices_are_probed_is_one_line_and_130(monkeypatch, capsys, json_flag):
+    def probing(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "devices_report", probing)
+    monkeypatch.setattr(cli, "devices_data", probing)
+    assert _console.main(["devices", *json_flag]) == cli.EXIT_INTERRUPTED == 130
+    out, err = capsys.readouterr()
+    assert err == "devplug: interrupted\n"
+    assert (json.loads(out)["exit_code"] == 130) if json_flag else out == ""
+
+
+def test_ctrl_c_during_check_reports_the_checks_that_ran_and_130(monkeypatch, capsys):
+    from devplug.testing import CheckResult
+
+    def checks(device, pm, run_compiled=False):
+        yield CheckResult("probe", "passed", "available")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "iter_checks", checks)
+    assert cli.main(["check", "cpu", "--json"]) == 130
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data["exit_code"] == 130 and [r["name"] for r in data["results"]] == ["probe"]
+    assert err.strip().splitlines() == ["devplug: interrupted after 1 checks"]
