@@ -9,9 +9,15 @@ import gc
 
 gc.disable()  # no collections while torch is imported: its ~180,000 objects live as long as the process (below)
 
+import sys  # noqa: E402
+
 import devplug  # noqa: E402
 
-from dcgan.train import main  # noqa: E402  (examples/ is on sys.path when this file runs: dcgan is the folder)
+try:
+    from dcgan.train import main  # examples/ is on sys.path when this file runs: dcgan is the folder
+except KeyboardInterrupt:  # Ctrl-C while torch loads: nothing has started, so one line and the usual status
+    print("dcgan: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 gc.enable()  # run_as_script has the collector leave what the imports made alone (gc.freeze)
 

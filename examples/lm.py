@@ -5,9 +5,15 @@ The example is the folder ``examples/lm/``; this launcher keeps the command ``py
 (and ``torchrun ... examples/lm.py``) that the docs use.
 """
 
+import sys
+
 import devplug
 
-from lm.train import main  # examples/ is on sys.path when this file runs: lm is the folder
+try:
+    from lm.train import main  # examples/ is on sys.path when this file runs: lm is the folder
+except KeyboardInterrupt:  # Ctrl-C while torch loads: nothing has started, so one line and the usual status
+    print("lm: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 if __name__ == "__main__":
     devplug.ConfigParser.run_as_script(main)

@@ -189,9 +189,8 @@ class ConfigParser(argparse.ArgumentParser):
         status. A `devplug.DevplugError` (bad input: a device, a checkpoint, a folder) is one ``prog: error:``
         line and status 2; Ctrl-C is ``prog: interrupted`` and status 130. At the end the process leaves the
         process group a launched run joined (``torch.distributed.destroy_process_group``)."""
-        args = self.parse(argv)
         try:
-            return work(args)
+            return work(self.parse(argv))
         except DevplugError as exc:
             return self.report(exc)
         except KeyboardInterrupt:
@@ -218,9 +217,13 @@ class ConfigParser(argparse.ArgumentParser):
             if reconfigure is not None:
                 reconfigure(errors="backslashreplace")
         keep_running_without_reader()
-        gc.freeze()
-        status = main()
-        gc.freeze()
+        try:
+            gc.freeze()
+            status = main()
+            gc.freeze()
+        except KeyboardInterrupt:  # before ``main`` parsed its flags (`run` reports one that comes later)
+            print(f"{Path(sys.argv[0]).stem or 'python'}: interrupted", file=sys.stderr)
+            status = 130
         sys.exit(status)
 
     # ---- binding ---------------------------------------------------------------------------------------------

@@ -50,3 +50,13 @@ def test_a_config_file_that_is_not_utf8_text_is_one_line(tmp_path, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("demo: error: --config "), lines
     assert str(path) in lines[0] and "not UTF-8 text" in lines[0], lines
+
+
+def test_ctrl_c_before_the_script_parses_its_flags_is_one_line_and_130(tmp_path):
+    script = tmp_path / "demo_train.py"
+    script.write_text("import devplug\n"
+                      "def main():\n"
+                      "    raise KeyboardInterrupt  # before ConfigParser.run: building the parser, say\n"
+                      "devplug.ConfigParser.run_as_script(main)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "demo_train: interrupted\n", "")
