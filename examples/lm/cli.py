@@ -178,6 +178,9 @@ def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -
     """Turn parsed flags into `Settings`; invalid combinations raise `devplug.ConfigError`."""
     spec = ModelSpec(width=args.width, layers=args.layers, heads=args.heads, context=args.context,
                      tie_weights=args.tie_weights).check()
+    if args.tp is not None and args.strategy not in ("tp", "fsdp+tp"):  # else it would be ignored without a word
+        raise ConfigError(f"--tp {args.tp} splits layers only under --strategy tp or fsdp+tp (this run: --strategy "
+                          f"{args.strategy}); add one of them or drop --tp")
     if args.min_lr > args.lr:
         raise ConfigError(f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}; the decay ends at --min-lr")
     parser = build_parser()  # the same bindings as the parser that parsed args
