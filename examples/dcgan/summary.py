@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from typing import Any
 
 from devplug import ThroughputMeter, toolkit
@@ -118,7 +119,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         rows.append(("samples", summary["last_sample"]))
     if summary["last_checkpoint"]:
         rows.append(("checkpoint", summary["last_checkpoint"]))
-    rows.append(("tensorboard", f"tensorboard --logdir {os.path.join(summary['out_dir'], 'tensorboard')}"))
+    logdir = shlex.quote(os.path.join(summary["out_dir"], "tensorboard"))  # a command that works pasted into a shell
+    rows.append(("tensorboard", f"tensorboard --logdir {logdir}"))
     width = max(len(name) for name, _ in rows)
     title = "DCGAN run summary" + (" (interrupted)" if summary["status"] == "interrupted" else "")
     return "\n".join([title, *(f"  {name.ljust(width)}  {value}" for name, value in rows)])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
+from dcgan_runs import run as dcgan_run
 
 from lm import train as lm_example  # examples/lm/train.py
 
@@ -14,3 +17,11 @@ def test_lm_tp_without_a_tensor_parallel_strategy_is_one_line_not_ignored(tmp_pa
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("lm: error: --tp 2 splits layers only under --strategy tp or fsdp+tp"), err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_dcgan_summarys_tensorboard_command_works_pasted_into_a_shell(tmp_path, capsys):
+    out = tmp_path / "my run's folder"
+    assert dcgan_run(["--data", "fake", "--steps", "1", "--out", str(out)]) == 0
+    command = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("tensorboard "))
+    assert shlex.split(command.strip())[1:] == ["tensorboard", "--logdir", str(out / "tensorboard")], command
+    assert (out / "tensorboard").is_dir()
