@@ -94,7 +94,7 @@ def build_parser() -> ConfigParser:
                       help="a folder of images (flat or one sub-folder per class); 'fake' for random images "
                            "(compute only, no data cost); 'shapes' for the embedded, generated data set of "
                            "colored shapes on gradients (default: shapes; write ./fake for a folder named fake)")
-    data.add_argument("--cache-dir", type=Path, default=None,
+    data.add_argument("--cache-dir", type=ConfigParser.path, default=None,
                       help="where the decoded image cache of --data PATH lives "
                            f"(default: $XDG_CACHE_HOME/devplug/dcgan, here {default_cache_dir()})")
     data.add_argument("--no-cache", action="store_true",

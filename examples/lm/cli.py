@@ -133,7 +133,7 @@ def build_parser() -> ConfigParser:
                                "the device (default: 50)"),
     ], group=out)
     parser.bind_checkpoints(out, save_every=200)
-    out.add_argument("--consolidate", type=Path, default=None, metavar="FILE",
+    out.add_argument("--consolidate", type=ConfigParser.path, default=None, metavar="FILE",
                      help="at the end, write the final weights as one plain state_dict file that torch.load reads "
                           "(from the sharded checkpoint with --strategy fsdp)")
     return parser

@@ -7,6 +7,7 @@ import shlex
 import pytest
 from dcgan_runs import run as dcgan_run
 
+from dcgan import train as dcgan_example  # examples/dcgan/train.py
 from lm import train as lm_example  # examples/lm/train.py
 
 
@@ -25,3 +26,17 @@ def test_the_dcgan_summarys_tensorboard_command_works_pasted_into_a_shell(tmp_pa
     command = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("tensorboard "))
     assert shlex.split(command.strip())[1:] == ["tensorboard", "--logdir", str(out / "tensorboard")], command
     assert (out / "tensorboard").is_dir()
+
+
+@pytest.mark.parametrize(("example", "flag"), [("dcgan", "--out"), ("dcgan", "--resume"), ("dcgan", "--cache-dir"),
+                                               ("lm", "--out"), ("lm", "--consolidate")])
+def test_an_empty_path_is_one_line_not_the_current_folder(tmp_path, monkeypatch, capsys, example, flag):
+    """``--out "$OUT"`` with OUT unset: an error, not a run (or a resume) in the folder the user stands in."""
+    monkeypatch.chdir(tmp_path)
+    main = dcgan_example.main if example == "dcgan" else lm_example.main
+    with pytest.raises(SystemExit) as stopped:
+        main(["--device", "cpu", "--steps", "1", flag, ""])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{example}: error: argument {flag}: must be a path, got empty"), err
+    assert not list(tmp_path.iterdir())

@@ -106,6 +106,14 @@ class Flag:
     dest: str | None = None
 
 
+def path(text: str) -> Path:
+    """An argparse ``type`` for a file or folder: empty text (an unset shell variable, ``--out "$OUT"``) is refused
+    rather than read as the current folder; ``~`` is expanded."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a path, got empty text; write . for the current folder")
+    return Path(text).expanduser()
+
+
 def field_help(cls: type) -> dict[str, str]:
     """Each field's description from ``cls``'s docstring bullets (``- ``name``: text``), in plain words."""
     found: dict[str, str] = {}
@@ -156,9 +164,10 @@ class ConfigParser(argparse.ArgumentParser):
     a script can tell a value asked for from a default (a resumed run keeps its own unless asked).
     """
 
-    #: argparse types for a script's own flags (see `integer`, `number`), and the largest seed.
+    #: argparse types for a script's own flags (see `integer`, `number`, `path`), and the largest seed.
     integer = staticmethod(integer)
     number = staticmethod(number)
+    path = staticmethod(path)
     MAX_SEED = MAX_SEED
 
     def __init__(self, prog: str, *, description: str | None = None, epilog: str | None = None,
@@ -320,10 +329,10 @@ class ConfigParser(argparse.ArgumentParser):
         """``--out``, ``--resume`` and ``--auto-resume``: where a run writes and what it continues from;
         ``runs`` is the folder of timestamped run folders ``--out`` defaults to (``runs/lm``)."""
         container = group if group is not None else self
-        container.add_argument("--out", type=Path, default=None,
+        container.add_argument("--out", type=path, default=None,
                                help=f"run folder (default: {runs}/<timestamp>; with --resume, the resumed run's "
                                     "folder)")
-        container.add_argument("--resume", type=Path, default=None, metavar="PATH",
+        container.add_argument("--resume", type=path, default=None, metavar="PATH",
                                help="continue from a checkpoint (a file, or a folder of shards), or from the newest "
                                     "checkpoint of a run folder, at its saved step (give the same model flags as the "
                                     "run that wrote it)")
