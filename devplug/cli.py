@@ -9,13 +9,14 @@ device is not available on this machine (0 with ``--allow-unavailable``), 130 in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 import attrs
 
@@ -478,8 +479,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Where ``--json`` prints its object: the command's stdout, while what plugins print goes to stderr.
+_json_out: list[TextIO] = []
+
+
 def _print_json(data: dict[str, Any]) -> None:
-    print(json.dumps(data, indent=2, default=str))
+    print(json.dumps(data, indent=2, default=str), file=_json_out[-1] if _json_out else sys.stdout, flush=True)
+
+
+@contextlib.contextmanager
+def _plugin_output_to_stderr(json_wanted: bool) -> Iterator[None]:
+    """With ``--json``: inside, ``print`` goes to stderr (a plugin or vendor stack printing while it is loaded,
+    probed or checked), so stdout holds the one JSON object and nothing else."""
+    if not json_wanted:
+        yield
+        return
+    _json_out.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _json_out.pop()
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -523,6 +543,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    with _plugin_output_to_stderr(getattr(args, "json", False)):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command; its exit status."""
     try:
         if args.command == "devices":
             if args.json:
