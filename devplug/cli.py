@@ -511,12 +511,13 @@ def _check(args: argparse.Namespace) -> int:
         if not args.json:
             print(result, flush=True)
 
+    device = args.device.strip().lower()  # as the Trainer reads a device name: `check CPU` is `check cpu`
     try:
-        run = run_check(args.device, run_compiled=args.run_compiled, allow_unavailable=args.allow_unavailable,
+        run = run_check(device, run_compiled=args.run_compiled, allow_unavailable=args.allow_unavailable,
                         on_result=show)
     except KeyboardInterrupt:
         if args.json:
-            _print_json({"device": args.device, "error": "interrupted before every check ran",
+            _print_json({"device": device, "error": "interrupted before every check ran",
                          "results": [{"name": r.name, "outcome": r.outcome, "detail": r.detail, "since": r.since}
                                      for r in seen], "exit_code": EXIT_INTERRUPTED})
         print(f"devplug: interrupted after {len(seen)} checks", file=sys.stderr)

@@ -1,5 +1,6 @@
-"""Ctrl-C at any moment of a ``devplug`` command (torch still loading, devices being probed, checks running) ends
-it with one ``devplug: interrupted`` line and status 130, never a traceback; ``--json`` still prints JSON."""
+"""The ``devplug`` command off the happy path: Ctrl-C at any moment (torch still loading, devices being probed,
+checks running) ends it with one ``devplug: interrupted`` line and status 130, never a traceback, and ``--json``
+still prints JSON; ``check`` reads a device name as the Trainer does."""
 
 from __future__ import annotations
 
@@ -73,3 +74,14 @@ def test_ctrl_c_during_check_reports_the_checks_that_ran_and_130(monkeypatch, ca
     data = json.loads(out)
     assert data["exit_code"] == 130 and [r["name"] for r in data["results"]] == ["probe"]
     assert err.strip().splitlines() == ["devplug: interrupted after 1 checks"]
+
+
+@pytest.mark.parametrize("spelling", ["CPU", " cpu "])
+def test_check_reads_a_device_name_as_the_trainer_does(monkeypatch, capsys, spelling):
+    from devplug.testing import CheckResult
+
+    monkeypatch.setattr(cli, "iter_checks", lambda device, pm, run_compiled=False: iter(
+        [CheckResult("probe", "passed", f"asked for {device!r}")]))
+    assert cli.main(["check", spelling, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["device"] == "cpu" and data["results"][0]["detail"] == "asked for 'cpu'"
