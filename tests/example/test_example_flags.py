@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 
 import pytest
 from dcgan_runs import run as dcgan_run
+from paths import REPO
 
 from dcgan import train as dcgan_example  # examples/dcgan/train.py
 from lm import train as lm_example  # examples/lm/train.py
@@ -40,3 +43,15 @@ def test_an_empty_path_is_one_line_not_the_current_folder(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"{example}: error: argument {flag}: must be a path, got empty"), err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv", [["--sample-every", "0"], ["--epochs", "-1"]])
+def test_the_minimal_example_refuses_counts_below_one(tmp_path, argv):
+    """``--sample-every 0`` was a division by zero after the first step; ``--epochs -1`` a run that trained nothing."""
+    result = subprocess.run([sys.executable, str(REPO / "examples" / "dcgan" / "minimal.py"), "--device", "cpu",
+                             *argv, "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == f"minimal.py: error: argument {argv[0]}: must be a positive integer, got {argv[1]}", last
+    assert not (tmp_path / "run").exists()
