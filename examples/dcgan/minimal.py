@@ -36,16 +36,19 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="auto, cpu, cuda, hpu, ... (default: $DEVPLUG_DEVICE or auto)")
     parser.add_argument("--precision", default="auto", help=f"auto (the device's best), {', '.join(precision_names())}")
-    positive = devplug.ConfigParser.integer(1)  # 0 or -1 is one error line, not a run that trains nothing
-    parser.add_argument("--epochs", type=positive, default=1, help="epochs of 32,000 images (default: 1)")
-    parser.add_argument("--steps", type=positive, default=None, help="stop after this many steps")
-    parser.add_argument("--batch-size", type=positive, default=128, help="images per step and process (default: 128)")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs of 32,000 images (default: 1)")
+    parser.add_argument("--steps", type=int, default=None, help="stop after this many steps")
+    parser.add_argument("--batch-size", type=int, default=128, help="images per step and process (default: 128)")
     parser.add_argument("--lr", type=float, default=2e-4, help="Adam learning rate (default: 2e-4)")
     parser.add_argument("--beta1", type=float, default=0.5, help="Adam beta1 (default: 0.5)")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights, noise and shuffling (default: 0)")
-    parser.add_argument("--sample-every", type=positive, default=250, help="steps between sample grids (default: 250)")
+    parser.add_argument("--sample-every", type=int, default=250, help="steps between sample grids (default: 250)")
     parser.add_argument("--out", type=Path, default=Path("runs/dcgan-minimal"), help="output folder")
-    return parser.parse_args()
+    args = parser.parse_args()
+    for flag, value in (("--epochs", args.epochs), ("--sample-every", args.sample_every)):
+        if value < 1:  # the Trainer checks the others; 0 here would train nothing, or divide by zero
+            raise devplug.ConfigError(f"{flag} must be a positive integer, got {value}")
+    return args
 
 
 def main() -> int:

@@ -52,6 +52,8 @@ def test_the_minimal_example_refuses_counts_below_one(tmp_path, argv):
                              *argv, "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=tmp_path,
                             timeout=300)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    last = result.stderr.strip().splitlines()[-1]
-    assert last == f"minimal.py: error: argument {argv[0]}: must be a positive integer, got {argv[1]}", last
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    last = lines[0]
+    assert last == f"minimal.py: error: {argv[0]} must be a positive integer, got {argv[1]}", last
     assert not (tmp_path / "run").exists()
