@@ -329,7 +329,7 @@ def start(args: argparse.Namespace) -> int:
     created = checks.prepare_output_dir(settings.out)  # a bad --out fails now, not at the first log point
     try:
         return train(settings)
-    except devplug.DevplugError:
+    except (devplug.DevplugError, KeyboardInterrupt):  # bad input, or Ctrl-C before the first step
         checks.remove_empty(created)  # the run stopped before writing anything: leave no empty folders
         raise
 

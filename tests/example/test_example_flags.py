@@ -57,3 +57,13 @@ def test_the_minimal_example_refuses_counts_below_one(tmp_path, argv):
     last = lines[0]
     assert last == f"minimal.py: error: {argv[0]} must be a positive integer, got {argv[1]}", last
     assert not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_before_the_first_dcgan_step_leaves_no_empty_run_folder(tmp_path, monkeypatch, capsys):
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt  # Ctrl-C while the data is being prepared
+
+    monkeypatch.setattr(dcgan_example, "load_training_data", interrupted)
+    assert dcgan_run(["--data", "fake", "--steps", "1", "--out", str(tmp_path / "run")]) == 130
+    assert capsys.readouterr().err.endswith("dcgan: interrupted\n")
+    assert not (tmp_path / "run").exists()
