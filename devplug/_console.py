@@ -28,7 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from devplug.cli import main as run
 
         status = run(args)
-        sys.stdout.flush()  # a reader that has gone shows here, inside the try, not at interpreter exit
+        if sys.stdout is not None:  # None: started with stdout closed (`devplug devices >&-`), print wrote nothing
+            sys.stdout.flush()  # a reader that has gone shows here, inside the try, not at interpreter exit
     except BrokenPipeError:
         # The reader stopped reading (head, less quit): point stdout at /dev/null so the interpreter's own
         # flush at exit does not fail again, and exit as a process killed by SIGPIPE reports to the shell.

@@ -85,3 +85,11 @@ def test_check_reads_a_device_name_as_the_trainer_does(monkeypatch, capsys, spel
     assert cli.main(["check", spelling, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["device"] == "cpu" and data["results"][0]["detail"] == "asked for 'cpu'"
+
+
+def test_a_command_started_with_stdout_closed_ends_without_a_traceback():
+    """``devplug devices >&-``: Python starts with ``sys.stdout`` None; the command must not trip over it."""
+    done = subprocess.run([sys.executable, "-m", "devplug", "devices"], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, env={**_environ(), "DEVPLUG_DISABLE_PLUGIN_AUTOLOAD": "1"},
+                          timeout=120, cwd=REPO, preexec_fn=lambda: os.close(1))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
