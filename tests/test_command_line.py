@@ -136,6 +136,8 @@ def test_consolidate_into_a_place_it_cannot_write_is_one_line(sharded_checkpoint
     err = capsys.readouterr().err.strip().splitlines()
     start = "cannot write " if where == "under_a_file" else "the disk is full: could not write "
     assert len(err) == 1 and err[0].startswith(f"devplug: error: {start}{str(target)!r}"), err
+    if where == "under_a_file":
+        assert f"a part of its path is a file, not a folder ({tmp_path / 'a_file'})" in err[0], err
     assert not target.exists() and (not target.parent.is_dir() or not list(target.parent.iterdir()))
 
 
