@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fnmatch
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -187,6 +188,11 @@ def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -
     run = parser.run_folder(args, now=now)
     if args.consolidate is not None and args.consolidate.is_dir():
         raise ConfigError(f"--consolidate {str(args.consolidate)!r} is a folder; name the file to write")
+    checkpoints = (run.out / "checkpoints").resolve()
+    if args.consolidate is not None and (args.consolidate.resolve().is_relative_to(checkpoints)
+                                         or fnmatch.fnmatch(args.consolidate.name, "step_*.pt")):
+        raise ConfigError(f"--consolidate {str(args.consolidate)!r} would replace or sit among checkpoints (step_*.pt, "
+                          f"or {str(run.out / 'checkpoints')!r}, which the run prunes); name a file outside them")
     policy = parser.build(CheckpointPolicy, args, directory=run.out / "checkpoints", at_end=True)
     config = parser.build(TrainerConfig, args, log_dir=str(run.out / "tensorboard"), progress=False,
                           checkpoints=policy, device_options=device_options(args.device_options))

@@ -81,3 +81,15 @@ def test_a_new_dcgan_run_in_an_earlier_runs_folder_is_refused_and_loses_nothing(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds the checkpoints of an earlier run" in err and "--auto-resume" in err, err
     assert {p.name: p.read_bytes() for p in (out / "checkpoints").iterdir()} == saved
+
+
+@pytest.mark.parametrize("target", ["run/checkpoints/step_0000002.pt", "run/checkpoints/final.pt",
+                                    "elsewhere/step_0000300.pt"])
+def test_lm_consolidate_never_writes_over_or_among_checkpoints(tmp_path, capsys, target):
+    """Before: ``--consolidate OUT/checkpoints/step_0000002.pt`` replaced the run's last checkpoint with plain weights,
+    and the next --auto-resume found none it could use."""
+    code = lm_example.main(["--device", "cpu", "--steps", "2", "--out", str(tmp_path / "run"),
+                            "--consolidate", str(tmp_path / target)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--consolidate" in err and "name a file outside" in err, err
+    assert not (tmp_path / "run").exists()
