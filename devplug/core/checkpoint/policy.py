@@ -14,7 +14,10 @@ the file to resume from; the Trainer decides when.
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import json
+import logging
 import math
 import os
 import re
@@ -29,6 +32,8 @@ from devplug.core.checkpoint.diskfull import disk_full_cause, disk_full_line, wr
 from devplug.core.checkpoint.format import format_of
 from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.errors import CheckpointError, CheckpointMismatchError, NonFiniteLossError
+
+log = logging.getLogger("devplug")
 
 #: The checkpoint files a policy writes and recognises.
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
@@ -105,6 +110,50 @@ def steps_newest_first(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def _new_folder(parent: Path, name: str) -> Path:
+    """Create ``parent/name``, or ``name-2``, ``name-3``... when it is taken: a folder no one else wrote into."""
+    for number in itertools.count(1):
+        folder = parent / (name if number == 1 else f"{name}-{number}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def set_aside_newer(resumed: Path, *, now: datetime.datetime | None = None) -> tuple[Path | None, int]:
+    """Move the checkpoints newer than ``resumed`` in its folder into ``abandoned-<time>/`` beside them.
+
+    They are never deleted, so they are neither pruned nor resumed from by mistake later; the folder is a new
+    one each time (``abandoned-<time>-2/`` and so on when one of that second exists), so a file set aside
+    earlier is never replaced. Returns that folder and how many were moved (``None`` and 0 when none were
+    newer, or ``resumed`` is not a ``step_*.pt`` file).
+    """
+    match = CHECKPOINT_NAME.match(resumed.name)
+    if match is None:
+        return None, 0
+    return set_aside_from(resumed.parent, int(match[1]) + 1, now=now,
+                          why=f"resumed from an older checkpoint ({resumed.name})")
+
+
+def set_aside_from(folder: Path, step: int, *, why: str,
+                   now: datetime.datetime | None = None) -> tuple[Path | None, int]:
+    """Move the checkpoints of ``folder`` taken at ``step`` or later into ``abandoned-<time>/`` beside them.
+
+    ``why`` starts the warning that says so. Returns that folder and how many were moved (``None`` and 0 when
+    there were none).
+    """
+    newer = [path for found, path in steps_newest_first(folder) if found >= step]
+    if not newer:
+        return None, 0
+    aside = _new_folder(folder, f"abandoned-{(now or datetime.datetime.now()).strftime('%Y%m%d-%H%M%S')}")
+    for path in newer:
+        path.rename(aside / path.name)
+    log.warning("%s: moved %d newer checkpoint(s) to %s", why, len(newer), aside)
+    return aside, len(newer)
+
+
 def damaged(exc: BaseException) -> bool:
     """True when a load failed because the file is damaged or holds NaN, not because it fits another setup."""
     return isinstance(exc, (CheckpointError, NonFiniteLossError)) and not isinstance(exc, CheckpointMismatchError)
@@ -167,6 +216,9 @@ class RunCheckpoints:
         """
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / checkpoint_name(step)
+        if main:  # another run's checkpoints of this step or later would be overwritten, keep it from pruning
+            set_aside_from(self.folder, step, why=f"{self.folder} holds checkpoints of step {step} or later that this "
+                           f"run did not write (another run's, saving its step {step} now)")
         try:
             write(path)
         except OSError as exc:

@@ -1,0 +1,46 @@
+"""A run folder used the way people do: a new run started in a folder that holds another run's checkpoints,
+damaged files beside good ones, scores that tie or are not numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import devplug
+
+
+def _train(folder: Path, steps: int, *, every: int, keep_last: int | None = 3, auto_resume: bool = False,
+           seed: int = 0) -> devplug.Trainer:
+    policy = devplug.CheckpointPolicy(directory=folder, every_n_steps=every, keep_last=keep_last,
+                                      auto_resume=auto_resume)
+    trainer = devplug.Trainer(device="cpu", precision="32-true", seed=seed, progress=False, checkpoints=policy,
+                              stop_signals=(), count_flops=False, log_every=1000)
+    model = trainer.setup(torch.nn.Linear(3, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 3), torch.randn(64, 1))
+    loader = trainer.dataloader(data, 2, num_workers=0)
+    for _ in trainer.epochs(100, max_steps=steps):
+        for x, y in loader:
+            trainer.backward(torch.nn.functional.mse_loss(model(x), y))
+            trainer.step(opt)
+    trainer.close()
+    return trainer
+
+
+def _steps(folder: Path) -> list[int]:
+    return sorted(int(p.name[5:12]) for p in folder.glob("step_*.pt"))
+
+
+def test_a_new_run_in_a_folder_of_a_longer_run_keeps_its_own_checkpoints(tmp_path):
+    folder = tmp_path / "ckpt"
+    _train(folder, 12, every=4, keep_last=None)  # an earlier run left steps 4, 8, 12
+    trainer = _train(folder, 6, every=2, keep_last=1)  # a new run (no resume) in the same folder
+    assert _steps(folder) == [6]  # its own newest is kept, not the earlier run's step 12
+    assert trainer.summary()["last_checkpoint"] == str(folder / "step_0000006.pt")
+    aside = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith("abandoned-")]
+    assert len(aside) == 1  # every earlier checkpoint at or after its first save (step 2) is there, none lost
+    assert sorted(p.name for p in aside[0].iterdir()) == ["step_0000004.pt", "step_0000008.pt", "step_0000012.pt"]
+    resumed = _train(folder, 8, every=2, keep_last=1, auto_resume=True)  # resumes the new run, not the old one
+    assert resumed.summary()["last_checkpoint"] == str(folder / "step_0000008.pt")
+    assert torch.load(folder / "step_0000008.pt", weights_only=True)["global_step"] == 8
