@@ -3,11 +3,18 @@ damaged files beside good ones, scores that tie or are not numbers."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
+from paths import REPO
 
 import devplug
+from devplug import toolkit
 
 
 def _train(folder: Path, steps: int, *, every: int, keep_last: int | None = 3, auto_resume: bool = False,
@@ -44,3 +51,27 @@ def test_a_new_run_in_a_folder_of_a_longer_run_keeps_its_own_checkpoints(tmp_pat
     resumed = _train(folder, 8, every=2, keep_last=1, auto_resume=True)  # resumes the new run, not the old one
     assert resumed.summary()["last_checkpoint"] == str(folder / "step_0000008.pt")
     assert torch.load(folder / "step_0000008.pt", weights_only=True)["global_step"] == 8
+
+
+KILLED_WRITING_AN_OUTPUT = r"""
+import os, signal, sys
+from devplug import toolkit
+
+def half_then_killed(handle):
+    handle.write(b"{")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+toolkit.write_atomically(sys.argv[1], half_then_killed)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_an_output_a_killed_run_was_writing_leaves_no_temp_file_for_good(tmp_path):
+    # the run folder's summary and sample grids are written through toolkit.write_atomically, outside checkpoints/
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", KILLED_WRITING_AN_OUTPUT, str(tmp_path / "summary.json")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert [p.name.startswith(".summary.json.") for p in tmp_path.iterdir()] == [True]  # its temporary file
+    toolkit.write_atomically(tmp_path / "summary.json", lambda handle: handle.write(b"{}"))  # the next run's
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
