@@ -6,7 +6,9 @@ resumes bitwise), and at the end of ``epochs()``. It keeps the newest ``keep_las
 ``keep_best`` by a logged metric, and never removes the newest intact checkpoint. With ``auto_resume`` the
 run continues from the newest checkpoint that loads: damaged or non-finite files are skipped with a
 warning and the one before is tried; resuming from an older one moves the newer ones aside into
-``abandoned-<time>/`` (never deleted), so they are neither pruned nor resumed by mistake later.
+``abandoned-<time>/`` (never deleted), so they are neither pruned nor resumed by mistake later; so does a
+save that finds checkpoints of its step or later in the folder (another run's, in a folder reused without
+resuming).
 
 `RunCheckpoints` does the file work for one policy (saving, pruning); `devplug.core.checkpoint.resume` chooses
 the file to resume from; the Trainer decides when.
@@ -213,12 +215,14 @@ class RunCheckpoints:
         one `CheckpointError` line naming the file and the previous checkpoint, which the atomic write left
         intact; the same at the index of scores beside them (``checkpoints.json``). A sharded checkpoint (a
         folder every rank writes into) is written on every rank; only the ``main`` one records scores and prunes.
+        Checkpoints of ``step`` or later already in the folder were written by another run (this one's steps only
+        grow): they are moved into ``abandoned-<time>/`` first, so they neither replace nor outrank this run's.
         """
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / checkpoint_name(step)
-        if main:  # another run's checkpoints of this step or later would be overwritten, keep it from pruning
-            set_aside_from(self.folder, step, why=f"{self.folder} holds checkpoints of step {step} or later that this "
-                           f"run did not write (another run's, saving its step {step} now)")
+        if main:
+            set_aside_from(self.folder, step, why=f"this run saves its step {step} into {self.folder}, which holds "
+                           "checkpoints of another run at that step or later")
         try:
             write(path)
         except OSError as exc:
