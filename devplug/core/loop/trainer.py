@@ -725,6 +725,8 @@ class Trainer:
                 self._flush_logs()
                 if runs is not None and runs.policy.at_end:
                     self._keeper.save_by_policy()
+                elif runs is not None:  # a save due at the last step: no batch is asked for after it to make it
+                    self._keeper.save_if_due()
                 self._keeper.warn_unseen_monitor()
             finally:  # left early (break, exception): what is still pending, this rank's values only
                 position.in_epochs = False

@@ -75,3 +75,19 @@ def test_an_output_a_killed_run_was_writing_leaves_no_temp_file_for_good(tmp_pat
     assert [p.name.startswith(".summary.json.") for p in tmp_path.iterdir()] == [True]  # its temporary file
     toolkit.write_atomically(tmp_path / "summary.json", lambda handle: handle.write(b"{}"))  # the next run's
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_the_periodic_save_due_at_the_last_step_is_made_without_at_end(tmp_path):
+    folder = tmp_path / "ckpt"
+    policy = devplug.CheckpointPolicy(directory=folder, every_n_steps=2, keep_last=None, at_end=False)
+    trainer = devplug.Trainer(device="cpu", precision="32-true", seed=0, progress=False, checkpoints=policy,
+                              stop_signals=(), count_flops=False, log_every=1000)
+    model = trainer.setup(torch.nn.Linear(3, 1))
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(40, 3)), 2, num_workers=0)
+    for _ in trainer.epochs(1, max_steps=6):  # max_steps ends the run inside the epoch
+        for (x,) in loader:
+            trainer.backward(model(x).square().mean())
+            trainer.step(opt)
+    trainer.close()
+    assert _steps(folder) == [2, 4, 6]  # step 6 is due like 2 and 4, though no batch is asked for after it
