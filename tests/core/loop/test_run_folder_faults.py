@@ -15,6 +15,7 @@ from paths import REPO
 
 import devplug
 from devplug import toolkit
+from devplug.core.checkpoint.tempfiles import host_tag
 
 
 def _train(folder: Path, steps: int, *, every: int, keep_last: int | None = 3, auto_resume: bool = False,
@@ -56,6 +57,7 @@ def test_a_new_run_in_a_folder_of_a_longer_run_keeps_its_own_checkpoints(tmp_pat
 KILLED_WRITING_AN_OUTPUT = r"""
 import os, signal, sys
 from devplug import toolkit
+from devplug.core.checkpoint.tempfiles import host_tag
 
 def half_then_killed(handle):
     handle.write(b"{")
@@ -91,3 +93,25 @@ def test_the_periodic_save_due_at_the_last_step_is_made_without_at_end(tmp_path)
             trainer.step(opt)
     trainer.close()
     assert _steps(folder) == [2, 4, 6]  # step 6 is due like 2 and 4, though no batch is asked for after it
+
+
+def _aged(path: Path, seconds: float) -> None:
+    stamp = path.stat().st_mtime - seconds
+    os.utime(path, (stamp, stamp))
+
+
+def test_temp_files_a_restarted_container_cannot_tell_apart_go_once_an_hour_old(tmp_path):
+    # A pod restarted on another node names its host differently; a container's training process is pid 1 on
+    # every restart, so a killed save's pid is alive again. Neither writer can be told dead by its pid.
+    host = host_tag()
+    names = [f".step_0000004.pt.pod-7f9c-{host}.1.0123abcd.tmp",   # another host (the pod before the restart)
+             f".step_0000004.pt.{host}.{os.getpid()}.0123abcd.tmp"]  # this host, a pid that is alive again
+    for name in names:
+        (tmp_path / name).write_bytes(b"half a checkpoint")
+        _aged(tmp_path / name, 2 * 3600)
+    (tmp_path / "step_0000006.pt").write_bytes(b"checkpoint")  # the restarted run wrote the folder since
+    assert sorted(p.name for p in toolkit.remove_stale_temp_files(tmp_path)) == sorted(names)
+    for name in names:  # written a minute ago, their writer may still rename them: kept
+        (tmp_path / name).write_bytes(b"half a checkpoint")
+        _aged(tmp_path / name, 60)
+    assert toolkit.remove_stale_temp_files(tmp_path) == []
