@@ -144,16 +144,25 @@ def set_aside_from(folder: Path, step: int, *, why: str,
     """Move the checkpoints of ``folder`` taken at ``step`` or later into ``abandoned-<time>/`` beside them.
 
     ``why`` starts the warning that says so. Returns that folder and how many were moved (``None`` and 0 when
-    there were none).
+    there were none). A folder that cannot be written (read-only, another user's) is a warning, not an error:
+    the checkpoints stay where they are.
     """
     newer = [path for found, path in steps_newest_first(folder) if found >= step]
     if not newer:
         return None, 0
-    aside = _new_folder(folder, f"abandoned-{(now or datetime.datetime.now()).strftime('%Y%m%d-%H%M%S')}")
-    for path in newer:
-        path.rename(aside / path.name)
-    log.warning("%s: moved %d newer checkpoint(s) to %s", why, len(newer), aside)
-    return aside, len(newer)
+    aside, moved = None, 0
+    try:
+        aside = _new_folder(folder, f"abandoned-{(now or datetime.datetime.now()).strftime('%Y%m%d-%H%M%S')}")
+        for path in newer:
+            path.rename(aside / path.name)
+            moved += 1
+    except OSError as exc:  # a folder this process cannot write (read-only, another user's): they stay
+        log.warning("%s: could not move %d newer checkpoint(s) aside (%s); they stay where they are", why,
+                    len(newer) - moved, exc.strerror or exc)
+        if moved == 0:
+            return None, 0
+    log.warning("%s: moved %d newer checkpoint(s) to %s", why, moved, aside)
+    return aside, moved
 
 
 def damaged(exc: BaseException) -> bool:

@@ -115,3 +115,26 @@ def test_temp_files_a_restarted_container_cannot_tell_apart_go_once_an_hour_old(
         (tmp_path / name).write_bytes(b"half a checkpoint")
         _aged(tmp_path / name, 60)
     assert toolkit.remove_stale_temp_files(tmp_path) == []
+
+
+def test_resuming_an_older_checkpoint_of_a_folder_this_run_cannot_write_goes_on(tmp_path, monkeypatch, caplog):
+    # a read-only snapshot, or another user's run: the newer checkpoints cannot be moved aside, and need not be
+    shared = tmp_path / "shared"
+    _train(shared, 6, every=2, keep_last=None)
+    real_mkdir = Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if self.parent == shared:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, stop_signals=(), count_flops=False,
+                              checkpoints=devplug.CheckpointPolicy(directory=tmp_path / "mine", every_n_steps=2))
+    model = trainer.setup(torch.nn.Linear(3, 1))
+    trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    with caplog.at_level("WARNING", logger="devplug"):
+        resumed = trainer.resume(shared / "step_0000002.pt")
+    assert resumed is not None and resumed.step == 2 and resumed.set_aside is None and resumed.set_aside_count == 0
+    assert _steps(shared) == [2, 4, 6]  # untouched
+    assert "could not move" in caplog.text and "Permission denied" in caplog.text
