@@ -3,6 +3,7 @@ registered object's state) that ``torch.load(weights_only=True)`` does not read,
 
 from __future__ import annotations
 
+import collections
 import pathlib
 
 import numpy as np
@@ -20,7 +21,8 @@ def _trainer(**kwargs) -> tuple[devplug.Trainer, torch.optim.Optimizer]:
 
 
 @pytest.mark.parametrize(("value", "named"), [(np.float64(0.5), "numpy"), (np.arange(3), "numpy.ndarray"),
-                                              (pathlib.Path("data"), "pathlib"), (object(), "builtins.object")])
+                                              (pathlib.Path("data"), "pathlib"), (object(), "builtins.object"),
+                                              (collections.defaultdict(int, a=1), "collections.defaultdict")])
 def test_an_extra_a_load_would_refuse_is_refused_at_the_save(tmp_path, value, named):
     trainer, _opt = _trainer()
     target = tmp_path / "last.pt"
