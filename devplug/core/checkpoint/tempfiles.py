@@ -4,7 +4,8 @@ A save writes ``.<name>.<host>.<pid>.<token>.tmp`` beside its target and renames
 complete. A process killed mid-save leaves its temporary file behind; the next save in the folder (or
 `remove_stale_temp_files`, which the same code path uses) deletes the temporary files whose writer
 ran on this host and is no longer alive. A sharded save's staging folder, ``.<name>.partial``, names its
-writer in a ``.writer`` file inside it (`tag_writer`) and is removed the same way.
+writer in a ``.writer`` file inside it (`tag_writer`) and is removed the same way (by the age of its newest
+file where that writer cannot be told gone, or where a save killed at once named none).
 
 Whether the writer of another temporary file is alive cannot be told from its pid: one named after another
 host (a shared file system, or a container or pod restarted under a new host name), one whose pid is alive
@@ -106,6 +107,15 @@ def _abandoned(path: Path, newest: float) -> bool:
         return False
 
 
+def _abandoned_folder(path: Path, newest: float) -> bool:
+    """True for a staging folder none of whose files (nor itself) was modified `ABANDONED_AGE_S` before ``newest``."""
+    try:
+        written = max(entry.stat().st_mtime for entry in [path, *path.iterdir()])
+    except (OSError, ValueError):
+        return False
+    return newest - written > ABANDONED_AGE_S
+
+
 def remove_stale_temp_files(folder: str | os.PathLike[str]) -> list[Path]:
     """Delete the temporary files of checkpoint saves in ``folder`` whose writing process is gone; the paths removed.
 
@@ -113,7 +123,8 @@ def remove_stale_temp_files(folder: str | os.PathLike[str]) -> list[Path]:
     running; those whose writer may be alive (another host, a live pid, an earlier devplug version, which
     named no host) once they have gone unmodified for an hour while the folder was written after them (see
     the module's notes). Files of other programs are kept. The staging folders of sharded saves
-    (``.<name>.partial``) go by the writer named inside them; one that names none is kept.
+    (``.<name>.partial``) go by the writer named inside them, and by the same age (that of their newest file)
+    where it cannot be told gone or is not named.
     """
     here = host_tag()
     removed: list[Path] = []
@@ -125,9 +136,12 @@ def remove_stale_temp_files(folder: str | os.PathLike[str]) -> list[Path]:
     for path in entries:
         if _STAGING.match(path.name) and path.is_dir():
             writer = _staging_writer(path)
-            if writer is not None and writer[0] == here and not writer_alive(writer[1]):
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
+            if writer is None or writer[0] != here or writer_alive(writer[1]):  # by its age, as below
+                newest = _newest_write(Path(folder), entries) if newest is None else newest
+                if not _abandoned_folder(path, newest):
+                    continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
             continue
         match = _PATTERN.match(path.name)
         if match is None and not _LEGACY.match(path.name):

@@ -138,3 +138,16 @@ def test_resuming_an_older_checkpoint_of_a_folder_this_run_cannot_write_goes_on(
     assert resumed is not None and resumed.step == 2 and resumed.set_aside is None and resumed.set_aside_count == 0
     assert _steps(shared) == [2, 4, 6]  # untouched
     assert "could not move" in caplog.text and "Permission denied" in caplog.text
+
+
+def test_a_sharded_saves_staging_folder_a_restarted_pod_left_goes_once_an_hour_old(tmp_path):
+    staging = tmp_path / ".step_0000004.pt.pod-7f9c.1.partial"  # written by a pod before its restart (another host)
+    staging.mkdir()
+    (staging / "__0_0.distcp").write_bytes(b"half a shard")
+    (staging / ".writer").write_text("pod-7f9c 1\n")
+    (tmp_path / "step_0000006.pt").write_bytes(b"checkpoint")  # the restarted run wrote the folder since
+    assert toolkit.remove_stale_temp_files(tmp_path) == []  # young: its writer may still be writing
+    for path in (*staging.iterdir(), staging):
+        _aged(path, 2 * 3600)
+    assert toolkit.remove_stale_temp_files(tmp_path) == [staging]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_0000006.pt"]
