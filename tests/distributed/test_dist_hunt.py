@@ -1,0 +1,36 @@
+"""Multi-process and sharded runs off the happy path: resuming across strategies, damaged folders, bad flags."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_scripts.fsdp_model import Block, lm_loss, make_lm, rank_batch
+
+import devplug
+
+
+def _trainer(**options):
+    return devplug.Trainer(device="cpu", precision="32-true", progress=False, seed=0, **options)
+
+
+def test_a_plain_checkpoint_with_schedule_settings_loads_into_a_sharded_run(tmp_path):
+    # a schedule keeps its peak in each group as initial_lr, a key the fresh sharded optimizer's groups lack
+    schedule = devplug.LRSchedule(total_steps=10, warmup_steps=4)
+    plain = _trainer()
+    model = plain.setup(make_lm(), name="lm")
+    opt = plain.optimizer("adamw", model.parameters(), lr=1e-2)
+    for step in (1, 2):
+        schedule.apply(opt, step)
+        plain.backward(lm_loss(model, rank_batch(step, 0, 1)))
+        plain.step(opt)
+    plain.save(tmp_path / "plain.pt", step=2)
+    again = _trainer(strategy="fsdp")
+    sharded_model = again.setup(make_lm(1), name="lm", shard=[Block])
+    fresh = again.optimizer("adamw", sharded_model.parameters(), lr=1e-2)
+    assert again.load(tmp_path / "plain.pt") == {"step": 2}
+    assert fresh.param_groups[0]["initial_lr"] == 1e-2 and fresh.param_groups[0]["lr"] == pytest.approx(5e-3)
+    for name, value in sharded_model.state_dict().items():
+        assert torch.equal(value.full_tensor(), model.state_dict()[name])
+    moments = fresh.state_dict()["state"][0]["exp_avg"].full_tensor()
+    assert torch.equal(moments, opt.state_dict()["state"][0]["exp_avg"])
+    again.close()
