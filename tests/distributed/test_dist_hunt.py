@@ -34,3 +34,9 @@ def test_a_plain_checkpoint_with_schedule_settings_loads_into_a_sharded_run(tmp_
     moments = fresh.state_dict()["state"][0]["exp_avg"].full_tensor()
     assert torch.equal(moments, opt.state_dict()["state"][0]["exp_avg"])
     again.close()
+
+
+def test_an_error_outside_a_process_group_of_several_ranks_is_never_taken_for_a_lost_peer():
+    from devplug.core.distributed.peer_loss import lost_peer
+
+    assert lost_peer(RuntimeError("Connection reset by peer")) is None  # one process: its own error, shown whole

@@ -186,8 +186,9 @@ class ConfigParser(argparse.ArgumentParser):
     def run(self, work: Callable[[argparse.Namespace], int], argv: Sequence[str] | None = None) -> int:
         """A script's ``main``: parse ``argv`` (a bad flag exits with status 2), then ``work(args)``; its exit
         status. A `devplug.DevplugError` (bad input: a device, a checkpoint, a folder) is one ``prog: error:``
-        line and status 2; Ctrl-C is ``prog: interrupted`` and status 130. At the end the process leaves the
-        process group a launched run joined (``torch.distributed.destroy_process_group``)."""
+        line and status 2; Ctrl-C is ``prog: interrupted`` and status 130; a collective that failed because another
+        process of the job ended is one line and status 1 (`devplug.core.distributed.peer_loss`). At the end the
+        process leaves the process group a launched run joined (``torch.distributed.destroy_process_group``)."""
         args = self.parse(argv)
         try:
             return work(args)
@@ -196,6 +197,14 @@ class ConfigParser(argparse.ArgumentParser):
         except KeyboardInterrupt:
             print(f"{self.prog.removesuffix('.py')}: interrupted", file=sys.stderr)
             return 130
+        except Exception as exc:
+            from devplug.core.distributed.peer_loss import lost_peer
+
+            line = lost_peer(exc)  # another rank ended: its own output says why, this one's traceback would bury it
+            if line is None:
+                raise
+            print(f"{self.prog.removesuffix('.py')}: error: {line}", file=sys.stderr)
+            return 1
         finally:
             _leave_process_group()
 
