@@ -40,3 +40,16 @@ def test_an_error_outside_a_process_group_of_several_ranks_is_never_taken_for_a_
     from devplug.core.distributed.peer_loss import lost_peer
 
     assert lost_peer(RuntimeError("Connection reset by peer")) is None  # one process: its own error, shown whole
+
+
+def test_a_rank_stays_quiet_only_when_rank_zero_printed_the_same_line():
+    from torch.distributed import HashStore
+
+    from devplug.core.distributed.said_once import said_by_rank_zero
+
+    store = HashStore()  # stands for the job's store: every rank sees the same keys
+    assert said_by_rank_zero("lm: error: its own reason", store=store, rank=1, wait=0.05) is False  # rank 0 silent
+    assert said_by_rank_zero("lm: error: bad --tp", store=store, rank=0) is False  # rank 0 always prints
+    assert said_by_rank_zero("lm: error: bad --tp", store=store, rank=1, wait=0.05) is True
+    assert said_by_rank_zero("lm: error: rank 1's own reason", store=store, rank=1, wait=0.05) is False
+    assert said_by_rank_zero("lm: error: bad --tp") is False  # one process: no group, always printed

@@ -177,10 +177,15 @@ class ConfigParser(argparse.ArgumentParser):
 
     def report(self, error: BaseException) -> int:
         """Print ``error`` as one ``prog: error:`` line on stderr (printable, at most 600 characters), as a bad
-        input is reported; the exit status, 2."""
+        input is reported; the exit status, 2. Under a process group of several ranks a rank other than 0 stays
+        quiet when rank 0 printed the same line (`devplug.core.distributed.said_once`)."""
         text = printable(" ".join(str(error).split()))
         text = text if len(text) <= 600 else text[:597] + "..."
-        print(f"{self.prog.removesuffix('.py')}: error: {text}", file=sys.stderr)
+        line = f"{self.prog.removesuffix('.py')}: error: {text}"
+        from devplug.core.distributed.said_once import said_by_rank_zero
+
+        if not said_by_rank_zero(line):  # under several ranks, one line per job: rank 0's, or this rank's own
+            print(line, file=sys.stderr)
         return 2
 
     def run(self, work: Callable[[argparse.Namespace], int], argv: Sequence[str] | None = None) -> int:
