@@ -53,3 +53,11 @@ def test_a_rank_stays_quiet_only_when_rank_zero_printed_the_same_line():
     assert said_by_rank_zero("lm: error: bad --tp", store=store, rank=1, wait=0.05) is True
     assert said_by_rank_zero("lm: error: rank 1's own reason", store=store, rank=1, wait=0.05) is False
     assert said_by_rank_zero("lm: error: bad --tp") is False  # one process: no group, always printed
+
+
+@pytest.mark.parametrize(("strategy", "named"), [("auto", "none"), ("ddp", "none"), ("fsdp", "fsdp")])
+def test_a_tp_for_a_strategy_that_does_not_split_layers_is_refused_not_ignored(strategy, named):
+    # one process: auto and ddp are the plain strategy, "none"
+    with pytest.raises(devplug.ConfigError, match=rf"tp=2 .*strategy '{named}' does not .*choose strategy 'tp', "
+                                                  r"'fsdp\+tp'"):
+        _trainer(strategy=strategy, tp=2)
