@@ -61,3 +61,29 @@ def test_a_tp_for_a_strategy_that_does_not_split_layers_is_refused_not_ignored(s
     with pytest.raises(devplug.ConfigError, match=rf"tp=2 .*strategy '{named}' does not .*choose strategy 'tp', "
                                                   r"'fsdp\+tp'"):
         _trainer(strategy=strategy, tp=2)
+
+
+def _policy_run(folder, *, batch_size: int, steps: int, resume: bool) -> devplug.Trainer:
+    policy = devplug.CheckpointPolicy(directory=folder, every_n_steps=2, auto_resume=resume)
+    trainer = _trainer(checkpoints=policy, stop_signals=())
+    model = trainer.setup(torch.nn.Linear(3, 1), name="model")
+    opt = trainer.optimizer("sgd", model.parameters(), lr=0.1)
+    loader = trainer.dataloader(torch.utils.data.TensorDataset(torch.randn(40, 3)), batch_size, shuffle=True)
+    for _ in trainer.epochs(1, max_steps=steps):
+        for (x,) in loader:
+            trainer.backward(model(x).square().mean())
+            trainer.step(opt)
+    trainer.close()
+    return trainer
+
+
+def test_a_checkpoint_whose_data_position_does_not_fit_another_batch_or_world_size_is_an_error_not_damage(tmp_path):
+    # 3 steps of 2 samples: 6 drawn, not a whole number of batches of 4. The newest checkpoint is intact; it was
+    # taken for a damaged one, and the run went back to step 2 and moved the newest aside.
+    _policy_run(tmp_path, batch_size=2, steps=3, resume=False)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_")) == [
+        "step_0000002.pt", "step_0000003.pt"]
+    with pytest.raises(devplug.CheckpointMismatchError, match=r"step_0000003\.pt.*cannot continue training loader 0 "
+                                                             r"at the same sample on 1 rank\(s\) with batch size 4"):
+        _policy_run(tmp_path, batch_size=4, steps=6, resume=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_0000002.pt", "step_0000003.pt"]  # nothing set aside

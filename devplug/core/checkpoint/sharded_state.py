@@ -188,7 +188,7 @@ def load_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> dict[str, Any
     problems += registered_problems(state["extra"], ts.registered)
     if problems:
         raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
-    points = ts.resume_points(state)
+    points = ts.resume_points(state, path)
     readers = {key: reader for key, choice in ts.optimizers.items() if (reader := torch_reader(choice)) is not None}
     with all_or_nothing(path) as rollback, _gradients_aside(ts):
         _restore_small(ts, state, rollback, path)
@@ -229,7 +229,7 @@ def load_plain_into_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> di
     if problems:
         raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
     owners = optimizer_owners(ts)
-    points = ts.resume_points(state)
+    points = ts.resume_points(state, path)
     natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in ts.optimizers.items()}
     full = _options(full_state_dict=True)
     with all_or_nothing(path) as rollback, _gradients_aside(ts):
