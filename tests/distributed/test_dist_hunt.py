@@ -87,3 +87,27 @@ def test_a_checkpoint_whose_data_position_does_not_fit_another_batch_or_world_si
                                                              r"at the same sample on 1 rank\(s\) with batch size 4"):
         _policy_run(tmp_path, batch_size=4, steps=6, resume=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_0000002.pt", "step_0000003.pt"]  # nothing set aside
+
+
+def _raised_in(module: str, error: Exception) -> Exception:
+    namespace: dict = {"__name__": module}
+    exec("def fail(error):\n    raise error\n", namespace)  # a frame of that module's, as torch's own raise
+    try:
+        namespace["fail"](error)
+    except Exception as caught:
+        return caught
+    raise AssertionError("not raised")
+
+
+def test_only_a_collective_that_lost_its_peers_is_taken_for_another_process_ending():
+    from torch.distributed import DistError, DistNetworkError
+
+    from devplug.core.distributed.peer_loss import _peer_gone
+
+    gloo = "[../gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:6: Connection reset by peer"
+    assert _peer_gone(_raised_in("torch.distributed.distributed_c10d", RuntimeError(gloo)), DistError)
+    assert _peer_gone(_raised_in("torch.autograd.graph", RuntimeError(gloo)), DistError)  # DDP's all-reduce
+    assert _peer_gone(_raised_in("my_script", DistNetworkError("store gone")), DistError)
+    assert not _peer_gone(_raised_in("torch.utils.data.dataloader", RuntimeError("timed out after 5 s")), DistError)
+    assert not _peer_gone(_raised_in("my_script", RuntimeError(gloo)), DistError)  # the author's own error
+    assert not _peer_gone(_raised_in("torch.distributed.tensor", RuntimeError("shape mismatch")), DistError)

@@ -19,15 +19,21 @@ _GONE = re.compile(r"connection (?:reset|closed|refused)|broken pipe|closed by p
 
 
 def _raised_in_torch(traceback: TracebackType | None) -> bool:
-    """True when the innermost Python frame of ``traceback`` is torch's: a collective's ``wait``, or the autograd
-    engine running DDP's gradient all-reduce."""
+    """True when the innermost Python frame of ``traceback`` is torch.distributed's (a collective's ``wait``) or
+    the autograd engine's (running DDP's gradient all-reduce); not, say, a data loader's timeout."""
     innermost = None
     while traceback is not None:
         innermost, traceback = traceback, traceback.tb_next
     if innermost is None:
         return False
     name = innermost.tb_frame.f_globals.get("__name__", "")
-    return isinstance(name, str) and name.startswith("torch.")
+    return isinstance(name, str) and name.startswith(("torch.distributed", "torch.autograd"))
+
+
+def _peer_gone(error: BaseException, dist_error: type[BaseException]) -> bool:
+    """Whether ``error`` is a collective's failure for want of its peers (see `lost_peer`)."""
+    return isinstance(error, dist_error) or (isinstance(error, RuntimeError) and _raised_in_torch(error.__traceback__)
+                                             and _GONE.search(str(error)) is not None)
 
 
 def lost_peer(error: BaseException) -> str | None:
@@ -45,11 +51,7 @@ def lost_peer(error: BaseException) -> str | None:
         rank, world = distributed.get_rank(), distributed.get_world_size()
     except RuntimeError:
         return None
-    if world < 2:
-        return None
-    known = isinstance(error, distributed.DistError)
-    if not known and not (isinstance(error, RuntimeError) and _raised_in_torch(error.__traceback__)
-                          and _GONE.search(str(error))):
+    if world < 2 or not _peer_gone(error, distributed.DistError):
         return None
     reason = " ".join(str(error).split())
     reason = re.sub(r"^\[[^\]]*\.(?:cc|cpp):\d+\]\s*", "", reason)  # gloo's source file and line
