@@ -38,7 +38,7 @@ devices: $(STAMP)
 check-device: $(STAMP)
 	$(VENV)/bin/devplug devices
 	$(PY) -m pytest -q -rs -m "cuda or mps or xpu or npu or accelerator" $(ARGS)
-	$(PY) examples/dcgan.py --device auto --steps 200 --log-every 50 --no-progress --out runs/check-device/$$(date +%Y%m%d-%H%M%S)
+	$(PY) examples/dcgan.py --device auto --steps 200 --log-every 50 --no-progress --out runs/check-device
 	$(PY) benchmarks/run_all.py
 
 bench: $(STAMP)

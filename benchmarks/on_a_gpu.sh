@@ -69,7 +69,6 @@ print('devplug', devplug.__version__)"
 lm_run() {  # lm_run LOG LIMIT TAG LM-FLAGS...: the LM at the LM_* sizes (environment: $LM_ENV), then its RESULT line
   local log=$1 limit=$2 tag=$3
   shift 3
-  rm -rf "/tmp/lm-$tag"  # a new run each time (a run folder holding checkpoints is refused to a new run)
   # shellcheck disable=SC2086  # LM_ENV: VAR=VALUE words for env
   part "$log" "$limit" env ${LM_ENV:-} "$PY" examples/lm.py --device "$DEVICE" --width "$LM_WIDTH" \
     --layers "$LM_LAYERS" --heads "$LM_HEADS" --context "$LM_CONTEXT" --batch-size "$LM_BATCH" --steps "$LM_STEPS" \
@@ -93,7 +92,6 @@ for p in $parts; do
     tests) part tests 240 "$PY" -m pytest -q -rs -p no:cacheprovider -m cuda tests/ ;;
     examples)
       for precision in 16-mixed bf16-mixed; do
-        rm -rf "/tmp/dcgan-$precision"
         part examples 120 "$PY" examples/dcgan.py --device "$DEVICE" --precision "$precision" --epochs 2 --no-progress \
           --log-every 50 --out "/tmp/dcgan-$precision"
         "$PY" -c "import json, sys; s = json.load(open(sys.argv[1])); print('RESULT dcgan', sys.argv[2],

@@ -69,20 +69,6 @@ def test_ctrl_c_before_the_first_dcgan_step_leaves_no_empty_run_folder(tmp_path,
     assert not (tmp_path / "run").exists()
 
 
-def test_a_new_dcgan_run_in_an_earlier_runs_folder_is_refused_and_loses_nothing(tmp_path, capsys):
-    """Before: the new run's checkpoints were pruned at once (the earlier run's steps are higher) while its summary
-    named them, and a longer new run would have overwritten the earlier run's files of the same step."""
-    out, every = tmp_path / "run", ["--data", "fake", "--save-every", "1"]
-    assert dcgan_run([*every, "--steps", "5", "--out", str(out)]) == 0
-    saved = {p.name: p.read_bytes() for p in (out / "checkpoints").iterdir()}
-    assert sorted(saved) == ["step_0000003.pt", "step_0000004.pt", "step_0000005.pt"]
-    capsys.readouterr()
-    assert dcgan_run([*every, "--steps", "2", "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "holds the checkpoints of an earlier run" in err and "--auto-resume" in err, err
-    assert {p.name: p.read_bytes() for p in (out / "checkpoints").iterdir()} == saved
-
-
 @pytest.mark.parametrize("target", ["run/checkpoints/step_0000002.pt", "run/checkpoints/final.pt",
                                     "elsewhere/step_0000300.pt"])
 def test_lm_consolidate_never_writes_over_or_among_checkpoints(tmp_path, capsys, target):

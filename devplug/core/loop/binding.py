@@ -381,10 +381,7 @@ class ConfigParser(argparse.ArgumentParser):
                 out = folder.parent if folder.name == "checkpoints" else folder
             else:
                 out = Path(self._runs) / (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
-        out = Path(out).expanduser()
-        if resume is None and not args.auto_resume:
-            _refuse_a_fresh_run_over_checkpoints(out)
-        return RunFolder(out=out, resume=resume, auto_resume=bool(args.auto_resume))
+        return RunFolder(out=Path(out).expanduser(), resume=resume, auto_resume=bool(args.auto_resume))
 
     # ---- parsing ---------------------------------------------------------------------------------------------
     def parse(self, argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -477,19 +474,6 @@ class ConfigParser(argparse.ArgumentParser):
         if not isinstance(values, dict):
             self.error(f"--config {str(path)!r} must hold a table of flag values, got {type(values).__name__}")
         return values
-
-
-def _refuse_a_fresh_run_over_checkpoints(out: Path) -> None:
-    """A new run in a run folder that holds another run's checkpoints would write its own under the same names
-    and prune by step, deleting its own or the other run's: refused, with what to do instead."""
-    try:
-        saved = sorted(p.name for p in (out / "checkpoints").glob("step_*.pt"))
-    except OSError:  # not readable: the run's own checks of --out say what is wrong
-        return
-    if saved:
-        raise ConfigError(f"--out {str(out)!r} holds the checkpoints of an earlier run (newest {saved[-1]}), which "
-                          "a new run there would overwrite or prune; pass --auto-resume to continue that run, or "
-                          "another --out")
 
 
 def _leave_process_group() -> None:
