@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import logging
 import sys
@@ -432,18 +431,8 @@ def consolidate(source: str, target: str, module: str | None = None) -> str:
             raise CheckpointError(disk_full_line(repr(str(file)), full)) from None
         if exc.filename is not None and Path(exc.filename).resolve().is_relative_to(folder.resolve()):
             raise CheckpointError(f"cannot read checkpoint {str(folder)!r}: {exc}") from None
-        raise CheckpointError(f"cannot write {str(file)!r}: {_write_problem(exc)}") from None
+        raise CheckpointError(f"cannot write {str(file)!r}: {exc}") from None
     return f"wrote {written}: the full weights as one plain state_dict (torch.load(path, weights_only=True))"
-
-
-def _write_problem(exc: OSError) -> str:
-    """Why a file cannot be written there, in plain words (``[Errno 17] File exists: 'a'`` says little)."""
-    if exc.errno in (errno.ENOTDIR, errno.EEXIST):  # mkdir of a parent met a file; a parent is a file
-        where = f" ({exc.filename})" if exc.filename else ""
-        return f"a part of its path is a file, not a folder{where}; name a file in a folder"
-    reasons = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
-               errno.EROFS: "the file system is read-only"}
-    return reasons.get(exc.errno or 0, exc.strerror or str(exc))
 
 
 class _CommandParser(argparse.ArgumentParser):
