@@ -205,6 +205,9 @@ def resolve(args: argparse.Namespace, *, now: datetime.datetime | None = None) -
         epochs = DEFAULT_EPOCHS
     parser = build_parser()  # the same bindings as the parser that parsed args
     run = parser.run_folder(args, now=now)
+    if data not in (EMBEDDED, FAKE) and run.out.resolve().is_relative_to(Path(data).expanduser().resolve()):
+        raise ConfigError(f"--out {str(run.out)!r} is inside --data {data!r}: the sample images the run writes there "
+                          "would become training images of the next run; pass an --out outside the data folder")
     policy = parser.build(CheckpointPolicy, args, directory=run.out / "checkpoints", at_end=True)
     config = parser.build(TrainerConfig, args, log_dir=str(run.out / "tensorboard"), progress=not args.no_progress,
                           checkpoints=policy)

@@ -71,8 +71,9 @@ def test_a_rank_that_cannot_open_the_cache_stops_the_main_process_too(tmp_path):
 
 def test_a_rank_hears_the_main_processs_error_and_opens_nothing(tmp_path):
     ranks = Ranks(main=False, word="none of the 3 images can be read")
+    (tmp_path / "images").mkdir()  # beside --out: a run folder inside the data folder is refused
     with pytest.raises(devplug.DataError, match="main process could not prepare the image cache: none of the 3"):
-        load_training_data(settings_for(tmp_path, tmp_path), ranks)
+        load_training_data(settings_for(tmp_path, tmp_path / "images"), ranks)
     assert ranks.calls == ["broadcast None"]
     assert not (tmp_path / "cache").exists()
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from dcgan_runs import run as dcgan_run
+from dcgan_runs import write_images
 from paths import REPO
 
 from dcgan import train as dcgan_example  # examples/dcgan/train.py
@@ -79,3 +80,17 @@ def test_lm_consolidate_never_writes_over_or_among_checkpoints(tmp_path, capsys,
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--consolidate" in err and "name a file outside" in err, err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("inside", ["run", "."])
+def test_a_dcgan_out_inside_the_data_folder_is_refused(tmp_path, capsys, inside):
+    """Before: the run's sample grids (PNG files) were written into the image folder, and the next run trained on
+    them too (3000 images became 3001 after one run, silently)."""
+    images = tmp_path / "images"
+    write_images(images, 10)
+    before = sorted(p.relative_to(images) for p in images.rglob("*"))
+    code = dcgan_run(["--data", str(images), "--steps", "1", "--cache-dir", str(tmp_path / "cache"),
+                      "--out", str(images / inside)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "is inside --data" in err, err
+    assert sorted(p.relative_to(images) for p in images.rglob("*")) == before

@@ -737,9 +737,10 @@ def test_gpu_dcgan_example_runs_a_few_steps(tmp_path, precision_name, data):
     if data == "folder":  # an uncached image folder goes to the plugin's loader: DALI where installed
         from PIL import Image
 
+        (tmp_path / "images").mkdir()  # beside the run folder: an --out inside --data is refused
         for i in range(40):
-            Image.new("RGB", (48 + i, 40), (6 * i, 100, 200)).save(tmp_path / f"{i}.jpg")
-        args = ["--data", str(tmp_path), "--no-cache"]
+            Image.new("RGB", (48 + i, 40), (6 * i, 100, 200)).save(tmp_path / "images" / f"{i}.jpg")
+        args = ["--data", str(tmp_path / "images"), "--no-cache"]
     result = subprocess.run(
         [sys.executable, str(example), "--device", "cuda", "--steps", "3", "--precision", precision_name,
          "--batch-size", "16", "--image-size", "32", "--out", str(tmp_path / "run"), "--no-progress", *args],
