@@ -105,3 +105,47 @@ def test_a_wrong_answer_is_described_in_one_line_however_long_its_repr():
     assert "\n" not in str(caught.value)
     assert "returned SGD ( Parameter Group 0" in str(caught.value)
     assert "(a torch.optim.sgd.SGD), not a devplug.OptimizerChoice" in str(caught.value)
+
+
+def test_a_loader_that_cannot_be_iterated_is_refused_when_built_naming_the_plugin():
+    class NotALoader:
+        @devplug.hookimpl
+        def devplug_dataloader(self):
+            return devplug.LoaderChoice(loader=5, implementation="broken loader")
+
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False,
+                              plugin_manager=_loaded("noloader", NotALoader()))
+    dataset = torch.utils.data.TensorDataset(torch.zeros(4, 2))
+    refusal = (r"^devplug_dataloader of plugin 'noloader' \(registered at run time\) returned a LoaderChoice whose "
+               r"loader is 5 \(a int\), which cannot be iterated over batches")
+    with pytest.raises(devplug.PluginError, match=refusal):
+        trainer.dataloader(dataset, batch_size=2, num_workers=0)
+    trainer.close()
+
+
+@pytest.mark.parametrize("figure", [-5, 1.5, True])
+def test_a_memory_figure_that_is_not_a_byte_count_is_refused_naming_the_plugin(figure):
+    class OddMemory:
+        @devplug.hookimpl
+        def devplug_memory_stats(self):
+            return devplug.MemoryStats(allocated=10, peak_allocated=figure)
+
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False,
+                              plugin_manager=_loaded("oddmemory", OddMemory()))
+    refusal = (r"^devplug_memory_stats of plugin 'oddmemory' .* returned "
+               rf"MemoryStats.peak_allocated = {figure!r}; MemoryStats.peak_allocated must be a number of bytes")
+    with pytest.raises(devplug.PluginError, match=refusal):
+        trainer.memory_stats()
+    trainer.close()
+
+
+def test_byte_counts_and_unreported_figures_are_taken():
+    class Memory:
+        @devplug.hookimpl
+        def devplug_memory_stats(self):
+            return devplug.MemoryStats(allocated=10, peak_allocated=0)
+
+    trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False,
+                              plugin_manager=_loaded("memory", Memory()))
+    assert trainer.memory_stats() == devplug.MemoryStats(allocated=10, peak_allocated=0)
+    trainer.close()
