@@ -51,6 +51,11 @@ class NotApplicable(Exception):
     """A check cannot run on this machine (for example the device is not available here)."""
 
 
+class DoesNotApply(NotApplicable):
+    """A check has nothing to check in what the plugin offers (the canonical state of an algorithm torch.optim does
+    not have), wherever it runs: not applicable even where the device must be available (``require_available``)."""
+
+
 # ---- the registry ----------------------------------------------------------------------------------------
 @attrs.frozen
 class CheckSpec:
