@@ -70,7 +70,7 @@ class RegisteredDevice:
                 result = self._probing.result()
                 if not isinstance(result, Availability):
                     raise TypeError(f"probe returned {result!r}, not an Availability")
-            except (Exception, SystemExit) as exc:
+            except BaseException as exc:  # raised in the probe's own thread (a Ctrl-C reaches the main thread)
                 result = Availability.no(
                     f"its availability probe raised {type(exc).__name__}: {exc}",
                     f"report this to the maintainers of {self.distribution}",
@@ -112,7 +112,7 @@ class RegisteredDevice:
             return 0
         try:
             answer = counting.result()
-        except (Exception, SystemExit) as exc:
+        except BaseException as exc:  # raised in the count's own thread, as the probe's
             return self._count_failed(f"raised {type(exc).__name__}: {exc}")
         try:
             number = -1 if isinstance(answer, bool) else operator.index(answer)

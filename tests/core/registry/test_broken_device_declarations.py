@@ -72,3 +72,25 @@ def test_a_device_named_auto_is_refused_at_load_and_auto_still_chooses():
     [failure] = pm.failures
     assert failure.name == "acme" and "invalid device name 'auto': it is reserved" in failure.error
     assert DeviceRegistry(pm).resolve("auto").name == "cpu"
+
+
+class DriverAbort(BaseException):
+    """A vendor runtime's exception that is not an ``Exception`` (test stand-in)."""
+
+
+def _aborts():
+    raise DriverAbort("firmware abort")
+
+
+def test_a_probe_raising_a_base_exception_makes_only_its_device_unavailable():
+    pm = declaring(probe=_aborts)
+    with pytest.raises(devplug.DeviceUnavailableError,
+                       match=r"its availability probe raised DriverAbort: firmware abort\. To fix: report this"):
+        devplug.Trainer(device="acme", precision="32-true", progress=False, plugin_manager=pm)
+    assert DeviceRegistry(pm).available_names() == ["cpu"]
+
+
+def test_a_count_raising_a_base_exception_is_named_like_any_failed_count(caplog):
+    registry = DeviceRegistry(declaring(count=_aborts))
+    assert registry.devices["acme"].count() == 0
+    assert "raised DriverAbort: firmware abort" in (registry.devices["acme"].count_problem or "")
