@@ -34,6 +34,7 @@ from devplug.testing.kit import (
     DoesNotApply,
     NotApplicable,
     open_device,
+    selection_cases,
 )
 
 
@@ -73,7 +74,7 @@ class DeviceConformance:
         spec = getattr(metafunc.function, "check", None)
         if spec is None or spec.over is None or "case" not in metafunc.fixturenames:
             return
-        cases = list(Phase) if spec.over == "phases" else list(getattr(self, spec.over))
+        cases = list(Phase) if spec.over == "phases" else selection_cases(getattr(self, spec.over))
         metafunc.parametrize("case", cases, ids=[str(getattr(c, "value", c)) for c in cases])
 
     @pytest.fixture

@@ -43,6 +43,12 @@ STANDARD_OPTIMIZERS = ("adam", "adamw", "sgd")
 """The optimizer names every device plugin must build (the kit checks each one)."""
 
 
+def selection_cases(value: Any) -> list[Any]:
+    """The cases of a selection (``optimizer_names``, ``precisions``): one name given as a string is one case,
+    not a case per character."""
+    return [value] if isinstance(value, str) else list(value)
+
+
 class ConformanceError(AssertionError):
     """A plugin does not keep the hook contract; the message says where and what to change."""
 

@@ -55,3 +55,33 @@ def test_with_require_available_it_is_skipped_not_failed():
     dut = open_device("lambdev", _plugins())
     with pytest.raises(pytest.skip.Exception, match=r"torch\.optim has no 'lamb'"):
         LambRequired()._run(check_optimizer_state, dut, "lamb")
+
+
+def test_one_name_given_as_a_string_is_one_case_not_one_per_character():
+    results = run_checks("lambdev", _plugins(), optimizer_names="sgd", precisions="32-true")
+    names = [r.name for r in results]
+    assert [n for n in names if n.startswith(("optimizer", "precision"))] == [
+        "optimizer[sgd]", "optimizer_state[sgd]", "precision[32-true]"]
+    assert {r.outcome for r in results} <= {"passed", "not applicable"}
+
+
+class OneNameEach(DeviceConformance):
+    device_name = "lambdev"
+    optimizer_names = "lamb"
+    precisions = "32-true"
+
+
+def test_the_pytest_kit_parametrises_one_name_given_as_a_string_as_one_case():
+    class Metafunc:
+        fixturenames = ("case",)
+
+        def __init__(self, function):
+            self.function, self.calls = function, []
+
+        def parametrize(self, name, cases, ids):
+            self.calls.append((name, cases, ids))
+
+    for test, expected in (("test_optimizer", ["lamb"]), ("test_precision", ["32-true"])):
+        metafunc = Metafunc(getattr(OneNameEach, test))
+        OneNameEach().pytest_generate_tests(metafunc)
+        assert metafunc.calls == [("case", expected, expected)]
