@@ -70,6 +70,11 @@ class RegisteredDevice:
                 result = self._probing.result()
                 if not isinstance(result, Availability):
                     raise TypeError(f"probe returned {result!r}, not an Availability")
+                if not result.available and not str(result.reason).strip():
+                    result = Availability.no(
+                        f"its availability probe said so without a reason (plugin {self.plugin_name!r}, "
+                        f"{self.distribution})", result.fix or f"report this to the maintainers of {self.distribution}"
+                        ": a probe says why with Availability.no(reason, fix)")
             except BaseException as exc:  # raised in the probe's own thread (a Ctrl-C reaches the main thread)
                 result = Availability.no(
                     f"its availability probe raised {type(exc).__name__}: {exc}",

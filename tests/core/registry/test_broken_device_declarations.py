@@ -94,3 +94,13 @@ def test_a_count_raising_a_base_exception_is_named_like_any_failed_count(caplog)
     registry = DeviceRegistry(declaring(count=_aborts))
     assert registry.devices["acme"].count() == 0
     assert "raised DriverAbort: firmware abort" in (registry.devices["acme"].count_problem or "")
+
+
+def test_an_unavailable_device_whose_probe_gives_no_reason_says_so_naming_the_plugin():
+    pm = declaring(probe=lambda: devplug.Availability.no(""))
+    with pytest.raises(devplug.DeviceUnavailableError) as caught:
+        devplug.Trainer(device="acme", precision="32-true", progress=False, plugin_manager=pm)
+    assert str(caught.value).startswith(
+        "device 'acme' is not available: its availability probe said so without a reason (plugin 'acme', registered "
+        "at run time). To fix: report this to the maintainers of registered at run time: a probe says why with "
+        "Availability.no(reason, fix). Available devices: cpu")
