@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,7 +18,10 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(map_tensors(v, fn) for v in obj)
     if isinstance(obj, Mapping):
-        return type(obj)({k: map_tensors(v, fn) for k, v in obj.items()})  # type: ignore[call-arg]  # dict-like
+        items = {k: map_tensors(v, fn) for k, v in obj.items()}
+        if isinstance(obj, defaultdict):  # its constructor takes the default factory first
+            return type(obj)(obj.default_factory, items)
+        return type(obj)(items)  # type: ignore[call-arg]  # dict-like
     return obj
 
 

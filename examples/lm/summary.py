@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from devplug import toolkit
 
 
 def perplexity(loss: float | None) -> float | None:
@@ -56,13 +56,6 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def write_summary(summary: dict[str, Any], path: Path) -> None:
-    """Write ``summary`` as JSON, atomically (a temporary file renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as stream:
-            stream.write(json.dumps(summary, indent=2, default=str) + "\n")
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Write ``summary`` as JSON, atomically (a temporary file renamed into place; a killed writer's is swept)."""
+    text = json.dumps(summary, indent=2, default=str) + "\n"
+    toolkit.write_atomically(path, lambda handle: handle.write(text.encode()))

@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -192,6 +191,8 @@ def resume_if_asked(run: Run) -> None:
     try:
         run.resumed = trainer.resume(settings.resume)  # None: --auto-resume with no checkpoint yet, a new run
     except devplug.CheckpointMismatchError as exc:
+        if "at the same sample" in str(exc):  # the data position: the message names the batch and world sizes
+            raise
         raise devplug.CheckpointError(f"{exc} (resume with the same --width/--layers/--heads/--context/"
                                       "--tie-weights as the run that wrote it)") from exc
     resumed = run.resumed
@@ -339,15 +340,7 @@ def consolidate(run: Run) -> None:
     else:
         plain = getattr(run.model, "module", run.model)  # DDP keeps the module it wraps as .module
         weights = {name: value.detach().cpu() for name, value in plain.state_dict().items()}
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            torch.save(weights, temporary)
-            os.replace(temporary, target)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        toolkit.write_atomically(target, lambda handle: torch.save(weights, handle))  # a killed writer's temp swept
     run.consolidated = str(target)
     run.say(f"lm: final weights in one file: {target}")
 

@@ -111,13 +111,14 @@ RANK_PRELOAD = ("torch", "torch._dynamo", "torch.distributed.tensor.parallel", "
 
 
 def run_ranks(script: str | Path, args: Sequence[str], *, world_size: int = 2, timeout: float = 60.0,
-              extra_env: Mapping[str, str] | None = None, expect_code: int = 0,
+              extra_env: Mapping[str, str] | None = None, expect_code: int | Sequence[int] = 0,
               preload: Sequence[str] = RANK_PRELOAD) -> list[subprocess.CompletedProcess[str]]:
     """Start ``world_size`` processes of ``script`` with torchrun-style variables; wait for all.
 
     Each process gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
     a free ``MASTER_PORT``. On timeout every process started here is killed. Raises ``RuntimeError``
-    with each rank's output when one exits with another code than ``expect_code``.
+    with each rank's output when one exits with another code than ``expect_code`` (one for every rank, or a
+    sequence of one per rank).
 
     Each rank is forked from a server process that imported ``preload`` once (multiprocessing's forkserver)
     rather than started as a fresh interpreter: an interpreter's start with torch is most of a short run's
@@ -147,7 +148,8 @@ def run_ranks(script: str | Path, args: Sequence[str], *, world_size: int = 2, t
             proc.kill()
         outputs = [proc.communicate() for proc in procs]
         raise RuntimeError(f"ranks timed out after {timeout}s:\n" + _describe(outputs)) from None
-    if any(r.returncode != expect_code for r in results):
+    codes = [expect_code] * world_size if isinstance(expect_code, int) else list(expect_code)
+    if [r.returncode for r in results] != codes:
         raise RuntimeError("a rank failed:\n" + _describe([(r.stdout, r.stderr) for r in results],
                                                          [r.returncode for r in results]))
     return results

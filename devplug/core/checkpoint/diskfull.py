@@ -55,12 +55,15 @@ def write_atomically(path: str | os.PathLike[str], write: Callable[[BinaryIO], o
     """Write ``path`` through ``write(handle)`` into a temporary file beside it, then rename it into place.
 
     A failed write (a full disk) leaves no partial file and no temporary one: the path holds the whole
-    previous content or the whole new one. The file gets the usual permissions (0666 less the umask).
+    previous content or the whole new one. The file gets the usual permissions (0666 less the umask). The
+    temporary files that writers killed in this folder left (their process gone) are removed first, so they
+    never accumulate in a run's folder of samples or summaries.
     """
-    from devplug.core.checkpoint.tempfiles import create_temp  # loaded with the first write, not at import
+    from devplug.core.checkpoint.tempfiles import create_temp, remove_stale_temp_files  # loaded at the first write
 
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(target.parent)
     fd, temporary = create_temp(target)  # named after this process: a folder's sweep removes it if the process dies
     try:
         with os.fdopen(fd, "wb") as handle:

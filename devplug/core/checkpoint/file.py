@@ -11,6 +11,7 @@ line saying what the file looks like.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import re
@@ -59,13 +60,71 @@ def _digest_with_sets_in_order(state: Mapping[str, Any]) -> bool:
     return _holds_set(body) and content.digest(body, sets_in_order=True) == state["digest"]
 
 
+#: torch's own save, for the check in memory (not the name ``torch.save``, which a profiler or test may wrap)
+_save_in_memory = torch.serialization.save
+
+
+def refused_on_load(value: Any) -> list[str] | None:
+    """What in ``value`` ``torch.load(weights_only=True)`` would refuse to read back: the classes and functions
+    its pickle names (``pathlib.PosixPath``, ``numpy.dtype``...); ``None`` when it reads back.
+
+    Only the structure is checked: every tensor stands in as ``None``, so no tensor data is copied.
+    """
+    try:
+        skeleton = map_tensors(value, lambda _tensor: None)
+        buffer = io.BytesIO()
+        _save_in_memory(skeleton, buffer)
+    except OSError:  # not the value's fault (nothing is written to a disk here)
+        raise
+    except Exception as exc:  # a value that cannot even be copied or pickled
+        return [f"something that cannot be pickled ({type(exc).__name__}: {one_line(str(exc), 120)})"]
+    buffer.seek(0)
+    try:
+        torch.load(buffer, map_location="cpu", weights_only=True)
+    except Exception:  # torch raises UnpicklingError or others for a refused global
+        buffer.seek(0)
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(buffer)) or ["a value torch refuses"]
+    return None
+
+
+def refuse_unreadable(state: Any, path: str | os.PathLike[str]) -> None:
+    """Raise a one-line `CheckpointError` when ``state`` holds something a load could not read back.
+
+    A checkpoint is read with ``torch.load(weights_only=True)``; a numpy number, a ``Path`` or an object of
+    the author's in ``extra`` would make every load of it fail, so nothing is written and the message names
+    the entry of ``extra`` (or the part of the state) that holds it.
+    """
+    refused = refused_on_load(state)
+    if refused is None:
+        return
+    where = "it"
+    if isinstance(state, Mapping):
+        extra = state.get("extra")
+        parts = [(f"extra {key!r}", value) for key, value in extra.items()] if isinstance(extra, Mapping) else []
+        parts += [(repr(key), value) for key, value in state.items() if key != "extra"]
+        where = next((name for name, value in parts if refused_on_load(value) is not None), where)
+    raise CheckpointError(f"cannot save checkpoint {str(path)!r}: {where} holds {', '.join(refused[:3])}, which "
+                          "torch.load(weights_only=True) does not read back, so the checkpoint could never be "
+                          "loaded; store it as a tensor or a plain Python value (number, string, list, dict)")
+
+
 def atomic_save(state: Any, path: str | os.PathLike[str]) -> Path:
     """Write ``state`` with ``torch.save`` to ``path`` atomically (temp file, fsync, rename).
 
     Removes stale temporary files of dead writers in the folder first, so at most one (this save's) exists.
+    A state that a load could not read back is refused before anything is written (`refuse_unreadable`).
     """
+    refuse_unreadable(state, path)
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_dir():
+        raise CheckpointError(f"cannot save checkpoint {str(target)!r}: it is a folder; give a file's path, "
+                              "e.g. run/last.pt")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), target.parent)
+        raise CheckpointError(f"cannot save checkpoint {str(target)!r}: {str(blocker)!r} is a file, not a "
+                              "folder; give a path in a folder") from None
     remove_stale_temp_files(target.parent)
     fd, tmp = create_temp(target)
     try:

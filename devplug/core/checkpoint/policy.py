@@ -6,7 +6,9 @@ resumes bitwise), and at the end of ``epochs()``. It keeps the newest ``keep_las
 ``keep_best`` by a logged metric, and never removes the newest intact checkpoint. With ``auto_resume`` the
 run continues from the newest checkpoint that loads: damaged or non-finite files are skipped with a
 warning and the one before is tried; resuming from an older one moves the newer ones aside into
-``abandoned-<time>/`` (never deleted), so they are neither pruned nor resumed by mistake later.
+``abandoned-<time>/`` (never deleted), so they are neither pruned nor resumed by mistake later; so does a
+save that finds checkpoints of its step or later in the folder (another run's, in a folder reused without
+resuming).
 
 `RunCheckpoints` does the file work for one policy (saving, pruning); `devplug.core.checkpoint.resume` chooses
 the file to resume from; the Trainer decides when.
@@ -14,7 +16,10 @@ the file to resume from; the Trainer decides when.
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import json
+import logging
 import math
 import os
 import re
@@ -29,6 +34,8 @@ from devplug.core.checkpoint.diskfull import disk_full_cause, disk_full_line, wr
 from devplug.core.checkpoint.format import format_of
 from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 from devplug.core.errors import CheckpointError, CheckpointMismatchError, NonFiniteLossError
+
+log = logging.getLogger("devplug")
 
 #: The checkpoint files a policy writes and recognises.
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
@@ -105,6 +112,59 @@ def steps_newest_first(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def _new_folder(parent: Path, name: str) -> Path:
+    """Create ``parent/name``, or ``name-2``, ``name-3``... when it is taken: a folder no one else wrote into."""
+    for number in itertools.count(1):
+        folder = parent / (name if number == 1 else f"{name}-{number}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def set_aside_newer(resumed: Path, *, now: datetime.datetime | None = None) -> tuple[Path | None, int]:
+    """Move the checkpoints newer than ``resumed`` in its folder into ``abandoned-<time>/`` beside them.
+
+    They are never deleted, so they are neither pruned nor resumed from by mistake later; the folder is a new
+    one each time (``abandoned-<time>-2/`` and so on when one of that second exists), so a file set aside
+    earlier is never replaced. Returns that folder and how many were moved (``None`` and 0 when none were
+    newer, or ``resumed`` is not a ``step_*.pt`` file).
+    """
+    match = CHECKPOINT_NAME.match(resumed.name)
+    if match is None:
+        return None, 0
+    return set_aside_from(resumed.parent, int(match[1]) + 1, now=now,
+                          why=f"resumed from an older checkpoint ({resumed.name})")
+
+
+def set_aside_from(folder: Path, step: int, *, why: str,
+                   now: datetime.datetime | None = None) -> tuple[Path | None, int]:
+    """Move the checkpoints of ``folder`` taken at ``step`` or later into ``abandoned-<time>/`` beside them.
+
+    ``why`` starts the warning that says so. Returns that folder and how many were moved (``None`` and 0 when
+    there were none). A folder that cannot be written (read-only, another user's) is a warning, not an error:
+    the checkpoints stay where they are.
+    """
+    newer = [path for found, path in steps_newest_first(folder) if found >= step]
+    if not newer:
+        return None, 0
+    aside, moved = None, 0
+    try:
+        aside = _new_folder(folder, f"abandoned-{(now or datetime.datetime.now()).strftime('%Y%m%d-%H%M%S')}")
+        for path in newer:
+            path.rename(aside / path.name)
+            moved += 1
+    except OSError as exc:  # a folder this process cannot write (read-only, another user's): they stay
+        log.warning("%s: could not move %d newer checkpoint(s) aside (%s); they stay where they are", why,
+                    len(newer) - moved, exc.strerror or exc)
+        if moved == 0:
+            return None, 0
+    log.warning("%s: moved %d newer checkpoint(s) to %s", why, moved, aside)
+    return aside, moved
+
+
 def damaged(exc: BaseException) -> bool:
     """True when a load failed because the file is damaged or holds NaN, not because it fits another setup."""
     return isinstance(exc, (CheckpointError, NonFiniteLossError)) and not isinstance(exc, CheckpointMismatchError)
@@ -164,9 +224,14 @@ class RunCheckpoints:
         one `CheckpointError` line naming the file and the previous checkpoint, which the atomic write left
         intact; the same at the index of scores beside them (``checkpoints.json``). A sharded checkpoint (a
         folder every rank writes into) is written on every rank; only the ``main`` one records scores and prunes.
+        Checkpoints of ``step`` or later already in the folder were written by another run (this one's steps only
+        grow): they are moved into ``abandoned-<time>/`` first, so they neither replace nor outrank this run's.
         """
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / checkpoint_name(step)
+        if main:
+            set_aside_from(self.folder, step, why=f"this run saves its step {step} into {self.folder}, which holds "
+                           "checkpoints of another run at that step or later")
         try:
             write(path)
         except OSError as exc:

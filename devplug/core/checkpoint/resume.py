@@ -2,14 +2,12 @@
 
 `choose` picks the file: an explicit checkpoint file is loaded as it is (a damaged one is an error);
 a folder of ``step_NNNNNNN.pt`` files is tried newest first, skipping damaged ones with a warning. Resuming
-from an older checkpoint of a folder moves the newer ones aside (`set_aside_newer`). The Trainer
+from an older checkpoint of a folder moves the newer ones aside (`set_aside_newer`, from the policy). The Trainer
 returns what happened as a `Resumed` record, so a script can print its own lines.
 """
 
 from __future__ import annotations
 
-import datetime
-import itertools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +16,8 @@ from typing import Any
 import attrs
 
 from devplug.core.checkpoint.format import format_of, is_checkpoint
-from devplug.core.checkpoint.policy import CHECKPOINT_NAME, damaged, steps_newest_first
+from devplug.core.checkpoint.policy import damaged, steps_newest_first
+from devplug.core.checkpoint.policy import set_aside_newer as set_aside_newer  # where it was
 from devplug.core.errors import CheckpointError, NonFiniteLossError
 
 log = logging.getLogger("devplug")
@@ -115,37 +114,3 @@ def newest_intact(source: Path, *, explicit: bool) -> tuple[Path | None, tuple[t
     return None, tuple(skipped), (f"no usable checkpoint to resume from in {source}: "
                                   f"{', '.join(path.name for path, _reason in skipped)} are damaged; move them "
                                   "away to start afresh, or restore one from a backup")
-
-
-def _new_folder(parent: Path, name: str) -> Path:
-    """Create ``parent/name``, or ``name-2``, ``name-3``... when it is taken: a folder no one else wrote into."""
-    for number in itertools.count(1):
-        folder = parent / (name if number == 1 else f"{name}-{number}")
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            continue
-        return folder
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def set_aside_newer(resumed: Path, *, now: datetime.datetime | None = None) -> tuple[Path | None, int]:
-    """Move the checkpoints newer than ``resumed`` in its folder into ``abandoned-<time>/`` beside them.
-
-    They are never deleted, so they are neither pruned nor resumed from by mistake later; the folder is a new
-    one each time (``abandoned-<time>-2/`` and so on when one of that second exists), so a file set aside
-    earlier is never replaced. Returns that folder and how many were moved (``None`` and 0 when none were
-    newer, or ``resumed`` is not a ``step_*.pt`` file).
-    """
-    match = CHECKPOINT_NAME.match(resumed.name)
-    if match is None:
-        return None, 0
-    newer = [path for step, path in steps_newest_first(resumed.parent) if step > int(match[1])]
-    if not newer:
-        return None, 0
-    aside = _new_folder(resumed.parent, f"abandoned-{(now or datetime.datetime.now()).strftime('%Y%m%d-%H%M%S')}")
-    for path in newer:
-        path.rename(aside / path.name)
-    log.warning("resumed from an older checkpoint (%s): moved %d newer one(s) to %s", resumed.name, len(newer),
-                aside)
-    return aside, len(newer)

@@ -188,7 +188,7 @@ def load_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> dict[str, Any
     problems += registered_problems(state["extra"], ts.registered)
     if problems:
         raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
-    points = ts.resume_points(state)
+    points = ts.resume_points(state, path)
     readers = {key: reader for key, choice in ts.optimizers.items() if (reader := torch_reader(choice)) is not None}
     with all_or_nothing(path) as rollback, _gradients_aside(ts):
         _restore_small(ts, state, rollback, path)
@@ -229,7 +229,7 @@ def load_plain_into_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> di
     if problems:
         raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not match this run: {'; '.join(problems)}")
     owners = optimizer_owners(ts)
-    points = ts.resume_points(state)
+    points = ts.resume_points(state, path)
     natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in ts.optimizers.items()}
     full = _options(full_state_dict=True)
     with all_or_nothing(path) as rollback, _gradients_aside(ts):
@@ -238,6 +238,7 @@ def load_plain_into_sharded(ts: TrainingRun, path: str | os.PathLike[str]) -> di
             module = ts.modules[owners[key]]
             set_optimizer_state_dict(module, choice.optimizer, by_name(module, choice.optimizer, natives[key]),
                                      options=full)
+            restore_group_settings(choice.optimizer, natives[key]["param_groups"])
         rollback.exposed = "the weights"  # copied into the sharded modules in place: the last part written
         for key, module in ts.modules.items():
             set_model_state_dict(module, state["modules"][key], options=full)
@@ -266,5 +267,9 @@ def by_name(module: torch.nn.Module, optimizer: torch.optim.Optimizer, native: M
     names = {id(p): name for name, p in module.named_parameters()}
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
     state = {order[int(i)]: value for i, value in native["state"].items()}
-    groups = [{**g, "params": [order[int(i)] for i in g["params"]]} for g in native["param_groups"]]
+    # torch's helper maps only the settings the optimizer's groups already have (a schedule's ``initial_lr``,
+    # set after it was built, is not one of them): the rest are put back by `restore_group_settings`
+    known = [set(group) for group in optimizer.param_groups]
+    groups = [{**{k: v for k, v in g.items() if index >= len(known) or k in known[index]},
+               "params": [order[int(i)] for i in g["params"]]} for index, g in enumerate(native["param_groups"])]
     return {"state": state, "param_groups": groups}

@@ -57,6 +57,8 @@ class Strategy:
 
     name: ClassVar[str] = "none"
     checkpoint_format: ClassVar[str] = "plain"
+    #: whether the strategy reads ``StrategyContext.tp`` (a ``tp`` given to one that does not is refused)
+    takes_tp: ClassVar[bool] = False
     sharding: ShardingPlan | None = None
 
     def __init__(self, context: StrategyContext) -> None:
@@ -140,7 +142,8 @@ def resolve(name: str, launch: LaunchInfo) -> str:
 
 
 def build_strategy(name: str, context: StrategyContext) -> Strategy:
-    """The strategy ``name`` resolves to, built for ``context``; an unknown name is a `ConfigError`."""
+    """The strategy ``name`` resolves to, built for ``context``; an unknown name, or a ``tp`` for a strategy
+    that does not split layers, is a `ConfigError`."""
     resolved = resolve(name, context.launch)
     cls = _registered.get(resolved)
     if cls is None:
@@ -148,5 +151,19 @@ def build_strategy(name: str, context: StrategyContext) -> Strategy:
             raise ConfigError(f"unknown strategy {name!r}; available: {', '.join(strategy_names())}")
         module, attr = BUILT_IN[resolved].split(":")
         cls = getattr(importlib.import_module(module), attr)
+    if context.tp is not None and not cls.takes_tp:
+        takers = ", ".join(repr(n) for n in (*BUILT_IN, *_registered) if _takes_tp(n))
+        given = f"strategy {resolved!r}" if name == resolved else f"strategy {name!r} (here {resolved!r})"
+        raise ConfigError(f"tp={context.tp} is the number of processes that split each layer, which {given} does "
+                          f"not do; choose strategy {takers}, or leave tp unset")
     return cls(context)
+
+
+def _takes_tp(name: str) -> bool:
+    """Whether the strategy registered as ``name`` reads ``tp`` (a built-in is imported to tell)."""
+    cls = _registered.get(name)
+    if cls is None:
+        module, attr = BUILT_IN[name].split(":")
+        cls = getattr(importlib.import_module(module), attr)
+    return bool(cls.takes_tp)
 

@@ -155,6 +155,7 @@ class TPStrategy(Strategy):
 
     name = "tp"
     checkpoint_format = "sharded"
+    takes_tp = True
 
     def __init__(self, context: StrategyContext) -> None:
         super().__init__(context)

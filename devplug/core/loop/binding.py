@@ -177,17 +177,23 @@ class ConfigParser(argparse.ArgumentParser):
 
     def report(self, error: BaseException) -> int:
         """Print ``error`` as one ``prog: error:`` line on stderr (printable, at most 600 characters), as a bad
-        input is reported; the exit status, 2."""
+        input is reported; the exit status, 2. Under a process group of several ranks a rank other than 0 stays
+        quiet when rank 0 printed the same line (`devplug.core.distributed.said_once`)."""
         text = printable(" ".join(str(error).split()))
         text = text if len(text) <= 600 else text[:597] + "..."
-        print(f"{self.prog.removesuffix('.py')}: error: {text}", file=sys.stderr)
+        line = f"{self.prog.removesuffix('.py')}: error: {text}"
+        from devplug.core.distributed.said_once import said_by_rank_zero
+
+        if not said_by_rank_zero(line):  # under several ranks, one line per job: rank 0's, or this rank's own
+            print(line, file=sys.stderr)
         return 2
 
     def run(self, work: Callable[[argparse.Namespace], int], argv: Sequence[str] | None = None) -> int:
         """A script's ``main``: parse ``argv`` (a bad flag exits with status 2), then ``work(args)``; its exit
         status. A `devplug.DevplugError` (bad input: a device, a checkpoint, a folder) is one ``prog: error:``
-        line and status 2; Ctrl-C is ``prog: interrupted`` and status 130. At the end the process leaves the
-        process group a launched run joined (``torch.distributed.destroy_process_group``)."""
+        line and status 2; Ctrl-C is ``prog: interrupted`` and status 130; a collective that failed because another
+        process of the job ended is one line and status 1 (`devplug.core.distributed.peer_loss`). At the end the
+        process leaves the process group a launched run joined (``torch.distributed.destroy_process_group``)."""
         args = self.parse(argv)
         try:
             return work(args)
@@ -196,6 +202,14 @@ class ConfigParser(argparse.ArgumentParser):
         except KeyboardInterrupt:
             print(f"{self.prog.removesuffix('.py')}: interrupted", file=sys.stderr)
             return 130
+        except Exception as exc:
+            from devplug.core.distributed.peer_loss import lost_peer
+
+            line = lost_peer(exc)  # another rank ended: its own output says why, this one's traceback would bury it
+            if line is None:
+                raise
+            print(f"{self.prog.removesuffix('.py')}: error: {line}", file=sys.stderr)
+            return 1
         finally:
             _leave_process_group()
 

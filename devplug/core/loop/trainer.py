@@ -730,6 +730,8 @@ class Trainer:
                 self._flush_logs()
                 if runs is not None and runs.policy.at_end:
                     self._keeper.save_by_policy()
+                elif runs is not None:  # a save due at the last step: no batch is asked for after it to make it
+                    self._keeper.save_if_due()
                 self._keeper.warn_unseen_monitor()
             finally:  # left early (break, exception): what is still pending, this rank's values only
                 position.in_epochs = False
@@ -940,7 +942,9 @@ class Trainer:
         than those given to `register_for_checkpointing`, whose objects' states are saved under them).
 
         Returns the path written, or ``None`` on other ranks. Raises ``devplug.NonFiniteLossError`` and
-        writes nothing when a weight or optimizer state holds NaN or infinity (docs/trainer.md, Checkpoints).
+        writes nothing when a weight or optimizer state holds NaN or infinity (docs/trainer.md, Checkpoints),
+        and ``devplug.CheckpointError`` naming the entry when ``extra`` (or a registered object's state) holds
+        what ``torch.load(weights_only=True)`` would not read back (a numpy value, a ``Path``, an object).
         Warns, naming it, about an optimizer given to `step` whose state the checkpoint does not hold.
         With ``strategy="fsdp"`` it writes a sharded checkpoint folder instead, every rank its shards (call
         it on every rank; it returns the path on all); ``async_save=True`` writes it in the background, and

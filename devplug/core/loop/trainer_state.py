@@ -21,7 +21,7 @@ import torch
 from devplug.core.checkpoint.compiled import module_state, plain_key, plain_state
 from devplug.core.checkpoint.finite import nonfinite
 from devplug.core.data.position import ResumePoint
-from devplug.core.errors import NonFiniteLossError
+from devplug.core.errors import CheckpointMismatchError, NonFiniteLossError
 
 if TYPE_CHECKING:  # the checkpoint file, RNG and optimizer-state modules load with the first save or load
     from devplug.core.contract.records import Device, OptimizerChoice, PrecisionPlan
@@ -142,20 +142,26 @@ class TrainerState:
         check_matches(state, self.modules, self.optimizers, path, self.registered)
         natives = {key: import_state(choice, state["optimizers"][key], key) for key, choice in self.optimizers.items()}
         check_loaded_optimizers(state["optimizers"], natives, self.optimizers, path)
-        points = self.resume_points(state)
+        points = self.resume_points(state, path)
         restore(state, natives, modules=self.modules, optimizers=self.optimizers, scaler=self.scaler,
                 device_module=self.device_rng(), path=path, registered=self.registered)
         self.registered_restored = True
         return self.continue_from(state, points)
 
-    def resume_points(self, state: Mapping[str, Any]) -> dict[int, ResumePoint]:
-        """The saved loader positions; a loader that cannot continue at the same sample raises now."""
+    def resume_points(self, state: Mapping[str, Any], path: Any = None) -> dict[int, ResumePoint]:
+        """The saved loader positions; a loader that cannot continue at the same sample raises now (a
+        `CheckpointMismatchError` naming the checkpoint ``path``)."""
         points = {i: ResumePoint(**{k: v for k, v in entry.items() if k != "seed"})
                   for i, entry in enumerate(state["loaders"])}
         for loader in self.training_loaders():
             if loader.index in points:
-                points[loader.index].skip(loader.batch_size, self.world_size, loader.sharded,
-                                          f"training loader {loader.index}")
+                try:
+                    points[loader.index].skip(loader.batch_size, self.world_size, loader.sharded,
+                                              f"training loader {loader.index}")
+                except CheckpointMismatchError as exc:
+                    if path is None:
+                        raise
+                    raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not fit this run: {exc}") from None
         return points
 
     def continue_from(self, state: Mapping[str, Any], points: dict[int, ResumePoint]) -> dict[str, Any]:
