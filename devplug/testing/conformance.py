@@ -27,7 +27,15 @@ from devplug.core.contract.records import PRECISIONS, Phase
 from devplug.core.errors import DevplugError
 from devplug.core.registry.manager import DevplugPluginManager, create_plugin_manager
 from devplug.testing.checks import registered_checks
-from devplug.testing.kit import STANDARD_OPTIMIZERS, CheckSpec, DeviceUnderTest, NotApplicable, open_device
+from devplug.testing.kit import (
+    STANDARD_OPTIMIZERS,
+    CheckSpec,
+    DeviceUnderTest,
+    DoesNotApply,
+    NotApplicable,
+    open_device,
+    selection_cases,
+)
 
 
 class DeviceConformance:
@@ -37,7 +45,8 @@ class DeviceConformance:
 
     - ``device_name``: the device to test (required).
     - ``device_options``: ``Device.options`` for the plugin (as ``Trainer(device_options=...)`` passes them).
-    - ``optimizer_names``: optimizer names that must build (default ``adam``, ``adamw``, ``sgd``).
+    - ``optimizer_names``: optimizer names that must build (default ``adam``, ``adamw``, ``sgd``); a name
+      torch.optim does not have (a vendor's ``lamb``) is checked for building only: it has no canonical state.
     - ``precisions``: precision names to plan (default all of ``devplug.records.PRECISIONS``; a device may
       refuse a mixed setting with ``devplug.PrecisionError``, never ``auto`` or ``32-true``).
     - ``training_precision``: precision of the Trainer and checkpoint checks (default ``"auto"``).
@@ -65,7 +74,7 @@ class DeviceConformance:
         spec = getattr(metafunc.function, "check", None)
         if spec is None or spec.over is None or "case" not in metafunc.fixturenames:
             return
-        cases = list(Phase) if spec.over == "phases" else list(getattr(self, spec.over))
+        cases = list(Phase) if spec.over == "phases" else selection_cases(getattr(self, spec.over))
         metafunc.parametrize("case", cases, ids=[str(getattr(c, "value", c)) for c in cases])
 
     @pytest.fixture
@@ -89,7 +98,7 @@ class DeviceConformance:
         try:
             return check(dut, *args, **kwargs)
         except NotApplicable as exc:
-            if self.require_available:
+            if self.require_available and not isinstance(exc, DoesNotApply):
                 pytest.fail(f"{exc} (require_available is set)")
             pytest.skip(str(exc))
 

@@ -43,12 +43,23 @@ STANDARD_OPTIMIZERS = ("adam", "adamw", "sgd")
 """The optimizer names every device plugin must build (the kit checks each one)."""
 
 
+def selection_cases(value: Any) -> list[Any]:
+    """The cases of a selection (``optimizer_names``, ``precisions``): one name given as a string is one case,
+    not a case per character."""
+    return [value] if isinstance(value, str) else list(value)
+
+
 class ConformanceError(AssertionError):
     """A plugin does not keep the hook contract; the message says where and what to change."""
 
 
 class NotApplicable(Exception):
     """A check cannot run on this machine (for example the device is not available here)."""
+
+
+class DoesNotApply(NotApplicable):
+    """A check has nothing to check in what the plugin offers (the canonical state of an algorithm torch.optim does
+    not have), wherever it runs: not applicable even where the device must be available (``require_available``)."""
 
 
 # ---- the registry ----------------------------------------------------------------------------------------

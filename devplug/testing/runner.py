@@ -20,7 +20,14 @@ from devplug.core.registry.bounded import BoundedCall, seconds
 from devplug.core.registry.manager import DevplugPluginManager
 from devplug.core.validators import seconds_from_environment
 from devplug.testing.checks import registered_checks
-from devplug.testing.kit import STANDARD_OPTIMIZERS, CheckSpec, DeviceUnderTest, NotApplicable, open_device
+from devplug.testing.kit import (
+    STANDARD_OPTIMIZERS,
+    CheckSpec,
+    DeviceUnderTest,
+    NotApplicable,
+    open_device,
+    selection_cases,
+)
 
 #: The outcomes of a check: ``advisory`` is a failed check the plugin need not pass yet (it declares a
 #: contract older than the one that introduced the check).
@@ -70,7 +77,7 @@ def _expanded(selection: Mapping[str, Any]) -> list[tuple[str, CheckSpec, Callab
     result: list[tuple[str, CheckSpec, Callable[[DeviceUnderTest], str]]] = []
     for spec in registered_checks():
         kwargs = {arg: selection[key] for arg, key in spec.options.items()}
-        cases = [None] if spec.over is None else list(selection[spec.over])
+        cases = [None] if spec.over is None else selection_cases(selection[spec.over])
         for case in cases:
             label = spec.name if case is None else f"{spec.name}[{getattr(case, 'value', case)}]"
             args = () if case is None else (case,)

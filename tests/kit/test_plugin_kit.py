@@ -201,6 +201,22 @@ def test_a_trainer_in_process_runs_every_hook_of_the_plugin(on_path):
     assert cpusim.MARKED["optimizer_step"] >= 2 and stepcount.steps("cpusim") >= 2
 
 
+def test_a_copy_that_renames_the_device_says_its_own_name_everywhere(on_path, monkeypatch):
+    """The README's "Make it yours" changes ``NAME``: no message, description or warning keeps saying cpusim."""
+    from devplug_template_device import device as template
+
+    monkeypatch.setattr(template, "NAME", "mydev")
+    monkeypatch.setenv(template.ENV_DISABLE, "1")
+    spec = template.devplug_register_devices()
+    assert spec.name == "mydev"
+    device = devplug.Device(spec=spec, index=None, plugin_name="mydev")
+    with pytest.raises(devplug.PrecisionError) as refused:
+        template.devplug_precision(device, "16-mixed")
+    texts = [str(refused.value), template.devplug_precision(device, "bf16-mixed").description,
+             *template.devplug_doctor().warnings]
+    assert all("mydev" in text and "cpusim" not in text for text in texts), texts
+
+
 def test_the_step_counter_is_device_neutral_and_can_be_blocked(on_path):
     import torch
     from devplug_template_device import stepcount

@@ -150,8 +150,11 @@ def devplug_precision(device: Device, precision: str, strategy: str) -> Precisio
 def devplug_compile(device: Device, module: torch.nn.Module, options: dict[str, Any]) -> Any:
     """Compile ``module`` for ``device`` (``torch.compile`` with the device's backend) and return it.
 
-    Called by ``Trainer.setup`` when compilation is enabled. ``options`` are passed on to the
-    compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. Must return promptly (compile lazily,
+    Called by ``Trainer.setup`` when compilation is enabled (``Trainer(compile=True)``) and no plugin but
+    the core fallback answers ``devplug_compile_plan``: the way a plugin written before compile plans
+    (contract 1.7) compiles, which keeps working; a plugin that states a plan is compiled by the Trainer as
+    the plan says, and this hook is then not called. ``options`` (``Trainer(compile_options=...)``) are passed
+    on to the compiler (``mode``, ``fullgraph``, …). Return ``None`` to defer. Must return promptly (compile lazily,
     as ``torch.compile`` does, on the first call): the hook is not bounded by devplug, and one that blocks
     blocks the Trainer; that is the plugin's responsibility. First-result.
     """

@@ -33,6 +33,9 @@ def _check_device_name(_inst: Any, _attr: attrs.Attribute[Any], value: Any) -> N
             f"invalid device name {value!r}: use lower-case letters, digits and '_', starting with a letter "
             "(e.g. 'npu' or 'my_accel')"
         )
+    if value == "auto":
+        raise ValueError("invalid device name 'auto': it is reserved for choosing the available device with the "
+                         "highest priority; name the device after its hardware (e.g. 'npu' or 'my_accel')")
 
 
 @attrs.frozen

@@ -4,6 +4,10 @@ Under FSDP the blocks ``fully_shard`` was applied to are compiled one by one in 
 (``nn.Module.compile``), as torchtitan compiles each transformer block rather than the sharded root: the
 all-gathers and reduce-scatters between blocks stay outside the graphs, and parameter names (hence
 checkpoints) stay those of the uncompiled model. A module without sharded blocks is compiled whole.
+
+A plugin written before compile plans (contract 1.7) compiles through ``devplug_compile`` instead: where
+only the core fallback answers ``devplug_compile_plan`` and a plugin implements ``devplug_compile``, that
+hook compiles the module (whole), as it did before plans existed, rather than being passed over.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ from typing import Any
 
 import torch
 
+from devplug.core.contract import hookspecs
 from devplug.core.contract.records import CompilePlan
 from devplug.core.distributed.fsdp import is_sharded
+from devplug.core.errors import PluginError
 
 
 def compile_options(plan: CompilePlan, author: Mapping[str, Any]) -> dict[str, Any]:
@@ -47,3 +53,18 @@ def apply_compile(module: torch.nn.Module, plan: CompilePlan, author: Mapping[st
         kinds = sorted({type(block).__name__.removeprefix("FSDP") for block in blocks})
         return module, f"{len(blocks)} sharded blocks ({', '.join(kinds)}) compiled with {backend}"
     return torch.compile(module, **options), f"compiled whole with {backend}"
+
+
+def compiles_by_hook(hooks: Any, plan_from: str | None, fallback: str) -> bool:
+    """True where the plan came from the core fallback (``plan_from``) and a plugin implements ``devplug_compile``."""
+    return plan_from == fallback and any(name != fallback for name in hooks.answered_by(hookspecs.devplug_compile))
+
+
+def compile_by_hook(hooks: Any, module: torch.nn.Module, author: Mapping[str, Any]) -> tuple[Any, str]:
+    """``module`` compiled by the plugin's ``devplug_compile`` (the author's options passed on); the module to use
+    and a line for the summary. An answer that cannot be called is a `PluginError` naming the plugin."""
+    compiled, plugin = hooks.first_answer(hookspecs.devplug_compile, module=module, options=dict(author))
+    if compiled is None or not callable(compiled):
+        raise PluginError(f"devplug_compile of plugin {plugin or 'unknown'!r} returned {compiled!r}, which cannot be "
+                          "called; it returns the compiled module (or None to defer)")
+    return compiled, f"compiled whole by devplug_compile of plugin {plugin or 'unknown'!r}"

@@ -128,6 +128,7 @@ class Trainer:
         self.sharding: ShardingPlan | None = self._strategy.sharding
         self._modules: dict[str, torch.nn.Module] = {}
         self._compile_plan: CompilePlan | None = None
+        self._compile_by_hook = False  # a plugin's devplug_compile compiles (no plan but the fallback's)
         self._compiled: dict[str, str] = {}  # module name: what compiling it did
         self._optimizers: dict[str, OptimizerChoice] = {}
         self._stepped: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # what step() was given
@@ -352,7 +353,7 @@ class Trainer:
 
     def _compile(self, key: str, module: torch.nn.Module) -> Any:
         # the device plugin's backend and options, applied per sharded block (or whole); the summary says which
-        from devplug.core.loop.compiling import apply_compile
+        from devplug.core.loop.compiling import apply_compile, compile_by_hook, compiles_by_hook
 
         if self._compile_plan is None:
             plan, plugin = self._hooks.first_answer(spec.devplug_compile_plan)
@@ -360,6 +361,10 @@ class Trainer:
                 raise PluginError(f"plugin {plugin or 'unknown'} answered devplug_compile_plan with {plan!r}, "
                                   "not a devplug.CompilePlan")
             self._compile_plan = plan
+            self._compile_by_hook = compiles_by_hook(self._hooks, plugin, FALLBACK_NAME)  # a pre-1.7 plugin's way
+        if self._compile_by_hook:
+            module, self._compiled[key] = compile_by_hook(self._hooks, module, self._config.compile_options)
+            return module
         module, self._compiled[key] = apply_compile(module, self._compile_plan, self._config.compile_options)
         return module
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from devplug.core.contract.records import OptimizerChoice, PrecisionPlan
+from devplug.core.contract.records import LoaderChoice, MemoryStats, OptimizerChoice, PrecisionPlan
 from devplug.core.contract.value_rules import peak_flops_problem
 from devplug.core.errors import PluginError
 from devplug.core.precision import registry as precisions
@@ -107,12 +107,38 @@ def precision_plan(label: HookLabel, arguments: Mapping[str, Any], answer: Any) 
     return answer
 
 
+def iterable_loader(label: HookLabel, arguments: Mapping[str, Any], answer: Any) -> Any:
+    """A `LoaderChoice`'s loader is iterable over batches: anything else is refused here, naming the plugin,
+    rather than failing with a ``TypeError`` at the first epoch."""
+    if isinstance(answer, LoaderChoice) and not hasattr(type(answer.loader), "__iter__"):
+        raise PluginError(f"{label} returned a LoaderChoice whose loader is {answer.loader!r} (a "
+                          f"{type(answer.loader).__qualname__}), which cannot be iterated over batches; report this "
+                          f"to the maintainers of {label.distribution}")
+    return answer
+
+
+def byte_counts(label: HookLabel, arguments: Mapping[str, Any], answer: Any) -> Any:
+    """Each figure of `MemoryStats` is a whole, non-negative number of bytes, or ``None``: a report never shows a
+    negative or fractional memory figure as if measured."""
+    if not isinstance(answer, MemoryStats):
+        return answer
+    for field in attrs.fields(MemoryStats):
+        value = getattr(answer, field.name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise PluginError(f"{label} returned MemoryStats.{field.name} = {value!r}; MemoryStats.{field.name} must "
+                              f"be a number of bytes (a whole, non-negative int), or None where the device does not "
+                              f"report it; report this to the maintainers of {label.distribution}")
+    return answer
+
+
 #: The hooks whose answers have rules on their value, and the check of each.
 ANSWER_CHECKS: dict[str, AnswerCheck] = {
     "devplug_to_device": moved_module,
     "devplug_peak_flops": peak_flops,
     "devplug_optimizer": optimizer_builder,
     "devplug_precision": precision_plan,
+    "devplug_dataloader": iterable_loader,
+    "devplug_memory_stats": byte_counts,
 }
 
 #: Checks with a rule about one kind of argument only (a module given to ``devplug_to_device``): the

@@ -152,18 +152,26 @@ class DeviceRegistry:
                 )
             count = entry.count()
             if index is not None and index >= count:
-                raise DeviceUnavailableError(
-                    f"device {request!r} does not exist: {count} {entry.spec.name} device(s) visible "
-                    f"(indices 0..{count - 1})"
-                )
+                visible = (f"{count} {entry.spec.name} device(s) visible (indices 0..{count - 1})" if count else
+                           f"no {entry.spec.name} device is counted: {entry.count_problem}" if entry.count_problem
+                           else f"no {entry.spec.name} device is visible to this process")
+                raise DeviceUnavailableError(f"device {request!r} does not exist: {visible}")
         layout_reason = ""
         if channels_last == "auto":
             preference = entry.spec.prefers_channels_last
             channels_last = bool(preference)
             layout_reason = (f"the {entry.plugin_name} plugin's choice: {preference}" if preference
                              else f"the {entry.plugin_name} plugin prefers no other")
-        return Device(spec=entry.spec, index=index, plugin_name=entry.plugin_name, options=dict(options or {}),
-                      channels_last=bool(channels_last), layout_reason=layout_reason)
+        try:
+            return Device(spec=entry.spec, index=index, plugin_name=entry.plugin_name, options=dict(options or {}),
+                          channels_last=bool(channels_last), layout_reason=layout_reason)
+        except RuntimeError as exc:  # torch.device() of a type no loaded backend registered
+            raise PluginError(
+                f"device {entry.spec.name!r} of plugin {entry.plugin_name!r} ({entry.distribution}) places tensors "
+                f"on torch device type {entry.spec.torch_type!r}, which torch does not know here "
+                f"({str(exc).splitlines()[0]}); its runtime has not registered that backend with torch, or "
+                f"DeviceSpec.torch_type is wrong: report this to the maintainers of {entry.distribution}"
+            ) from None
 
     def _load_problems(self, name: str) -> str:
         """Plugin load failures (and skipped clashing devices) that may explain a missing device."""

@@ -12,7 +12,9 @@ Every hook implementation a plugin registers is wrapped once, at registration, b
   peak FLOP/s) raises a `PluginError` with the same naming, and an ``OptimizerChoice`` is given the
   name of the plugin that built it (`devplug.core.registry.answers`);
 - a ``wrapper=True`` implementation that swallows the inner answer (``yield`` without ``return``) is
-  reported as such instead of surfacing later as "no plugin can build ...".
+  reported as such instead of surfacing later as "no plugin can build ...";
+- an old-style ``hookwrapper=True`` implementation is held to the same: what it raises is named, and a
+  result it forces (``outcome.force_result``) is checked like any other answer.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def _article(name: str) -> str:
 
 
 def _describe_value(value: Any) -> str:
-    text = repr(value)
+    text = " ".join(repr(value).split())  # one line: an optimizer's or a tensor's repr spans several
     if len(text) > 80:
         text = text[:77] + "..."
     return f"{text} (a {type(value).__module__}.{type(value).__qualname__})"
@@ -106,8 +108,8 @@ _CALLS = itertools.count()
 
 
 def guard_hookimpl(impl: pluggy.HookImpl, spec: HookSpec | None, distribution: str) -> None:
-    """Replace ``impl.function`` by a checked call (idempotent); old-style ``hookwrapper`` impls are left alone."""
-    if impl.hookwrapper or getattr(impl.function, "__devplug_guarded__", False):
+    """Replace ``impl.function`` by a checked call (idempotent)."""
+    if getattr(impl.function, "__devplug_guarded__", False):
         return
     label = HookLabel(spec.name if spec is not None else impl.function.__name__, impl.plugin_name, distribution)
     classes = expected_types(spec.function) if spec is not None else ()
@@ -116,9 +118,14 @@ def guard_hookimpl(impl: pluggy.HookImpl, spec: HookSpec | None, distribution: s
     argnames = tuple(impl.argnames)
     check = _bound_check(ANSWER_CHECKS.get(label.hook), label, argnames)
     only = _checked_position(label, argnames)
-    guarded: Callable[..., Any] = _guard_wrapper(function, label, classes, firstresult, check, only) if (
-        impl.wrapper) else _guard_call(function, label, classes, check, only)
-    guarded.__devplug_guarded__ = True  # type: ignore[attr-defined]  # a mark for the idempotence check above
+    guarded: Any  # a function (the mark below is an attribute set on it)
+    if impl.hookwrapper:
+        guarded = _guard_old_style_wrapper(function, label, classes, firstresult, check, only)
+    elif impl.wrapper:
+        guarded = _guard_wrapper(function, label, classes, firstresult, check, only)
+    else:
+        guarded = _guard_call(function, label, classes, check, only)
+    guarded.__devplug_guarded__ = True  # a mark for the idempotence check above
     impl.function = guarded  # type: ignore[misc]  # pluggy calls impl.function; argnames stay the original's
 
 
@@ -204,6 +211,58 @@ def _guard_wrapper(
     return guarded
 
 
+def _guard_old_style_wrapper(
+    function: Callable[..., Any], label: HookLabel, classes: tuple[type, ...], firstresult: bool,
+    check: BoundCheck | None, only: tuple[int, type] = (-1, object),
+) -> Callable[..., Generator[Any, Any, None]]:
+    """An old-style ``hookwrapper=True`` implementation, checked: pluggy sends it the outcome (a ``pluggy.Result``)
+    of the inner implementations, which it may replace (``force_result``); errors are put on that outcome
+    (``force_exception``), as pluggy reports a raise from an old-style wrapper's teardown with a warning."""
+    position, kind = only
+
+    def guarded(*args: Any) -> Generator[Any, Any, None]:
+        call = next(_CALLS)  # noqa: F841 - read from the stack by the watchdog: which call of the hook this is
+        generator = function(*args)
+        try:
+            next(generator)
+        except StopIteration:
+            raise PluginError(f"{label} is a hookwrapper that did not yield; write `outcome = yield`") from None
+        except DevplugError:
+            raise
+        except Exception as exc:
+            raise label.raised(exc) from exc
+        outcome: pluggy.Result[Any] = yield
+        try:
+            generator.send(outcome)
+        except StopIteration:
+            pass
+        except DevplugError as exc:
+            outcome.force_exception(exc)
+            return
+        except Exception as exc:
+            outcome.force_exception(label.raised(exc))
+            return
+        else:
+            generator.close()
+            outcome.force_exception(PluginError(f"{label} is a hookwrapper that yielded more than once; yield exactly "
+                                                "once"))
+            return
+        if not firstresult or outcome.exception is not None:
+            return
+        result = outcome.get_result()
+        if result is None:
+            return
+        if classes and not isinstance(result, classes):
+            outcome.force_exception(label.wrong_answer(result, classes, True))
+        elif check is not None and (position < 0 or isinstance(args[position], kind)):
+            try:
+                outcome.force_result(check(args, result))
+            except DevplugError as exc:
+                outcome.force_exception(exc)
+
+    return guarded
+
+
 def _finish(label: HookLabel, resume: Callable[[], Any], passthrough: BaseException | None) -> Any:
     """Run a wrapper past its ``yield``; its return value, or its own exception named."""
     try:
@@ -219,7 +278,7 @@ def _finish(label: HookLabel, resume: Callable[[], Any], passthrough: BaseExcept
 
 #: The code of every guarded call (a plain hook's and a wrapper's), to find a running hook on a thread's stack.
 _GUARD_CODES = frozenset(
-    const for outer in (_guard_call, _guard_wrapper) for const in outer.__code__.co_consts
+    const for outer in (_guard_call, _guard_wrapper, _guard_old_style_wrapper) for const in outer.__code__.co_consts
     if isinstance(const, types.CodeType) and const.co_name == "guarded"
 )
 

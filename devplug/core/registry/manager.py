@@ -30,6 +30,7 @@ import importlib
 import importlib.metadata
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -159,8 +160,15 @@ class DevplugPluginManager(pluggy.PluginManager):
 
     # ---- registration ---------------------------------------------------------------------------------
     def register(self, plugin: Any, name: str | None = None) -> str | None:
-        """pluggy's register, then every hook implementation of the plugin guarded (see `.guard`)."""
-        plugin_name = super().register(plugin, name)
+        """pluggy's register, then every hook implementation of the plugin guarded (see `.guard`).
+
+        A hook implementation pluggy refuses (an argument its hook does not have, ``wrapper=True`` on a
+        function that does not yield) is a `PluginError` in one line saying what the hook takes.
+        """
+        try:
+            plugin_name = super().register(plugin, name)
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(self._refused_signature(exc)) from None
         if plugin_name is not None:
             distribution = self.distribution_of(plugin_name)
             for caller in self.get_hookcallers(plugin) or []:
@@ -168,6 +176,23 @@ class DevplugPluginManager(pluggy.PluginManager):
                     if impl.plugin is plugin:
                         guard_hookimpl(impl, caller.spec, distribution)
         return plugin_name
+
+    def _refused_signature(self, exc: pluggy.PluginValidationError) -> str:
+        """pluggy's several-line refusal of a hook implementation, in one line with what the hook takes."""
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        found = re.search(r"for hook '(\w+)'", lines[0]) if lines else None
+        spec = getattr(getattr(self.hook, found.group(1), None), "spec", None) if found else None
+        if spec is None:
+            return "; ".join(lines)
+        hook = spec.name
+        arguments = ", ".join(spec.argnames) or "no arguments"
+        unknown = re.search(r"Argument\(s\) \{(.*)\} are declared in the hookimpl", str(exc))
+        if unknown:
+            names = unknown.group(1).replace("'", "")
+            return (f"its {hook} takes {names}, which the hook does not have; {hook} takes {arguments} (an "
+                    f"implementation may leave out the ones it does not use, but not rename or add any; see "
+                    f"docs/hooks.md#{hook})")
+        return f"its {hook} was refused by pluggy: {'; '.join(lines[2:] or lines)} (see docs/hooks.md#{hook})"
 
     def distribution_of(self, plugin_name: str) -> str:
         """The distribution a registered plugin came from (``"devplug (built-in)"`` for ours)."""

@@ -9,6 +9,7 @@ running is waited on again by a later registry rather than started a second time
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any
 
 import attrs
@@ -36,6 +37,8 @@ class RegisteredDevice:
     _availability: Availability | None = attrs.field(default=None, alias="_availability")
     _probing: BoundedCall | None = attrs.field(default=None, init=False)
     _count_timed_out: bool = attrs.field(default=False, init=False)
+    #: Why counting the devices failed (the count raised or answered something else than a number), or ``None``.
+    count_problem: str | None = attrs.field(default=None, init=False)
 
     def start_probe(self) -> None:
         """Start the probe in the background (once) without waiting for it.
@@ -67,7 +70,12 @@ class RegisteredDevice:
                 result = self._probing.result()
                 if not isinstance(result, Availability):
                     raise TypeError(f"probe returned {result!r}, not an Availability")
-            except (Exception, SystemExit) as exc:
+                if not result.available and not str(result.reason).strip():
+                    result = Availability.no(
+                        f"its availability probe said so without a reason (plugin {self.plugin_name!r}, "
+                        f"{self.distribution})", result.fix or f"report this to the maintainers of {self.distribution}"
+                        ": a probe says why with Availability.no(reason, fix)")
+            except BaseException as exc:  # raised in the probe's own thread (a Ctrl-C reaches the main thread)
                 result = Availability.no(
                     f"its availability probe raised {type(exc).__name__}: {exc}",
                     f"report this to the maintainers of {self.distribution}",
@@ -93,8 +101,12 @@ class RegisteredDevice:
         )
 
     def count(self) -> int:
-        """How many devices of this type are visible (0 when unavailable, when counting fails or times out)."""
-        if self._count_timed_out or not self.availability().available:
+        """How many devices of this type are visible (0 when unavailable, when counting fails or times out).
+
+        A count that raises or answers something else than a whole number of devices is logged once, naming
+        the plugin, and kept in `count_problem` for the errors that depend on the count.
+        """
+        if self._count_timed_out or self.count_problem is not None or not self.availability().available:
             return 0
         limit = time_limit()
         counting = BoundedCall(self.spec.count, f"count of device {self.spec.name!r}")
@@ -104,9 +116,22 @@ class RegisteredDevice:
                         self.spec.name, self.plugin_name, self.distribution, seconds(limit))
             return 0
         try:
-            return int(counting.result())
-        except (Exception, SystemExit):
-            return 0
+            answer = counting.result()
+        except BaseException as exc:  # raised in the count's own thread, as the probe's
+            return self._count_failed(f"raised {type(exc).__name__}: {exc}")
+        try:
+            number = -1 if isinstance(answer, bool) else operator.index(answer)
+        except TypeError:
+            number = -1
+        if number < 0:
+            return self._count_failed(f"returned {answer!r}, not a number of devices")
+        return number
+
+    def _count_failed(self, what: str) -> int:
+        self.count_problem = (f"DeviceSpec.count of device {self.spec.name!r} (plugin {self.plugin_name!r}, "
+                              f"{self.distribution}) {what}; report this to the maintainers of {self.distribution}")
+        log.warning("%s; counted 0", self.count_problem)
+        return 0
 
 
 #: Probes that timed out and may still be running, by device spec: a later registry waits on them.

@@ -11,32 +11,42 @@ from devplug.core.contract.records import CONTRACT_VERSION, Availability, Doctor
 from devplug.core.contract.versions import contract_problem
 from devplug.core.errors import PluginError
 from devplug.core.registry.bounded import ENV_TIME_LIMIT, call_with_limit, seconds, time_limit
-from devplug.core.registry.manager import BUILTIN_DISTRIBUTION
+from devplug.core.registry.manager import BUILTIN_DISTRIBUTION, ENV_BLOCK
 from devplug.testing.kit import DeviceUnderTest, KitHooks, conformance_check
 
 
 def _plugin_family(dut: DeviceUnderTest) -> list[tuple[str, object]]:
-    """The device plugin and every other plugin shipped in the same (third-party) distribution."""
+    """The plugins that take part in the device's hooks or ship with its plugin: the device plugin, every other
+    plugin of its (third-party) distribution, and every third party's device-neutral plugin (it takes part in
+    the hooks of every device, so a neutral plugin's author checks it with any device's kit)."""
     pm = dut.plugin_manager
     dist = dut.entry.distribution
+    device_plugins = dut.registry.device_plugin_names()
     family = [(dut.entry.plugin_name, dut.entry.plugin)]
-    if dist != BUILTIN_DISTRIBUTION:
-        family += [
-            (n, p) for n, p in pm.list_name_plugin() if n != dut.entry.plugin_name and pm.distribution_of(n) == dist
-        ]
+    for name, plugin in pm.list_name_plugin():
+        if name == dut.entry.plugin_name or plugin is None:
+            continue
+        mine = dist != BUILTIN_DISTRIBUTION and pm.distribution_of(name) == dist
+        neutral = name not in device_plugins and pm.distribution_of(name) != BUILTIN_DISTRIBUTION
+        if mine or neutral:
+            family.append((name, plugin))
     return family
 
 
 @conformance_check("devplug_register_devices", needs_device=False)
 def check_plugin_loaded(dut: DeviceUnderTest) -> str:
-    """The plugin loaded cleanly: no failures from its distribution, a compatible ``DEVPLUG_CONTRACT``
-    declared, and no ``devplug_*`` function left without ``@devplug.hookimpl`` (pluggy would ignore it)."""
+    """The plugin (and each device-neutral one) loaded cleanly: no third-party load failures, a compatible
+    ``DEVPLUG_CONTRACT``, and no ``devplug_*`` function without ``@devplug.hookimpl`` (pluggy would ignore it)."""
     pm = dut.plugin_manager
     dist = dut.entry.distribution
     if dist != BUILTIN_DISTRIBUTION:
         failed = [str(f) for f in pm.failures if f.distribution == dist]
         if failed:
             raise dut.fail("other plugins of the same distribution failed to load: " + "; ".join(failed))
+    others = [str(f) for f in pm.failures if f.distribution not in (dist, BUILTIN_DISTRIBUTION)]
+    if others:  # a device-neutral plugin among them would take part in this device's hooks: checked without it
+        raise dut.fail(f"{'; '.join(others)}; the device was checked without it (a device-neutral plugin takes part "
+                       f"in every device's hooks): fix it, or skip it with {ENV_BLOCK} if it is not yours")
     notes = []
     for plugin_name, plugin in _plugin_family(dut):
         declared = getattr(plugin, "DEVPLUG_CONTRACT", None)

@@ -17,7 +17,7 @@ from devplug.core.contract.records import OptimizerChoice
 from devplug.core.errors import CheckpointError
 from devplug.core.optim.canonical import canonical_class, export_state, import_state, normalize
 from devplug.core.tree import map_tensors
-from devplug.testing.kit import DeviceUnderTest, author_options, conformance_check, toy_regression
+from devplug.testing.kit import DeviceUnderTest, DoesNotApply, author_options, conformance_check, toy_regression
 
 _STEPS = 3
 
@@ -66,6 +66,10 @@ def check_optimizer_state(dut: DeviceUnderTest, name: str) -> str:
     as the original's. This is what lets a checkpoint move between devices.
     """
     hooks, options = dut.hooks, author_options(name)
+    if canonical_class(name) is None:
+        raise DoesNotApply(f"torch.optim has no {name!r}, so there is no canonical layout to convert its state to; "
+                            f"checkpoints keep the optimizer's own layout and resume where {name!r} is built the same "
+                            "way")
 
     def build(model: torch.nn.Module) -> OptimizerChoice:
         params = list(model.parameters())

@@ -97,7 +97,7 @@ def devplug_device_setup(device: devplug.Device) -> None:
     threads = device.options.get("threads")
     if threads:
         torch.set_num_threads(int(threads))
-    log.debug("cpusim set up for %s (threads=%s)", device, torch.get_num_threads())
+    log.debug("%s set up for %s (threads=%s)", NAME, device, torch.get_num_threads())
 
 
 @devplug.hookimpl
@@ -134,9 +134,9 @@ def devplug_precision(device: devplug.Device, precision: str) -> devplug.Precisi
         precision = "32-true"
     known = find_precision(precision)
     if known is not None and known.compute_dtype == torch.float16:
-        raise devplug.PrecisionError("cpusim has no fp16 units; use precision='bf16-mixed' or '32-true'")
+        raise devplug.PrecisionError(f"{NAME} has no fp16 units; use precision='bf16-mixed' or '32-true'")
     plan = precision_plan(device, precision)  # an unknown name is a PrecisionError listing the known ones
-    return attrs.evolve(plan, description=f"cpusim: {plan.description}")
+    return attrs.evolve(plan, description=f"{NAME}: {plan.description}")
 
 
 @devplug.hookimpl
@@ -214,7 +214,7 @@ def devplug_dataloader(
     if options.pin_memory is None:
         options = attrs.evolve(options, pin_memory=False)
     choice = torch_dataloader(source, options)
-    return attrs.evolve(choice, implementation=f"cpusim: {choice.implementation}")
+    return attrs.evolve(choice, implementation=f"{NAME}: {choice.implementation}")
 
 
 @devplug.hookimpl
@@ -277,6 +277,6 @@ def devplug_log(device: devplug.Device, point: devplug.LogPoint) -> None:
 @devplug.hookimpl
 def devplug_doctor() -> devplug.DoctorReport:
     """What ``devplug doctor`` prints for this plugin: its stack, the variables it reads, what is wrong here."""
-    warnings = [f"{ENV_DISABLE} is set: cpusim reports itself unavailable"] if not probe().available else []
+    warnings = [f"{ENV_DISABLE} is set: {NAME} reports itself unavailable"] if not probe().available else []
     return devplug.DoctorReport(packages=("devplug-template-device", "torch"), env=(ENV_DISABLE,),
                                 warnings=tuple(warnings))
