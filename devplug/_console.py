@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
 from devplug._version import __version__
 
 #: The status after Ctrl-C, as a shell reports a process that SIGINT ended (``devplug.cli.EXIT_INTERRUPTED``).
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +21,6 @@ from typing import Any, NoReturn, TextIO
 
 import attrs
 
-from devplug import _console
 from devplug._version import __version__
 from devplug.core.contract.records import CONTRACT_VERSION
 from devplug.core.errors import CheckpointError, DevplugError
@@ -46,7 +46,7 @@ EXIT_ERROR = 2
 #: ``devplug check``: the device is not available on this machine, so the checks that need it did not run.
 EXIT_UNAVAILABLE = 3
 #: Ctrl-C: the command stopped before it finished (128 + SIGINT, as a shell reports it).
-EXIT_INTERRUPTED = _console.EXIT_INTERRUPTED
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # the console entry point (devplug._console) says the same
 
 #: How ``devplug devices --verbose`` marks a hook implementation's pluggy options.
 _HOOK_OPTIONS = ("wrapper", "hookwrapper", "tryfirst", "trylast")
