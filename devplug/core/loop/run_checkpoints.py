@@ -153,7 +153,7 @@ class CheckpointKeeper:
                 choice = resume_files.choose(source, self.load, explicit=explicit)
                 if choice is not None:
                     extra = choice.extra
-                    report = _resume_report(choice.path, choice.skipped)
+                    report = _resume_report(choice.path, choice.skipped, self._own_folder())
             except Exception as exc:
                 if self._combiner is None:
                     raise
@@ -205,7 +205,12 @@ class CheckpointKeeper:
         if chosen is None:
             return None, {}
         extra = self.load(chosen)
-        return self._from_rank0(_resume_report(Path(chosen), skipped) if self._is_main else None), extra
+        report = _resume_report(Path(chosen), skipped, self._own_folder()) if self._is_main else None
+        return self._from_rank0(report), extra
+
+    def _own_folder(self) -> Path | None:
+        """The folder this run's policy saves into (``None`` without a policy)."""
+        return self.runs.folder if self.runs is not None else None
 
     def _from_rank0(self, value: Any) -> Any:
         return self._combiner.broadcast(value, source=0) if self._combiner is not None else value
@@ -309,12 +314,28 @@ def _as_problem(exc: Exception | None) -> tuple[type, str] | None:
     return type(exc), str(exc) if isinstance(exc, DevplugError) else f"{type(exc).__name__}: {exc}"
 
 
-def _resume_report(path: Path, skipped: Any) -> dict[str, Any]:
-    """Rank 0's account of a resume (newer checkpoints set aside now), as plain values every rank can get."""
+def _resume_report(path: Path, skipped: Any, own_folder: Path | None) -> dict[str, Any]:
+    """Rank 0's account of a resume, as plain values every rank can get.
+
+    Only in ``own_folder``, the folder this run's policy saves into, are the checkpoints newer than ``path``
+    set aside (there they would be pruned or resumed by mistake) and the temporary files of killed saves
+    removed. Another run's folder, or any folder without a policy, is only read: that run may still be
+    writing it, and its own resume must find its checkpoints where it left them.
+    """
     from devplug.core.checkpoint import resume as resume_files
     from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 
-    aside, moved = resume_files.set_aside_newer(path)
-    remove_stale_temp_files(path.parent)  # what saves killed before this resume left
+    aside, moved = None, 0
+    if own_folder is not None and _same_folder(path.parent, own_folder):
+        aside, moved = resume_files.set_aside_newer(path)
+        remove_stale_temp_files(path.parent)  # what saves killed before this resume left
     return {"path": str(path), "skipped": [(str(p), why) for p, why in skipped],
             "set_aside": str(aside) if aside is not None else None, "set_aside_count": moved}
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name the same folder (through links and relative paths alike)."""
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return a.absolute() == b.absolute()

@@ -980,8 +980,8 @@ class Trainer:
         Without ``path``: the newest intact checkpoint of the checkpoint policy's directory (``None`` when it
         holds none). With ``path``: that checkpoint file (a damaged one is an error), or the newest intact one
         of that folder. Damaged or non-finite checkpoints of a folder are skipped with a warning (the one
-        before is tried); resuming from an older one moves the newer ones of its folder aside into
-        ``abandoned-<time>/``. Call it after ``setup`` and ``optimizer``; ``epochs()`` calls it itself with
+        before is tried); resuming from an older one of the policy's own directory moves the newer ones aside
+        into ``abandoned-<time>/`` (another run's folder is only read). Call it after ``setup`` and ``optimizer``; ``epochs()`` calls it itself with
         ``auto_resume=True``. Every rank resumes from the checkpoint rank 0 chose (a collective under
         several processes).
         """

@@ -118,7 +118,7 @@ def test_temp_files_a_restarted_container_cannot_tell_apart_go_once_an_hour_old(
 
 
 def test_resuming_an_older_checkpoint_of_a_folder_this_run_cannot_write_goes_on(tmp_path, monkeypatch, caplog):
-    # a read-only snapshot, or another user's run: the newer checkpoints cannot be moved aside, and need not be
+    # a run folder of a read-only snapshot, resumed to evaluate: the newer checkpoints cannot be moved aside
     shared = tmp_path / "shared"
     _train(shared, 6, every=2, keep_last=None)
     real_mkdir = Path.mkdir
@@ -130,7 +130,7 @@ def test_resuming_an_older_checkpoint_of_a_folder_this_run_cannot_write_goes_on(
 
     monkeypatch.setattr(Path, "mkdir", read_only)
     trainer = devplug.Trainer(device="cpu", precision="32-true", progress=False, stop_signals=(), count_flops=False,
-                              checkpoints=devplug.CheckpointPolicy(directory=tmp_path / "mine", every_n_steps=2))
+                              checkpoints=devplug.CheckpointPolicy(directory=shared, every_n_steps=2))
     model = trainer.setup(torch.nn.Linear(3, 1))
     trainer.optimizer("sgd", model.parameters(), lr=0.1)
     with caplog.at_level("WARNING", logger="devplug"):

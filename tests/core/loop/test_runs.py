@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from dist_scripts.common import HERE, RANK_PRELOAD, clean_env, run_ranks
 from toys import Clock, train_on_a_clock
 
 import devplug
+from devplug.core.checkpoint.tempfiles import host_tag
 
 SCRIPTS = HERE.parent / "run_scripts"
 
@@ -35,6 +37,12 @@ def _loop(tmp_path: Path, policy: devplug.CheckpointPolicy, *, epochs: int = 1, 
                 trainer.request_stop("enough")
     trainer.close()
     return trainer
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def _names(folder: Path) -> list[str]:
@@ -134,15 +142,32 @@ def test_resume_returns_a_record_of_the_file_the_skipped_ones_and_the_ones_set_a
     assert "skipping damaged checkpoint step_0000012.pt" in caplog.text
 
 
-def test_resume_from_an_explicit_file_sets_aside_the_newer_ones_of_its_folder(tmp_path):
-    old = tmp_path / "old"
-    _loop(tmp_path, devplug.CheckpointPolicy(directory=old, every_n_steps=4, keep_last=None))
-    trainer = _fresh(devplug.CheckpointPolicy(directory=tmp_path / "new", every_n_steps=4))
-    resumed = trainer.resume(old / "step_0000004.pt")
+def test_resume_from_an_older_file_of_its_own_folder_sets_aside_the_newer_ones(tmp_path):
+    folder = tmp_path / "run"
+    _loop(tmp_path, devplug.CheckpointPolicy(directory=folder, every_n_steps=4, keep_last=None))
+    trainer = _fresh(devplug.CheckpointPolicy(directory=folder, every_n_steps=4))
+    resumed = trainer.resume(folder / "step_0000004.pt")
     assert resumed is not None and resumed.step == trainer.global_step == 4 and resumed.skipped == ()
-    assert resumed.set_aside_count == 2 and _names(old) == ["step_0000004.pt"]
+    assert resumed.set_aside_count == 2 and _names(folder) == ["step_0000004.pt"]
     assert _names(resumed.set_aside) == ["step_0000008.pt", "step_0000012.pt"]
     assert trainer.checkpoint_now() is None  # step 4 is the resumed checkpoint: nothing new to save
+    trainer.close()
+
+
+def test_resume_from_another_runs_folder_leaves_that_folder_as_it_is(tmp_path):
+    # the other run may still be writing it, and its own auto-resume must find its newest checkpoint there
+    old = tmp_path / "old"
+    _loop(tmp_path, devplug.CheckpointPolicy(directory=old, every_n_steps=4, keep_last=None))
+    stale = old / f".step_0000016.pt.{host_tag()}.{_dead_pid()}.0123abcd.tmp"  # a killed save's, on this host
+    stale.write_bytes(b"half a checkpoint")
+    for policy in (devplug.CheckpointPolicy(directory=tmp_path / "new", every_n_steps=4), None):
+        trainer = _fresh(policy)
+        resumed = trainer.resume(old / "step_0000004.pt")
+        assert resumed is not None and resumed.step == trainer.global_step == 4 and resumed.skipped == ()
+        assert resumed.set_aside is None and resumed.set_aside_count == 0
+        assert _names(old) == ["step_0000004.pt", "step_0000008.pt", "step_0000012.pt"] and stale.exists()
+        trainer.close()
+    assert _fresh().resume(old).path == old / "step_0000012.pt"  # the other run resumes where it was
     (old / "step_0000004.pt").write_bytes(b"garbage")
     with pytest.raises(devplug.CheckpointError, match="not a checkpoint"):
         _fresh().resume(old / "step_0000004.pt")  # a file named explicitly is never skipped
