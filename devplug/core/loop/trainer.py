@@ -981,9 +981,9 @@ class Trainer:
         holds none). With ``path``: that checkpoint file (a damaged one is an error), or the newest intact one
         of that folder. Damaged or non-finite checkpoints of a folder are skipped with a warning (the one
         before is tried); resuming from an older one of the policy's own directory moves the newer ones aside
-        into ``abandoned-<time>/`` (another run's folder is only read). Call it after ``setup`` and ``optimizer``; ``epochs()`` calls it itself with
-        ``auto_resume=True``. Every rank resumes from the checkpoint rank 0 chose (a collective under
-        several processes).
+        into ``abandoned-<time>/`` (another run's folder is only read). Call it after ``setup`` and
+        ``optimizer``; ``epochs()`` calls it itself with ``auto_resume=True``. Every rank resumes from the
+        checkpoint rank 0 chose (a collective under several processes).
         """
         self._update_scaler()
         resumed = self._keeper.resume(path)
