@@ -10,21 +10,13 @@ import subprocess
 import sys
 
 import pytest
+from interrupts import CTRL_C_AT_TORCH_IMPORT
 from paths import REPO
 
 from devplug import _console, cli
 
 #: Run the ``devplug`` command with a Ctrl-C arriving while torch is being imported (the slow part of start-up).
-CTRL_C_WHILE_TORCH_LOADS = """
-import sys
-
-class CtrlC:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch":
-            raise KeyboardInterrupt
-        return None
-
-sys.meta_path.insert(0, CtrlC())
+CTRL_C_WHILE_TORCH_LOADS = CTRL_C_AT_TORCH_IMPORT + """
 from devplug._console import main
 sys.exit(main(sys.argv[1:]))
 """

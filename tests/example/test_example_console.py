@@ -9,19 +9,12 @@ import sys
 
 import pytest
 from dcgan_runs import TINY
+from interrupts import CTRL_C_AT_TORCH_IMPORT
 from paths import REPO
 
 #: Run a launcher with a Ctrl-C arriving while torch is being imported (the slow part of start-up).
-CTRL_C_WHILE_TORCH_LOADS = """
-import runpy, sys
-
-class CtrlC:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch":
-            raise KeyboardInterrupt
-        return None
-
-sys.meta_path.insert(0, CtrlC())
+CTRL_C_WHILE_TORCH_LOADS = CTRL_C_AT_TORCH_IMPORT + """
+import runpy
 sys.argv = sys.argv[1:]
 sys.path[0] = str(__import__("pathlib").Path(sys.argv[0]).parent)  # as `python examples/NAME.py` sets it
 runpy.run_path(sys.argv[0], run_name="__main__")

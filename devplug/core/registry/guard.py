@@ -182,15 +182,7 @@ def _guard_wrapper(
 
     def guarded(*args: Any) -> Generator[Any, Any, Any]:
         call = next(_CALLS)  # noqa: F841 - read from the stack by the watchdog: which call of the hook this is
-        generator = function(*args)
-        try:
-            request = next(generator)
-        except StopIteration:
-            raise PluginError(f"{label} is a wrapper that did not yield; write `return (yield)`") from None
-        except DevplugError:
-            raise
-        except Exception as exc:
-            raise label.raised(exc) from exc
+        generator, request = _started(function, args, label, "a wrapper that did not yield; write `return (yield)`")
         try:
             inner = yield request
         except BaseException as thrown:
@@ -222,15 +214,7 @@ def _guard_old_style_wrapper(
 
     def guarded(*args: Any) -> Generator[Any, Any, None]:
         call = next(_CALLS)  # noqa: F841 - read from the stack by the watchdog: which call of the hook this is
-        generator = function(*args)
-        try:
-            next(generator)
-        except StopIteration:
-            raise PluginError(f"{label} is a hookwrapper that did not yield; write `outcome = yield`") from None
-        except DevplugError:
-            raise
-        except Exception as exc:
-            raise label.raised(exc) from exc
+        generator, _ = _started(function, args, label, "a hookwrapper that did not yield; write `outcome = yield`")
         outcome: pluggy.Result[Any] = yield
         try:
             generator.send(outcome)
@@ -261,6 +245,21 @@ def _guard_old_style_wrapper(
                 outcome.force_exception(exc)
 
     return guarded
+
+
+def _started(function: Callable[..., Any], args: tuple[Any, ...], label: HookLabel,
+             no_yield: str) -> tuple[Generator[Any, Any, Any], Any]:
+    """A wrapper implementation run to its ``yield``: the generator and what it yielded. Not yielding is a
+    `PluginError` saying ``no_yield``; what it raises before is named as the plugin's."""
+    generator = function(*args)
+    try:
+        return generator, next(generator)
+    except StopIteration:
+        raise PluginError(f"{label} is {no_yield}") from None
+    except DevplugError:
+        raise
+    except Exception as exc:
+        raise label.raised(exc) from exc
 
 
 def _finish(label: HookLabel, resume: Callable[[], Any], passthrough: BaseException | None) -> Any:
