@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from devplug.core.errors import (
         CheckpointError,
         CheckpointMismatchError,
+        CheckpointPositionError,
         ConfigError,
         DataError,
         DeviceUnavailableError,
@@ -73,6 +74,7 @@ _WHERE: dict[str, str] = {
     "Availability": "devplug.core.contract.records",
     "CheckpointError": "devplug.core.errors",
     "CheckpointMismatchError": "devplug.core.errors",
+    "CheckpointPositionError": "devplug.core.errors",
     "CheckpointPolicy": "devplug.core.checkpoint.policy",
     "CollectiveSetup": "devplug.core.contract.records",
     "ConfigParser": "devplug.core.loop.binding",
@@ -155,6 +157,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointMismatchError",
     "CheckpointPolicy",
+    "CheckpointPositionError",
     "CollectiveSetup",
     "CompilePlan",
     "ConfigError",

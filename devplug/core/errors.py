@@ -43,6 +43,12 @@ class CheckpointMismatchError(CheckpointError):
     """A readable checkpoint that belongs to another training setup (other modules, optimizers or shapes)."""
 
 
+class CheckpointPositionError(CheckpointMismatchError):
+    """An intact checkpoint saved inside an epoch whose position in the data this run cannot continue at the same
+    sample: another world size or batch size that does not divide the samples read, or a loader that does not
+    read devplug's sharded order."""
+
+
 class NonFiniteLossError(DevplugError, FloatingPointError):
     """A logged value became NaN or infinite."""
 

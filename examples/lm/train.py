@@ -191,7 +191,7 @@ def resume_if_asked(run: Run) -> None:
     try:
         run.resumed = trainer.resume(settings.resume)  # None: --auto-resume with no checkpoint yet, a new run
     except devplug.CheckpointMismatchError as exc:
-        if "at the same sample" in str(exc):  # the data position: the message names the batch and world sizes
+        if isinstance(exc, devplug.CheckpointPositionError):  # its message names the batch and world sizes
             raise
         raise devplug.CheckpointError(f"{exc} (resume with the same --width/--layers/--heads/--context/"
                                       "--tie-weights as the run that wrote it)") from exc

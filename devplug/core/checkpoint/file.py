@@ -23,8 +23,7 @@ import torch
 
 from devplug.core.checkpoint import digest as content
 from devplug.core.checkpoint import sniff
-from devplug.core.checkpoint.diskfull import disk_full_cause
-from devplug.core.checkpoint.tempfiles import create_temp, remove_stale_temp_files
+from devplug.core.checkpoint.diskfull import disk_full_cause, write_atomically
 from devplug.core.errors import CheckpointError
 from devplug.core.tree import map_tensors
 
@@ -109,9 +108,9 @@ def refuse_unreadable(state: Any, path: str | os.PathLike[str]) -> None:
 
 
 def atomic_save(state: Any, path: str | os.PathLike[str]) -> Path:
-    """Write ``state`` with ``torch.save`` to ``path`` atomically (temp file, fsync, rename).
+    """Write ``state`` with ``torch.save`` to ``path`` atomically (`write_atomically`: temp file, rename; here
+    the file is fsynced before the rename and the rename after it).
 
-    Removes stale temporary files of dead writers in the folder first, so at most one (this save's) exists.
     A state that a load could not read back is refused before anything is written (`refuse_unreadable`).
     """
     refuse_unreadable(state, path)
@@ -125,17 +124,16 @@ def atomic_save(state: Any, path: str | os.PathLike[str]) -> Path:
         blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), target.parent)
         raise CheckpointError(f"cannot save checkpoint {str(target)!r}: {str(blocker)!r} is a file, not a "
                               "folder; give a path in a folder") from None
-    remove_stale_temp_files(target.parent)
-    fd, tmp = create_temp(target)
+
+    def write(handle: Any) -> None:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
     try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        full = disk_full_cause(exc) if isinstance(exc, Exception) else None
+        write_atomically(target, write)
+    except Exception as exc:
+        full = disk_full_cause(exc)
         if full is not None and full is not exc:  # torch's zip writer says "unexpected pos", the cause inside
             raise OSError(full.errno, full.strerror, str(target)) from None
         raise

@@ -2,8 +2,8 @@
 
 `choose` picks the file: an explicit checkpoint file is loaded as it is (a damaged one is an error);
 a folder of ``step_NNNNNNN.pt`` files is tried newest first, skipping damaged ones with a warning. Resuming
-from an older checkpoint of a folder moves the newer ones aside (`set_aside_newer`, from the policy). The Trainer
-returns what happened as a `Resumed` record, so a script can print its own lines.
+from an older checkpoint of the run's own folder moves the newer ones aside (the policy's `set_aside_newer`).
+The Trainer returns what happened as a `Resumed` record, so a script can print its own lines.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import attrs
 
 from devplug.core.checkpoint.format import format_of, is_checkpoint
 from devplug.core.checkpoint.policy import damaged, steps_newest_first
-from devplug.core.checkpoint.policy import set_aside_newer as set_aside_newer  # where it was
 from devplug.core.errors import CheckpointError, NonFiniteLossError
 
 log = logging.getLogger("devplug")

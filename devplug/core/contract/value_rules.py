@@ -7,7 +7,9 @@ import math
 import numbers
 from typing import Any
 
-from devplug.core.contract.records import PeakFlops
+import attrs
+
+from devplug.core.contract.records import MemoryStats, PeakFlops
 
 
 def peak_flops_problem(value: Any) -> str:
@@ -25,3 +27,13 @@ def peak_flops_problem(value: Any) -> str:
     if not math.isfinite(value) or value <= 0:
         return f"{value!r} is not a positive, finite number of FLOP/s"
     return ""
+
+
+def memory_figure_problem(stats: MemoryStats) -> tuple[str, Any] | None:
+    """The first figure of ``stats`` that is not a number of bytes, as ``(field name, value)``; ``None`` when every
+    one is a whole, non-negative ``int`` or ``None`` (not reported), as a report must show them."""
+    for field in attrs.fields(MemoryStats):
+        value = getattr(stats, field.name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            return field.name, value
+    return None

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import torch
 
-from devplug.core.errors import CheckpointMismatchError
+from devplug.core.errors import CheckpointPositionError
 from devplug.core.tree import map_tensors
 
 
@@ -33,7 +33,7 @@ class ResumePoint:
     sharded: bool
 
     def skip(self, batch_size: int | None, world_size: int, sharded: bool, name: str) -> int:
-        """Batches to skip on this rank to continue at the same sample, or a `CheckpointMismatchError` why not
+        """Batches to skip on this rank to continue at the same sample, or a `CheckpointPositionError` why not
         (the checkpoint is intact but fits another world size or batch size: a resume must not go back past it
         as if it were damaged)."""
         if self.drawn == 0:
@@ -44,13 +44,13 @@ class ResumePoint:
         where = (f"the checkpoint was saved {self.drawn} batches into an epoch on {self.world_size} rank(s) "
                  f"({self.samples} samples)")
         if not (self.sharded and sharded and batch_size):
-            raise CheckpointMismatchError(
+            raise CheckpointPositionError(
                 f"cannot continue {name} at the same sample on {world_size} rank(s) with batch size {batch_size}: "
                 f"{where}, and its loader does not read devplug's sharded order; resume with the same world "
                 "size and batch size, or from a checkpoint saved at an epoch boundary")
         per_step = batch_size * world_size
         if self.samples is None or self.samples % per_step:
-            raise CheckpointMismatchError(
+            raise CheckpointPositionError(
                 f"cannot continue {name} at the same sample on {world_size} rank(s) with batch size {batch_size}: "
                 f"{where}, not a whole number of batches of {per_step} samples; pick a world size and batch "
                 "size whose product divides it, or resume from a checkpoint saved at an epoch boundary")

@@ -145,25 +145,21 @@ def build_strategy(name: str, context: StrategyContext) -> Strategy:
     """The strategy ``name`` resolves to, built for ``context``; an unknown name, or a ``tp`` for a strategy
     that does not split layers, is a `ConfigError`."""
     resolved = resolve(name, context.launch)
-    cls = _registered.get(resolved)
-    if cls is None:
-        if resolved not in BUILT_IN:
-            raise ConfigError(f"unknown strategy {name!r}; available: {', '.join(strategy_names())}")
-        module, attr = BUILT_IN[resolved].split(":")
-        cls = getattr(importlib.import_module(module), attr)
+    if resolved not in _registered and resolved not in BUILT_IN:
+        raise ConfigError(f"unknown strategy {name!r}; available: {', '.join(strategy_names())}")
+    cls = _strategy_class(resolved)
     if context.tp is not None and not cls.takes_tp:
-        takers = ", ".join(repr(n) for n in (*BUILT_IN, *_registered) if _takes_tp(n))
+        takers = ", ".join(repr(n) for n in (*BUILT_IN, *_registered) if _strategy_class(n).takes_tp)
         given = f"strategy {resolved!r}" if name == resolved else f"strategy {name!r} (here {resolved!r})"
         raise ConfigError(f"tp={context.tp} is the number of processes that split each layer, which {given} does "
                           f"not do; choose strategy {takers}, or leave tp unset")
     return cls(context)
 
 
-def _takes_tp(name: str) -> bool:
-    """Whether the strategy registered as ``name`` reads ``tp`` (a built-in is imported to tell)."""
+def _strategy_class(name: str) -> type[Strategy]:
+    """The class of the registered or built-in strategy ``name`` (a built-in's module is imported now)."""
     cls = _registered.get(name)
     if cls is None:
         module, attr = BUILT_IN[name].split(":")
         cls = getattr(importlib.import_module(module), attr)
-    return bool(cls.takes_tp)
-
+    return cls

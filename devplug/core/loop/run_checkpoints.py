@@ -322,12 +322,12 @@ def _resume_report(path: Path, skipped: Any, own_folder: Path | None) -> dict[st
     removed. Another run's folder, or any folder without a policy, is only read: that run may still be
     writing it, and its own resume must find its checkpoints where it left them.
     """
-    from devplug.core.checkpoint import resume as resume_files
+    from devplug.core.checkpoint.policy import set_aside_newer
     from devplug.core.checkpoint.tempfiles import remove_stale_temp_files
 
     aside, moved = None, 0
     if own_folder is not None and _same_folder(path.parent, own_folder):
-        aside, moved = resume_files.set_aside_newer(path)
+        aside, moved = set_aside_newer(path)
         remove_stale_temp_files(path.parent)  # what saves killed before this resume left
     return {"path": str(path), "skipped": [(str(p), why) for p, why in skipped],
             "set_aside": str(aside) if aside is not None else None, "set_aside_count": moved}

@@ -21,7 +21,7 @@ import torch
 from devplug.core.checkpoint.compiled import module_state, plain_key, plain_state
 from devplug.core.checkpoint.finite import nonfinite
 from devplug.core.data.position import ResumePoint
-from devplug.core.errors import CheckpointMismatchError, NonFiniteLossError
+from devplug.core.errors import CheckpointPositionError, NonFiniteLossError
 
 if TYPE_CHECKING:  # the checkpoint file, RNG and optimizer-state modules load with the first save or load
     from devplug.core.contract.records import Device, OptimizerChoice, PrecisionPlan
@@ -150,7 +150,7 @@ class TrainerState:
 
     def resume_points(self, state: Mapping[str, Any], path: Any = None) -> dict[int, ResumePoint]:
         """The saved loader positions; a loader that cannot continue at the same sample raises now (a
-        `CheckpointMismatchError` naming the checkpoint ``path``)."""
+        `CheckpointPositionError` naming the checkpoint ``path``)."""
         points = {i: ResumePoint(**{k: v for k, v in entry.items() if k != "seed"})
                   for i, entry in enumerate(state["loaders"])}
         for loader in self.training_loaders():
@@ -158,10 +158,10 @@ class TrainerState:
                 try:
                     points[loader.index].skip(loader.batch_size, self.world_size, loader.sharded,
                                               f"training loader {loader.index}")
-                except CheckpointMismatchError as exc:
+                except CheckpointPositionError as exc:
                     if path is None:
                         raise
-                    raise CheckpointMismatchError(f"checkpoint {str(path)!r} does not fit this run: {exc}") from None
+                    raise CheckpointPositionError(f"checkpoint {str(path)!r} does not fit this run: {exc}") from None
         return points
 
     def continue_from(self, state: Mapping[str, Any], points: dict[int, ResumePoint]) -> dict[str, Any]:

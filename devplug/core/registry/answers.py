@@ -14,7 +14,7 @@ import attrs
 import torch
 
 from devplug.core.contract.records import LoaderChoice, MemoryStats, OptimizerChoice, PrecisionPlan
-from devplug.core.contract.value_rules import peak_flops_problem
+from devplug.core.contract.value_rules import memory_figure_problem, peak_flops_problem
 from devplug.core.errors import PluginError
 from devplug.core.precision import registry as precisions
 
@@ -120,14 +120,12 @@ def iterable_loader(label: HookLabel, arguments: Mapping[str, Any], answer: Any)
 def byte_counts(label: HookLabel, arguments: Mapping[str, Any], answer: Any) -> Any:
     """Each figure of `MemoryStats` is a whole, non-negative number of bytes, or ``None``: a report never shows a
     negative or fractional memory figure as if measured."""
-    if not isinstance(answer, MemoryStats):
-        return answer
-    for field in attrs.fields(MemoryStats):
-        value = getattr(answer, field.name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise PluginError(f"{label} returned MemoryStats.{field.name} = {value!r}; MemoryStats.{field.name} must "
-                              f"be a number of bytes (a whole, non-negative int), or None where the device does not "
-                              f"report it; report this to the maintainers of {label.distribution}")
+    problem = memory_figure_problem(answer) if isinstance(answer, MemoryStats) else None
+    if problem is not None:
+        name, value = problem
+        raise PluginError(f"{label} returned MemoryStats.{name} = {value!r}; MemoryStats.{name} must be a number of "
+                          f"bytes (a whole, non-negative int), or None where the device does not report it; report "
+                          f"this to the maintainers of {label.distribution}")
     return answer
 
 

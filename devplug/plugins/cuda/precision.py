@@ -98,7 +98,6 @@ def plan_fp8(device: Device, capability: tuple[int, int], strategy: str = "none"
                                      "bfloat16 autocast elsewhere", uncompiled_note=FP8_UNCOMPILED)
 
 
-
 def plan_precision(device: Device, precision: str, *, bf16: bool | None = None,
                    strategy: str = "none") -> PrecisionPlan:
     """The CUDA precision plan for ``precision`` (``"auto"`` resolved as `resolve_precision` says).

@@ -14,6 +14,7 @@ import torch
 
 from devplug.core.contract import hookspecs
 from devplug.core.contract.records import PRECISIONS, LogPoint, MemoryStats, PeakFlops
+from devplug.core.contract.value_rules import memory_figure_problem
 from devplug.core.errors import PrecisionError
 from devplug.testing.kit import DeviceUnderTest, conformance_check
 
@@ -153,10 +154,9 @@ def check_synchronize_and_memory(dut: DeviceUnderTest) -> str:
         return "memory stats: not reported"
     if not isinstance(stats, MemoryStats):
         raise dut.fail(f"devplug_memory_stats returned {stats!r}, not a devplug.MemoryStats")
-    for field in attrs.fields(MemoryStats):
-        value = getattr(stats, field.name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise dut.fail(f"MemoryStats.{field.name} must be a number of bytes or None, got {value!r}")
+    problem = memory_figure_problem(stats)
+    if problem is not None:
+        raise dut.fail(f"MemoryStats.{problem[0]} must be a number of bytes or None, got {problem[1]!r}")
     return f"memory stats: {stats}"
 
 

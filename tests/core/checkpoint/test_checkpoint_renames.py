@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from devplug.core.checkpoint import sharded
-from devplug.core.checkpoint.resume import set_aside_newer
+from devplug.core.checkpoint.policy import set_aside_newer
 from devplug.core.errors import CheckpointError
 
 

@@ -248,16 +248,16 @@ def test_a_folder_that_stops_taking_files_is_one_line_naming_the_file_and_the_in
     """Permission taken away (or the disk remounted read-only) mid-run: one line, as for a full disk."""
     import errno
 
-    from devplug.core.checkpoint import file as checkpoint_file
+    from devplug.core.checkpoint import tempfiles
 
-    real_create = checkpoint_file.create_temp
+    real_create = tempfiles.create_temp
 
     def create_temp(target):
         if target.name == "step_0000008.pt":
             raise PermissionError(errno.EACCES, "Permission denied", str(target.parent / ".tmp"))
         return real_create(target)
 
-    monkeypatch.setattr(checkpoint_file, "create_temp", create_temp)
+    monkeypatch.setattr(tempfiles, "create_temp", create_temp)
     with pytest.raises(devplug.CheckpointError) as info:
         _loop(tmp_path, devplug.CheckpointPolicy(directory=tmp_path / "ckpt", every_n_steps=4))
     message = str(info.value)
